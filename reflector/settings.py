@@ -1,0 +1,47 @@
+"""Process-level settings read from the environment (never from workflow code)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Settings", "DEFAULT_ADDRESS", "DEFAULT_TASK_QUEUE"]
+
+DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_TASK_QUEUE = "rr-reflections"
+DEFAULT_MAX_TRACE_BYTES = 512 * 1024**2
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    address: str
+    address_explicit: bool
+    namespace: str
+    task_queue: str
+    model: str | None
+    max_trace_bytes: int
+
+    @property
+    def blob_dir(self) -> Path:
+        return Path(os.environ.get("RR_BLOB_DIR") or self.home / "blobs")
+
+    @property
+    def db_file(self) -> Path:
+        return self.home / "temporal.sqlite"
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        home = Path(env.get("RR_HOME") or Path.home() / ".rr").expanduser()
+        address = env.get("TEMPORAL_ADDRESS")
+        return cls(
+            home=home,
+            address=address or DEFAULT_ADDRESS,
+            address_explicit=bool(address),
+            namespace=env.get("TEMPORAL_NAMESPACE", "default"),
+            task_queue=env.get("RR_TASK_QUEUE", DEFAULT_TASK_QUEUE),
+            model=env.get("RR_MODEL") or None,
+            max_trace_bytes=int(env.get("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
+        )
