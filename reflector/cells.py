@@ -1,0 +1,79 @@
+"""Inputs and outputs of the sandbox activities (durable contract; imported by workflows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from reflector.types import TraceRef
+
+__all__ = [
+    "PREPARE_ACTIVITY",
+    "RUN_CELL_ACTIVITY",
+    "PREFILL_CODE",
+    "LimitsInput",
+    "PrepareSessionInput",
+    "PrepareSessionResult",
+    "CellInput",
+    "CellOutcome",
+    "CLOSE_ACTIVITY",
+    "CloseSessionInput",
+]
+
+PREPARE_ACTIVITY = "rr.sandbox.prepare_session"
+RUN_CELL_ACTIVITY = "rr.sandbox.run_cell"
+PREFILL_CODE = "describe_traces()"
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LimitsInput(_In):
+    cell_timeout_s: float = 60.0
+    max_output_chars: int = 50_000
+
+
+class PrepareSessionInput(_In):
+    session_id: str
+    trace: TraceRef
+    question: str = ""
+    ground_truth: str | None = None
+    feedback: str | None = None
+    skillbook: str = ""
+    limits: LimitsInput = LimitsInput()
+
+
+class PrepareSessionResult(BaseModel):
+    init_ref: str
+    preview: str
+    preview_ok: bool
+
+
+class CellInput(_In):
+    session_id: str
+    seq: int
+    code: str
+    trace: TraceRef
+    init_ref: str
+    limits: LimitsInput = LimitsInput()
+
+
+class CellOutcome(BaseModel):
+    ok: bool
+    output: str
+    error: str | None = None
+    error_kind: str | None = None
+    duration_ms: float = 0.0
+    truncated: bool = False
+    submitted: Any | None = None
+    host_restarted: bool = False
+    cells_replayed: int = 0
+
+
+CLOSE_ACTIVITY = "rr.sandbox.close_session"
+
+
+class CloseSessionInput(_In):
+    session_id: str

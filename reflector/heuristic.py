@@ -1,0 +1,656 @@
+"""The built-in offline model `heuristic`: a deterministic, rule-based driver of the real tools.
+
+It is NOT an LLM. It exists so that the whole durable pipeline (workflow, LLM activity, sandbox
+cells, output validation) runs end to end with no API key, in CI and in the README's first
+command, and so that tests have a model whose every decision is predictable.
+
+It is a pydantic-ai `FunctionModel` whose only input is the message history: no counters, no
+process state. The workflow may replay it after a worker restart, in another process, and it
+must then make exactly the same request. The plan:
+
+1. no `execute_code` result yet -> call `execute_code` with `FINDINGS_CELL`, which inspects
+   `traces`/`task` in the sandbox and prints one `RR_FINDINGS <json>` line;
+2. that cell failed (its result starts with "ERROR") and no retry happened yet -> retry once
+   with `SIMPLE_CELL`;
+3. otherwise -> call the output tool with a `ReflectionDraft` built only from the printed
+   findings (every statement traceable to a step index, tool name or value printed there).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ModelResponsePart,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from reflector.types import ExtractedLearning, ReflectionDraft, SkillTag
+
+__all__ = [
+    "HEURISTIC_NAME",
+    "FINDINGS_CELL",
+    "SIMPLE_CELL",
+    "FINDINGS_MARKER",
+    "heuristic_response",
+    "make_heuristic_model",
+    "parse_findings",
+    "build_draft",
+]
+
+HEURISTIC_NAME = "heuristic (rule-based, not an LLM)"
+FINDINGS_MARKER = "RR_FINDINGS "
+EXECUTE_CODE = "execute_code"
+_CELL_CALL_IDS = ("rr-heuristic-cell-1", "rr-heuristic-cell-2")
+_FINAL_CALL_ID = "rr-heuristic-final"
+_SKILL_ID_RE = re.compile(r"\[([A-Za-z][A-Za-z0-9_]*-\d{3,})\]")
+
+# The inspection cell. It runs in the sandbox (imports limited to json/re/math/collections/
+# itertools/functools/statistics, no dunder attribute access, no open()), so it is plain code
+# over the canonical view documented in reflector/traces.py. Comparison rules live here, not in
+# the model, because the draft must only restate what a cell printed.
+FINDINGS_CELL = r'''
+import json, re, collections
+
+MAX_LINE = 19000
+
+def short(value, limit=300):
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+def kind_of(value):
+    for name, cls in (("dict", dict), ("list", list), ("str", str), ("int", int), ("float", float)):
+        if isinstance(value, cls):
+            return name
+    return "other"
+
+NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z ]{0,30}:\s+")
+
+def norm(text):
+    return re.sub(r"[\W_]+", "", str(text).lower())
+
+def as_number(text):
+    t = str(text).strip().replace("$", "").replace("%", "").strip()
+    if re.fullmatch(r"-?\d[\d,]*(?:\.\d+)?", t):
+        return float(t.replace(",", ""))
+    return None
+
+def compare(final, truth):
+    """(matches, missing truth lines). None without a ground truth; a numeric truth is compared
+    with the last number of the answer; otherwise every normalised truth line must be contained."""
+    if truth is None or not str(truth).strip():
+        return None, []
+    if final is None or not str(final).strip():
+        return False, [short(truth, 300)]
+    number = as_number(truth)
+    if number is not None:
+        found = NUM_RE.findall(str(final))
+        if found:
+            last = float(found[-1].replace(",", ""))
+            ok = abs(last - number) <= 1e-6 * max(1.0, abs(number))
+            return ok, [] if ok else [str(truth).strip()]
+    lines = [ln.strip() for ln in str(truth).splitlines() if ln.strip()]
+    target = norm(final)
+    missing = [ln for ln in lines if norm(LABEL_RE.sub("", ln)) and norm(LABEL_RE.sub("", ln)) not in target]
+    if not any(norm(LABEL_RE.sub("", ln)) for ln in lines):
+        return None, []
+    if norm(truth) == target or not missing:
+        return True, []
+    return False, [short(ln, 300) for ln in missing[:5]]
+
+SKILL_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*-\d{3,})\b")
+
+def run_findings(run, task_info, steps_limit=10):
+    steps = run.get("steps") or []
+    failing = [s for s in steps if isinstance(s, dict) and s.get("is_error")]
+    calls = collections.Counter()
+    for s in steps:
+        for c in (s.get("tool_calls") or []) if isinstance(s, dict) else []:
+            calls[str(c.get("name"))] += 1
+    fail_tools = collections.Counter(str(s.get("tool_name")) for s in failing)
+    same_errors = collections.Counter((str(s.get("tool_name")), str(s.get("content"))) for s in failing)
+    repeated = {}
+    for (name, _content), count in same_errors.items():
+        if count > 1:
+            repeated[name] = max(repeated.get(name, 0), count)
+    last_step = None
+    for s in reversed(steps):
+        if isinstance(s, dict) and s.get("role") == "assistant" and str(s.get("content") or "").strip():
+            last_step = {"index": s.get("index"), "content": short(s.get("content"), 300)}
+            break
+    truth = task_info.get("ground_truth")
+    truth_source = "task"
+    if truth is None or not str(truth).strip():
+        truth, truth_source = run.get("ground_truth"), "traces"
+    if truth is None:
+        truth_source = None
+    final = run.get("final_answer")
+    matches, missing = compare(final, truth)
+    cited = set()
+    texts = [str(s.get("content", "")) for s in steps if isinstance(s, dict)] + [str(final or "")]
+    for text in texts:
+        cited.update(SKILL_RE.findall(text))
+    meta = run.get("metadata") or {}
+    for sid in meta.get("skill_ids") or []:
+        cited.add(str(sid))
+    return {
+        "id": meta.get("id"),
+        "format": run.get("format"),
+        "question": short(task_info.get("question") or run.get("question"), 300),
+        "n_steps": len(steps),
+        "n_failing_steps": len(failing),
+        "failing_steps": [
+            {"index": s.get("index"), "tool_name": s.get("tool_name"), "content": short(s.get("content"), 200)}
+            for s in failing[:steps_limit]
+        ],
+        "failing_tools": dict(fail_tools.most_common(10)),
+        "repeated_failures": repeated,
+        "last_assistant_step": last_step,
+        "tool_calls": dict(calls.most_common(20)),
+        "n_tool_calls": sum(calls.values()),
+        "final_answer": short(final, 600),
+        "ground_truth": short(truth, 600),
+        "ground_truth_source": truth_source,
+        "answer_matches": matches,
+        "missing_from_answer": missing,
+        "reward": run.get("reward"),
+        "feedback": short(task_info.get("feedback") or run.get("feedback"), 300),
+        "cited_skill_ids": sorted(cited)[:30],
+    }
+
+def batch_findings(view, task_info):
+    runs = [r for r in view.get("runs") or [] if isinstance(r, dict)]
+    per_run = [run_findings(r, {}, steps_limit=3) for r in runs]
+    failing = [
+        f for f in per_run
+        if (f["reward"] is not None and f["reward"] < 1)
+        or (f["reward"] is None and (f["answer_matches"] is False or f["n_failing_steps"]))
+    ]
+    tools = collections.Counter()
+    for f in failing:
+        tools.update(f["failing_tools"])
+    rewards = [f["reward"] for f in per_run if f["reward"] is not None]
+    out = {
+        "format": view.get("format"),
+        "batch": True,
+        "n_runs": len(runs),
+        "n_steps": sum(f["n_steps"] for f in per_run),
+        "n_failing_runs": len(failing),
+        "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        "failing_runs": [
+            {"id": f["id"] if f["id"] is not None else i, "reward": f["reward"],
+             "answer_matches": f["answer_matches"], "n_failing_steps": f["n_failing_steps"]}
+            for i, f in enumerate(failing[:25])
+        ],
+        "failing_tools": [[name, count] for name, count in tools.most_common(5)],
+        "n_runs_with_tool_errors": sum(1 for f in failing if f["n_failing_steps"]),
+        "n_failing_runs_answer_mismatch": sum(1 for f in failing if f["answer_matches"] is False),
+    }
+    if failing:
+        out["example_run"] = failing[0]
+    return out
+
+def findings():
+    try:
+        task_info = task if isinstance(task, dict) else {}
+    except NameError:
+        task_info = {}
+    view = traces
+    if not isinstance(view, dict):
+        return {"format": "unknown", "n_steps": 0, "raw_type": kind_of(view)}
+    if isinstance(view.get("runs"), list):
+        return batch_findings(view, task_info)
+    out = run_findings(view, task_info)
+    if view.get("format") == "unknown":
+        raw = view.get("raw")
+        out["raw_type"] = kind_of(raw)
+        out["raw_keys"] = sorted(str(k) for k in raw)[:30] if isinstance(raw, dict) else []
+        out["raw_len"] = len(raw) if isinstance(raw, (list, dict, str)) else None
+    return out
+
+result = findings()
+line = json.dumps(result, ensure_ascii=False, default=str)
+for key in ("example_run", "failing_runs", "tool_calls", "question", "feedback"):
+    if len(line) <= MAX_LINE:
+        break
+    result.pop(key, None)
+    line = json.dumps(result, ensure_ascii=False, default=str)
+print("RR_FINDINGS " + line[:MAX_LINE])
+'''
+
+# Fallback when the sandbox refuses or fails the main cell: nothing but the format.
+SIMPLE_CELL = (
+    "import json\n"
+    "fmt = traces.get('format') if isinstance(traces, dict) else 'unknown'\n"
+    "print('RR_FINDINGS ' + json.dumps({'format': fmt, 'simple': True}))\n"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the message history
+# --------------------------------------------------------------------------------------------
+
+
+def _cell_results(messages: list[ModelMessage]) -> list[str]:
+    """Outputs of every `execute_code` call so far, in order (a retry prompt counts as ERROR)."""
+    out: list[str] = []
+    for msg in messages:
+        if not isinstance(msg, ModelRequest):
+            continue
+        for part in msg.parts:
+            if isinstance(part, ToolReturnPart) and part.tool_name == EXECUTE_CODE:
+                content = part.content
+                out.append(content if isinstance(content, str) else part.model_response_str())
+            elif isinstance(part, RetryPromptPart) and part.tool_name == EXECUTE_CODE:
+                out.append(f"ERROR: {part.model_response()}")
+    return out
+
+
+def _first_prompt(messages: list[ModelMessage]) -> str:
+    for msg in messages:
+        if isinstance(msg, ModelRequest):
+            for part in msg.parts:
+                if isinstance(part, UserPromptPart):
+                    content = part.content
+                    if isinstance(content, str):
+                        return content
+                    return "\n".join(c for c in content if isinstance(c, str))
+    return ""
+
+
+def parse_findings(outputs: list[str]) -> dict[str, Any] | None:
+    """The last `RR_FINDINGS <json>` line printed by any cell, or None."""
+    for text in reversed(outputs):
+        for line in reversed(text.splitlines()):
+            idx = line.find(FINDINGS_MARKER)
+            if idx < 0:
+                continue
+            try:
+                value = json.loads(line[idx + len(FINDINGS_MARKER) :])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The model function
+# --------------------------------------------------------------------------------------------
+
+
+def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Decide the next step from the message history alone (deterministic, replay-safe)."""
+    if EXECUTE_CODE not in {t.name for t in info.function_tools}:
+        return _final(info, _draft_no_tool())
+    results = _cell_results(messages)
+    findings = parse_findings(results)
+    if findings is None and len(results) < len(_CELL_CALL_IDS):
+        code = FINDINGS_CELL if not results else SIMPLE_CELL
+        call = ToolCallPart(EXECUTE_CODE, {"code": code}, tool_call_id=_CELL_CALL_IDS[len(results)])
+        return ModelResponse(parts=[call])
+    skill_ids = _SKILL_ID_RE.findall(_first_prompt(messages))
+    draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results])
+    return _final(info, draft)
+
+
+def _final(info: AgentInfo, draft: ReflectionDraft) -> ModelResponse:
+    part: ModelResponsePart
+    if info.output_tools:
+        part = ToolCallPart(info.output_tools[0].name, draft.model_dump(), tool_call_id=_FINAL_CALL_ID)
+    else:
+        part = TextPart(draft.model_dump_json())
+    return ModelResponse(parts=[part])
+
+
+class HeuristicModel(FunctionModel):
+    """`FunctionModel` that also reports itself as rule-based in `system` (seen in OTel/logs)."""
+
+    @property
+    def system(self) -> str:
+        return HEURISTIC_NAME
+
+
+def make_heuristic_model() -> FunctionModel:
+    """The offline model behind `--model heuristic`."""
+    return HeuristicModel(heuristic_response, model_name=HEURISTIC_NAME)
+
+
+# --------------------------------------------------------------------------------------------
+# Building the reflection from findings
+# --------------------------------------------------------------------------------------------
+
+
+def _draft_no_tool() -> ReflectionDraft:
+    msg = "the execute_code tool was not available, so the trace could not be inspected"
+    return ReflectionDraft(
+        reasoning=f"Produced by the {HEURISTIC_NAME}: {msg}; nothing below comes from the trace.",
+        error_identification=f"Unknown: {msg}.",
+        root_cause_analysis=f"Unknown: {msg}.",
+        correct_approach="Run the reflection with the execute_code tool enabled so the trace can be read.",
+        key_insight="No trace evidence was available to this reflection.",
+        extracted_learnings=[],
+    )
+
+
+def build_draft(
+    findings: dict[str, Any],
+    *,
+    skillbook_ids: list[str] | None = None,
+    cell_errors: list[str] | None = None,
+) -> ReflectionDraft:
+    """A `ReflectionDraft` that restates the findings; every claim cites what a cell printed."""
+    if findings.get("batch"):
+        return _batch_draft(findings)
+    if not findings or findings.get("simple") or findings.get("format") == "unknown":
+        return _shallow_draft(findings, cell_errors or [])
+    return _run_draft(findings, skillbook_ids or [])
+
+
+def _q(text: Any, limit: int = 160) -> str:
+    """Quote a printed value, shortened, so evidence stays readable."""
+    s = "" if text is None else str(text)
+    return '"' + (s if len(s) <= limit else s[: limit - 3] + "...") + '"'
+
+
+def _step_ref(step: dict[str, Any]) -> str:
+    return f"step {step.get('index')} (tool {step.get('tool_name')})"
+
+
+def _verdict(f: dict[str, Any]) -> tuple[bool, str]:
+    """(failed?, one-line verdict) from reward, answer comparison and tool errors."""
+    reward, match, n_fail = f.get("reward"), f.get("answer_matches"), f.get("n_failing_steps", 0)
+    problems = []
+    if reward is not None and reward < 1:
+        problems.append(f"the run's reward is {reward}")
+    if match is False:
+        problems.append("the final answer does not match the ground truth")
+    if n_fail:
+        problems.append(f"{n_fail} tool result(s) look like errors")
+    if problems:
+        return True, "; ".join(problems)
+    if match is None:
+        return (
+            False,
+            "no tool result looks like an error and no ground truth was available to check the answer",
+        )
+    return False, "no tool result looks like an error and the final answer matches the ground truth"
+
+
+def _run_draft(f: dict[str, Any], skillbook_ids: list[str]) -> ReflectionDraft:
+    failed, verdict = _verdict(f)
+    failing = f.get("failing_steps") or []
+    tools = f.get("tool_calls") or {}
+    reasoning = (
+        f"Produced by the {HEURISTIC_NAME}: one sandbox cell inspected the {f.get('format')} trace "
+        f"and every statement below restates what it printed. The trace has {f.get('n_steps')} steps and "
+        f"{f.get('n_tool_calls', 0)} tool calls ({', '.join(f'{k} x{v}' for k, v in tools.items()) or 'none'}). "
+        f"Verdict: {verdict}."
+    )
+    errors = []
+    if f.get("answer_matches") is False:
+        missing = f.get("missing_from_answer") or []
+        errors.append(
+            f"The final answer {_q(f.get('final_answer'))} does not match the ground truth "
+            f"{_q(f.get('ground_truth'))} (from {f.get('ground_truth_source')})"
+            + (f"; it lacks {_q(missing[0], 200)}." if missing else ".")
+        )
+    errors += [f"{_step_ref(s)} returned an error: {_q(s.get('content'))}." for s in failing[:3]]
+    if f.get("reward") is not None and f["reward"] < 1:
+        errors.append(f"Reward {f['reward']}; feedback: {_q(f.get('feedback'))}.")
+    if not failed:
+        errors = [f"No error found: {verdict}."]
+    return ReflectionDraft(
+        reasoning=reasoning,
+        error_identification=" ".join(errors),
+        root_cause_analysis=_root_cause(f, failed),
+        correct_approach=_correct_approach(f, failed),
+        key_insight=_key_insight(f, failed),
+        extracted_learnings=_run_learnings(f, failed)[:4],
+        skill_tags=_skill_tags(f, skillbook_ids, failed),
+    )
+
+
+def _root_cause(f: dict[str, Any], failed: bool) -> str:
+    failing = f.get("failing_steps") or []
+    repeated = f.get("repeated_failures") or {}
+    if not failed:
+        return "Nothing to diagnose: the printed findings show no failure (rule-based check)."
+    parts = []
+    if repeated:
+        name, count = sorted(repeated.items())[0]
+        parts.append(
+            f"Tool {name} failed {count} times, so the agent repeated a failing call instead of changing "
+            "its arguments or approach after the first error."
+        )
+    elif failing:
+        parts.append(f"The first failure is {_step_ref(failing[0])}: {_q(failing[0].get('content'))}.")
+    if f.get("answer_matches") is False or (f.get("reward") is not None and f["reward"] < 1):
+        if failing:
+            parts.append(
+                "The run then ended without the expected result, so the agent did not recover from it."
+            )
+        else:
+            parts.append(
+                "No tool reported an error, so the wrong outcome comes from the agent's own reasoning or "
+                "choice of actions, not from a tool failure."
+            )
+    return " ".join(parts) + " (Rule-based inference from the findings, not an LLM judgement.)"
+
+
+def _correct_approach(f: dict[str, Any], failed: bool) -> str:
+    if not failed:
+        return "Keep the same approach; the findings show it reached the expected result without tool errors."
+    steps = []
+    if f.get("failing_steps"):
+        steps.append("read each tool error and fix the call (arguments, preconditions) before retrying")
+    if f.get("answer_matches") is False:
+        steps.append(
+            f"verify the result against the task before answering; the expected answer was {_q(f.get('ground_truth'))}"
+        )
+    elif f.get("reward") is not None and f["reward"] < 1:
+        steps.append("check the required outcome (expected actions/outputs) before ending the run")
+    return "The agent should " + "; then ".join(steps) + "."
+
+
+def _key_insight(f: dict[str, Any], failed: bool) -> str:
+    if not failed:
+        return "This run needs no correction: no tool errors and the outcome matches what was expected."
+    if f.get("repeated_failures"):
+        return "Retrying an identical failing tool call does not help; the error message says what to change."
+    if f.get("failing_steps"):
+        return "A tool error is information: its message says what to fix before the next call."
+    return "The final result was not checked against what the task required before the run ended."
+
+
+def _run_learnings(f: dict[str, Any], failed: bool) -> list[ExtractedLearning]:
+    failing = f.get("failing_steps") or []
+    learnings: list[ExtractedLearning] = []
+    if not failed:
+        return [
+            ExtractedLearning(
+                learning="When the tool calls succeed and the answer is checked, end the run with that answer.",
+                atomicity_score=0.6,
+                evidence=f"{f.get('n_steps')} steps, 0 failing tool results; answer_matches={f.get('answer_matches')}.",
+                justification="Rule-based: the findings show no failure, so the learning only confirms the approach.",
+            )
+        ]
+    for name, count in sorted((f.get("repeated_failures") or {}).items())[:1]:
+        refs = ", ".join(_step_ref(s) for s in failing if s.get("tool_name") == name)
+        learnings.append(
+            ExtractedLearning(
+                learning=f"After a {name} call fails, change its arguments before calling {name} again.",
+                atomicity_score=0.85,
+                evidence=f"{name} failed {count} times: {refs}.",
+                justification="Identical retries after an error repeated the same failure.",
+            )
+        )
+    if failing:
+        s = failing[0]
+        learnings.append(
+            ExtractedLearning(
+                learning=f"Read the error text returned by {s.get('tool_name')} and fix the cause it names.",
+                atomicity_score=0.8,
+                evidence=f"{_step_ref(s)}: {_q(s.get('content'))}.",
+                justification="The error message states the cause; acting on it avoids the failure.",
+            )
+        )
+    if f.get("answer_matches") is False:
+        learnings.append(
+            ExtractedLearning(
+                learning="Before answering, re-check the result against the question's requirement.",
+                atomicity_score=0.75,
+                evidence=_mismatch_evidence(f),
+                justification="The answer differed from the ground truth; a final check would have caught it.",
+            )
+        )
+    elif f.get("reward") is not None and f["reward"] < 1:
+        learnings.append(
+            ExtractedLearning(
+                learning="Before ending, confirm every action the task requires has been completed.",
+                atomicity_score=0.7,
+                evidence=f"reward {f['reward']}; feedback {_q(f.get('feedback'))}.",
+                justification="The grader's feedback shows the required outcome was not reached.",
+            )
+        )
+    return learnings
+
+
+def _mismatch_evidence(f: dict[str, Any]) -> str:
+    """Final answer vs ground truth, the truth lines it lacks, and the last step that led there."""
+    text = f"final answer {_q(f.get('final_answer'))} vs ground truth {_q(f.get('ground_truth'))}"
+    missing = f.get("missing_from_answer") or []
+    if missing:
+        text += "; missing from the answer: " + "; ".join(_q(m, 200) for m in missing[:2])
+    last = f.get("last_assistant_step")
+    if isinstance(last, dict):
+        text += f"; last assistant step {last.get('index')}: {_q(last.get('content'))}"
+    return text + "."
+
+
+def _skill_tags(f: dict[str, Any], skillbook_ids: list[str], failed: bool) -> list[SkillTag]:
+    """Tag only skills that are both in the prompt's skillbook and cited in the trace."""
+    cited = set(f.get("cited_skill_ids") or [])
+    tag = "harmful" if failed else "helpful" if f.get("answer_matches") is True else "neutral"
+    return [SkillTag(id=sid, tag=tag) for sid in dict.fromkeys(skillbook_ids) if sid in cited]
+
+
+def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
+    n_runs, n_fail = f.get("n_runs", 0), f.get("n_failing_runs", 0)
+    tools = f.get("failing_tools") or []
+    runs = f.get("failing_runs") or []
+    run_ids = ", ".join(f"{r.get('id')} (reward {r.get('reward')})" for r in runs[:5])
+    reasoning = (
+        f"Produced by the {HEURISTIC_NAME}: one sandbox cell summarised a batch of {n_runs} "
+        f"{f.get('format')} runs; every statement below restates what it printed. "
+        f"{n_fail} runs failed; mean reward {f.get('mean_reward')}."
+    )
+    if not n_fail:
+        return ReflectionDraft(
+            reasoning=reasoning,
+            error_identification=f"No error found: none of the {n_runs} runs failed by the printed checks.",
+            root_cause_analysis="Nothing to diagnose (rule-based check).",
+            correct_approach="Keep the same approach.",
+            key_insight="The batch shows no failing run.",
+            extracted_learnings=[
+                ExtractedLearning(
+                    learning="Keep the current approach for this kind of task.",
+                    atomicity_score=0.5,
+                    evidence=f"{n_runs} runs, 0 failing runs.",
+                    justification="Rule-based: no failure was found.",
+                )
+            ],
+        )
+    learnings = []
+    if tools:
+        name, count = tools[0]
+        learnings.append(
+            ExtractedLearning(
+                learning=f"Validate {name} arguments against the tool's preconditions before calling it.",
+                atomicity_score=0.75,
+                evidence=f"{name} is the most frequent failing tool in failing runs ({count} errors); failing tools: {tools}.",
+                justification="The same tool failing across runs points to a recurring misuse.",
+            )
+        )
+    mism = f.get("n_failing_runs_answer_mismatch", 0)
+    if mism:
+        learnings.append(
+            ExtractedLearning(
+                learning="Before ending a run, compare the actions taken with exactly what the task requires.",
+                atomicity_score=0.7,
+                evidence=f"{mism} of {n_fail} failing runs end with a result that does not match the ground truth; e.g. {run_ids}.",
+                justification="Most failures are outcome mismatches, not crashes.",
+            )
+        )
+    example = f.get("example_run")
+    if isinstance(example, dict):
+        for item in _run_learnings(example, True)[: max(0, 4 - len(learnings))]:
+            item.evidence = f"run {example.get('id')}: {item.evidence}"
+            learnings.append(item)
+    if not learnings:
+        learnings.append(
+            ExtractedLearning(
+                learning="Check the outcome against the task before ending each run.",
+                atomicity_score=0.6,
+                evidence=f"{n_fail} failing runs: {run_ids}.",
+                justification="Failures were found but no recurring tool error explains them.",
+            )
+        )
+    return ReflectionDraft(
+        reasoning=reasoning,
+        error_identification=f"{n_fail} of {n_runs} runs failed: {run_ids}"
+        + (f"; most common failing tools: {tools}." if tools else "."),
+        root_cause_analysis=(
+            f"{f.get('n_runs_with_tool_errors', 0)} failing runs contain tool errors and {mism} end with a result "
+            "that does not match the ground truth. (Rule-based inference from the findings, not an LLM judgement.)"
+        ),
+        correct_approach="Act on tool errors instead of repeating calls, and verify the required outcome before ending each run.",
+        key_insight=(
+            f"Failures recur across runs around {tools[0][0]}."
+            if tools
+            else "Failures are outcome mismatches, not tool crashes."
+        ),
+        extracted_learnings=learnings[:4],
+    )
+
+
+def _shallow_draft(f: dict[str, Any], cell_errors: list[str]) -> ReflectionDraft:
+    """No usable findings: say exactly what is known (format, raw shape, cell errors)."""
+    fmt = f.get("format", "unknown")
+    shape = (
+        f"raw type {f.get('raw_type')}, keys {f.get('raw_keys')}" if f.get("raw_type") else "no shape details"
+    )
+    errs = "; ".join(e for e in cell_errors if e.startswith("ERROR")) or "none"
+    reason = (
+        f"Produced by the {HEURISTIC_NAME}: the inspection found format {fmt!r} ({shape}); "
+        f"cell errors: {errs}. The rules cannot judge this trace further."
+    )
+    return ReflectionDraft(
+        reasoning=reason,
+        error_identification=f"Undetermined: the trace could only be inspected shallowly (format {fmt!r}).",
+        root_cause_analysis="Undetermined (rule-based reflector; the trace shape is not one it can analyse).",
+        correct_approach="Convert the trace to a supported format (ACE, messages, OpenClaw, tau-bench, OTel) or use an LLM model.",
+        key_insight="The trace format limits what a rule-based reflection can say.",
+        extracted_learnings=[
+            ExtractedLearning(
+                learning="Record agent traces in a supported, structured format so they can be reflected on.",
+                atomicity_score=0.6,
+                evidence=f"format={fmt}; {shape}; cell errors: {errs}.",
+                justification="Without recognised steps no error or answer could be checked.",
+            )
+        ],
+    )

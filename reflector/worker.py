@@ -1,0 +1,83 @@
+"""Building and running a worker: the reflection workflow, its agent's activities, the sandbox.
+
+`PydanticAIPlugin` on the client registers the agent's model-request activities (from the
+workflow's `__pydantic_ai_agents__`) and the pydantic payload converter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from datetime import timedelta
+
+from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import sandbox_cells
+from reflector.models import load_plugins
+from reflector.settings import Settings
+from workflows.reflection import ReflectionWorkflow
+
+__all__ = ["connect", "build_worker", "run_worker", "WORKFLOWS"]
+
+log = logging.getLogger("rr.worker")
+
+WORKFLOWS = [ReflectionWorkflow]
+# After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
+# a short value is what makes recovery fast.
+DEFAULT_STICKY_TIMEOUT_S = 2.0
+
+
+async def connect(address: str, namespace: str = "default") -> Client:
+    return await Client.connect(address, namespace=namespace, plugins=[PydanticAIPlugin()])
+
+
+def build_worker(
+    client: Client,
+    task_queue: str,
+    *,
+    max_cached_workflows: int | None = None,
+    sticky_timeout_s: float | None = None,
+    max_concurrent_activities: int = 200,
+    max_live_sandboxes: int | None = None,
+) -> Worker:
+    """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
+    load_plugins()
+    sandbox_cells.configure(max_live=max_live_sandboxes or int(os.environ.get("RR_MAX_LIVE_SANDBOXES", "256")))
+    sticky = sticky_timeout_s if sticky_timeout_s is not None else float(
+        os.environ.get("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S)
+    )
+    kwargs: dict[str, object] = {}
+    if max_cached_workflows is not None:
+        kwargs["max_cached_workflows"] = max_cached_workflows
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=sandbox_cells.ACTIVITIES,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
+        max_concurrent_activities=max_concurrent_activities,
+        max_concurrent_local_activities=max_concurrent_activities,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def run_worker(settings: Settings | None = None) -> None:
+    """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
+    settings = settings or Settings.from_env()
+    client = await connect(settings.address, settings.namespace)
+    worker = build_worker(client, settings.task_queue)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"rr worker pid={os.getpid()} on {settings.address} task queue {settings.task_queue!r}",
+        flush=True,
+    )
+    async with worker:
+        await stop.wait()
+    await sandbox_cells.shutdown()

@@ -1,0 +1,101 @@
+"""The `rr` CLI in subprocesses: the embedded default end to end, and a clear error for each bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reflector.devserver import is_reachable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
+
+
+def _rr_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "rr"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "reflector.cli"]
+
+
+def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    return subprocess.run([*_rr_cmd(), *args], env={**base, **env}, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def home_env(tmp_path: Path) -> dict[str, str]:
+    return {"RR_HOME": str(tmp_path / "rr-home")}
+
+
+@pytest.mark.slow
+def test_reflect_result_replay_on_embedded_default(home_env: dict[str, str]) -> None:
+    if is_reachable("localhost:7233"):
+        pytest.skip("a Temporal server already listens on localhost:7233; the embedded-default test needs it free")
+    p = rr("reflect", str(EXAMPLE), "--json", env=home_env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert "embedded" in p.stderr and "not an LLM" in p.stderr
+    assert out["raw"]["rr_trace"]["stop_reason"] == "completed"
+    assert out["raw"]["rr_trace"]["cells"] >= 1
+    assert out["extracted_learnings"] and out["extracted_learnings"][0]["evidence"]
+    assert "408" in json.dumps(out)  # the ground truth from the trace reached the reflection via a cell
+    wf_id = out["raw"]["workflow_id"]
+    assert (Path(home_env["RR_HOME"]) / "temporal.sqlite").exists()
+
+    p2 = rr("result", wf_id, "--json", env=home_env)
+    assert p2.returncode == 0, p2.stderr
+    assert json.loads(p2.stdout) == out
+
+    p3 = rr("result", wf_id, env=home_env)
+    assert p3.returncode == 0 and "Learnings:" in p3.stdout and "not an LLM" in p3.stdout
+
+    p4 = rr("replay", wf_id, env=home_env)
+    assert p4.returncode == 0, p4.stderr
+    assert "OK" in p4.stdout
+
+
+def _one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.startswith("rr: error:")]
+    assert len(lines) == 1, p.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def test_missing_file(home_env: dict[str, str], tmp_path: Path) -> None:
+    _one_line_error(rr("reflect", str(tmp_path / "nope.json"), env=home_env), "not found")
+
+
+def test_empty_file(home_env: dict[str, str], tmp_path: Path) -> None:
+    f = tmp_path / "empty.json"
+    f.write_text("")
+    _one_line_error(rr("reflect", str(f), env=home_env), "empty")
+
+
+def test_invalid_json(home_env: dict[str, str], tmp_path: Path) -> None:
+    f = tmp_path / "bad.json"
+    f.write_text('{"question": "q", "steps": [1, 2,')
+    _one_line_error(rr("reflect", str(f), env=home_env), "json")
+
+
+def test_trace_over_the_limit(home_env: dict[str, str]) -> None:
+    _one_line_error(rr("reflect", str(EXAMPLE), env={**home_env, "RR_MAX_TRACE_BYTES": "100"}), "RR_MAX_TRACE_BYTES")
+
+
+def test_unknown_model(home_env: dict[str, str]) -> None:
+    _one_line_error(rr("reflect", str(EXAMPLE), "--model", "nonexistent-model-xyz", env=home_env), "nonexistent-model-xyz")
+
+
+def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
+    env = {**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    _one_line_error(rr("reflect", str(EXAMPLE), env=env), "not reachable")
+
+
+def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+    p = rr("result", "no-such-reflection", env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
+    _one_line_error(p, "no-such-reflection")

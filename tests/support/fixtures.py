@@ -1,0 +1,26 @@
+"""Small traces the project writes itself (tests never depend on ../shared for basic coverage)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ACE_TRACE = {
+    "question": "What is 17 * 24?",
+    "ground_truth": "408",
+    "feedback": "The answer 398 is wrong.",
+    "steps": [
+        {"role": "user", "content": "What is 17 * 24?"},
+        {"role": "assistant", "content": "I will compute it with the calculator.",
+         "tool_calls": [{"name": "calculator", "arguments": "{\"expr\": \"17*24\"}"}]},
+        {"role": "tool", "tool_name": "calculator", "content": "Error: calculator timed out"},
+        {"role": "assistant", "content": "The calculator failed, so I estimate: 17 * 24 = 398."},
+    ],
+    "final_answer": "398",
+}
+
+
+def write_trace(directory: Path, data: object = None, name: str = "trace.json") -> Path:
+    path = directory / name
+    path.write_text(json.dumps(ACE_TRACE if data is None else data))
+    return path

@@ -1,0 +1,60 @@
+"""Real worker subprocesses for crash tests (started and ended by PID)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """`rr worker` in a subprocess with the scripted models registered through RR_PLUGINS."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reflector.cli", "worker"],
+            cwd=REPO_ROOT,
+            env={**os.environ, "RR_PLUGINS": "tests.support.scripted", **env},
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "rr worker pid=" in self.log.read_text():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"worker not ready:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its sandbox hosts (its process group), like a machine loss."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._out.close()
+
+
+def read_model_log(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,108 @@
+"""Scripted models for tests, driven only by the message history (so they survive worker restarts).
+
+Import this module (or list it in `RR_PLUGINS` for a worker subprocess) to register the models.
+Every call appends one line to the file named by `RR_TEST_MODEL_LOG` (if set): the request's key,
+the process id and the worker's wall clock, so tests can count how often each request ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from reflector.models import register_model
+
+SLOW_LOOP = int(os.environ.get("RR_TEST_SLOW_LOOP", "40000000"))
+
+
+def _returns(messages: list[ModelMessage], tool: str = "execute_code") -> list[str]:
+    return [str(p.content) for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == tool]
+
+
+def request_key(messages: list[ModelMessage]) -> str:
+    body = json.dumps([[type(p).__name__, str(getattr(p, "content", getattr(p, "args", "")))] for m in messages
+                       for p in m.parts], sort_keys=True)
+    return f"{len(messages)}:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+
+
+def _log(messages: list[ModelMessage], name: str) -> None:
+    path = os.environ.get("RR_TEST_MODEL_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"model": name, "key": request_key(messages), "n": len(messages),
+                                "pid": os.getpid(), "t": time.time()}) + "\n")
+
+
+def _final(info: AgentInfo, outputs: list[str]) -> ModelResponse:
+    evidence = " | ".join(o.strip()[:200] for o in outputs)
+    args = {
+        "reasoning": f"scripted reasoning over {len(outputs)} cells",
+        "error_identification": f"observed: {evidence}",
+        "root_cause_analysis": "scripted root cause",
+        "correct_approach": "scripted approach",
+        "key_insight": "scripted insight",
+        "extracted_learnings": [
+            {"learning": "check the data first", "atomicity_score": 0.9, "evidence": evidence, "justification": "j"}
+        ],
+        "skill_tags": [],
+    }
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")])
+
+
+CELLS = [
+    "n_steps = len(traces.get('steps', [])) if isinstance(traces, dict) else len(traces)\nprint('steps', n_steps)",
+    "seen = {'n': n_steps, 'double': n_steps * 2}\ndef tri(k):\n    return k * (k + 1) // 2\nprint('seen', seen)",
+    "total = 0\nfor i in range(SLOW):\n    total += 1\nprint('slow done', total, tri(n_steps))",
+    "print('final check', seen['double'], tri(3), total)",
+]
+
+
+def stateful_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Four cells that build state (variables, a function, derived data), one slow; then answer."""
+    _log(messages, "scripted-stateful")
+    outputs = _returns(messages)
+    if len(outputs) < len(CELLS):
+        code = CELLS[len(outputs)].replace("SLOW", str(SLOW_LOOP))
+        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{len(outputs)}")])
+    return _final(info, outputs)
+
+
+def steps_script(n: int):
+    """A reflection of `n` trivial cells then an answer (benchmarks)."""
+
+    def fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        _log(messages, f"scripted-steps-{n}")
+        outputs = _returns(messages)
+        if len(outputs) < n:
+            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": f"x{len(outputs)} = {len(outputs)}\nprint(x{len(outputs)})"},
+                                                     tool_call_id=f"c{len(outputs)}")])
+        return _final(info, outputs[-2:])
+
+    return fn
+
+
+def answer_without_code(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Tries to answer at once; the output validator must refuse until a cell succeeded."""
+    _log(messages, "scripted-eager")
+    outputs = _returns(messages)
+    retried = any(type(p).__name__ == "RetryPromptPart" for m in messages for p in m.parts)
+    if retried and not outputs:
+        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": "print('ok', type(traces).__name__)"})])
+    return _final(info, outputs)
+
+
+def text_only(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _log(messages, "scripted-text")
+    return ModelResponse(parts=[TextPart("I refuse to use tools.")])
+
+
+register_model("scripted-stateful", lambda: FunctionModel(stateful_script, model_name="scripted-stateful"))
+register_model("scripted-eager", lambda: FunctionModel(answer_without_code, model_name="scripted-eager"))
+register_model("scripted-text", lambda: FunctionModel(text_only, model_name="scripted-text"))
+for _n in (3, 20):
+    register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(steps_script(n), model_name=f"scripted-steps-{n}"))

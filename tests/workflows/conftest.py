@@ -1,0 +1,45 @@
+"""Fixtures for workflow tests: one rr home, one client and one in-process worker per session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import tests.support.scripted  # noqa: F401  (registers the scripted models)
+from reflector.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("rr-home")
+    os.environ["RR_HOME"] = str(home)
+    os.environ.pop("RR_BLOB_DIR", None)
+    return home
+
+
+@pytest.fixture(scope="session")
+def settings(session_home: Path) -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+async def client(temporal_server):  # type: ignore[no-untyped-def]
+    from reflector.worker import connect
+
+    return await connect(temporal_server.address)
+
+
+@pytest.fixture(scope="session")
+async def task_queue(client, settings: Settings) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+    """A worker on a private task queue, running for the whole session in this process."""
+    from activities import sandbox_cells
+    from reflector.worker import build_worker
+
+    tq = f"rr-test-{uuid.uuid4().hex[:6]}"
+    async with build_worker(client, tq):
+        yield tq
+    await sandbox_cells.shutdown()
