@@ -23,7 +23,7 @@ from temporalio.worker import Replayer
 from reflector.blobstore import BlobStore, blob_uri
 from reflector.models import check_model_name
 from reflector.settings import Settings
-from reflector.traces import read_trace_file
+from reflector.traces import detect_format, read_trace_file
 from reflector.types import Progress, ReflectionConfig, ReflectionInput, ReflectorOutput, TraceRef
 
 __all__ = [
@@ -49,9 +49,9 @@ class ReflectError(RuntimeError):
 
 def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
     """Validate a trace file and put it in the blob store; the workflow only gets the reference."""
-    _data, fmt = read_trace_file(path, settings.max_trace_bytes)
+    data, _container = read_trace_file(path, settings.max_trace_bytes)
     digest, size = BlobStore(settings.blob_dir).put_file(path)
-    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=fmt)  # type: ignore[arg-type]
+    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(data))
 
 
 def build_input(

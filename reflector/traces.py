@@ -363,6 +363,15 @@ def _opt_str(value: Any) -> str | None:
     return _text(value) if not isinstance(value, dict) else _args_str(value)
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is a dict, else {}: lets adapters read optional nested fields safely."""
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _opt_float(value: Any) -> float | None:
     if value is None:
         return None
@@ -418,7 +427,7 @@ def _openai_calls(raw: Any, call_names: dict[str, str]) -> list[dict[str, str]]:
     for item in items:
         if not isinstance(item, dict):
             continue
-        fn = item.get("function") if isinstance(item.get("function"), dict) else item
+        fn = _as_dict(item.get("function")) or item
         name = str(fn.get("name", ""))
         calls.append({"name": name, "arguments": _args_str(fn.get("arguments"))})
         if item.get("id"):
@@ -500,7 +509,7 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
         steps.append(_step(len(steps), "assistant", out))
     final = d.get("final_answer") or out_d.get("final_answer") or (out if isinstance(out, str) else None)
     skill_ids = d.get("skill_ids") or out_d.get("skill_ids") or []
-    meta = {
+    meta: dict[str, Any] = {
         k: v
         for k, v in d.items()
         if k not in _ACE_KEYS | {"steps", "messages", "reward"} and isinstance(v, (str, int, float, bool))
@@ -651,8 +660,8 @@ _NO_ACTIONS = "(no database-changing actions)"
 
 
 def _norm_tau_run(run: dict[str, Any]) -> dict[str, Any]:
-    info = run.get("info") if isinstance(run.get("info"), dict) else {}
-    task = info.get("task") if isinstance(info.get("task"), dict) else {}
+    info = _as_dict(run.get("info"))
+    task = _as_dict(info.get("task"))
     steps = _messages_steps(run.get("traj") or [])
     expected = [
         render_call(str(a.get("name")), a.get("kwargs", {}))
@@ -705,7 +714,7 @@ def _tau_feedback(reward_info: Any, reward: float | None) -> str:
     if not isinstance(reward_info, dict):
         return f"reward={reward}; no reward_info recorded"
     parts = [f"reward={reward_info.get('reward', reward)}"]
-    detail = reward_info.get("info") if isinstance(reward_info.get("info"), dict) else {}
+    detail = _as_dict(reward_info.get("info"))
     for key in ("r_actions", "r_outputs"):
         if key in detail:
             parts.append(f"{key}={detail[key]}")
@@ -761,7 +770,7 @@ def _span_start(span: dict[str, Any]) -> Any:
 
 
 def _span_trace_id(span: dict[str, Any]) -> Any:
-    ctx = span.get("context") if isinstance(span.get("context"), dict) else {}
+    ctx = _as_dict(span.get("context"))
     return ctx.get("trace_id") or span.get("trace_id") or span.get("traceId")
 
 
@@ -788,9 +797,9 @@ def _span_step(index: int, span: dict[str, Any]) -> dict[str, Any]:
     content = "\n".join(
         x for x in (f"span: {name}", f"input: {inp}" if inp else "", f"output: {out}" if out else "") if x
     )
-    status = span.get("status") if isinstance(span.get("status"), dict) else {}
+    status = _as_dict(span.get("status"))
     code = str(status.get("status_code") or status.get("code") or "")
-    events = span.get("events") if isinstance(span.get("events"), list) else []
+    events = _as_list(span.get("events"))
     err = code.upper() in ("ERROR", "STATUS_CODE_ERROR", "2") or any(
         isinstance(e, dict) and e.get("name") == "exception" for e in events
     )

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from datetime import timedelta
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
@@ -43,6 +44,7 @@ def build_worker(
     sticky_timeout_s: float | None = None,
     max_concurrent_activities: int = 200,
     max_live_sandboxes: int | None = None,
+    extra_workflows: Sequence[type] = (),
 ) -> Worker:
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
     load_plugins()
@@ -56,7 +58,7 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=WORKFLOWS,
+        workflows=[*WORKFLOWS, *extra_workflows],
         activities=sandbox_cells.ACTIVITIES,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         max_concurrent_activities=max_concurrent_activities,

@@ -6,10 +6,12 @@ Tools that run in workflow code (`execute_code`, `think`) reach this object thro
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
@@ -17,7 +19,9 @@ with workflow.unsafe.imports_passed_through():
     from reflector.cells import RUN_CELL_ACTIVITY, CellInput, CellOutcome, LimitsInput
     from reflector.types import Progress, ReflectionInput
 
-__all__ = ["SessionState", "current_state"]
+__all__ = ["SessionState", "current_state", "await_cancel_safe"]
+
+T = TypeVar("T")
 
 CELL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
 # Rebuilding a namespace after a crash replays the journal: allow time for it beyond the cell's own limit.
@@ -64,7 +68,7 @@ class SessionState:
         self.seq += 1
         self.phase = "running cell"
         self.last_event = f"cell {self.seq}"
-        outcome: CellOutcome = await workflow.execute_local_activity(
+        outcome: CellOutcome = await await_cancel_safe(workflow.start_local_activity(
             RUN_CELL_ACTIVITY,
             CellInput(
                 session_id=self.session_id,
@@ -78,7 +82,7 @@ class SessionState:
             start_to_close_timeout=timedelta(seconds=self.inp.config.cell_timeout_s + REBUILD_ALLOWANCE_S),
             retry_policy=CELL_RETRY,
             summary=f"cell {self.seq}",
-        )
+        ))
         self.cells += 1
         if outcome.ok:
             self.ok_cells += 1
@@ -108,6 +112,24 @@ class SessionState:
             total_tokens=total_tokens,
             last_event=self.last_event,
         )
+
+
+async def await_cancel_safe(handle: asyncio.Future[T]) -> T:
+    """Await an activity handle from inside the agent graph's anyio cancel scopes without livelock.
+
+    Same technique as pydantic-ai's own activity executor (`_activity_execution.py`): a cancelled
+    anyio scope re-delivers `task.cancel()` every loop turn, and a bare activity handle swallows it
+    and re-parks, so the workflow spins until the deadlock detector fires. Shielding the handle
+    keeps cancellation on our task; we forward exactly one cancel and wait for its resolution.
+    """
+    try:
+        return await asyncio.shield(handle)
+    except asyncio.CancelledError:
+        if not handle.done():
+            handle.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([handle])
+        raise
 
 
 def current_state() -> SessionState:

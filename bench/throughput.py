@@ -1,0 +1,84 @@
+"""Throughput: N concurrent scripted reflections (20 steps, 200 ms model latency) on one worker.
+
+The worker and the dev server run in their own processes so their CPU is measured separately
+(/proc utime+stime, sandbox hosts included for the worker). The anchor (a plain pydantic-ai
+`TemporalDurability` agent with the same script) runs in the same session on the same worker.
+
+    python -m bench.throughput [--concurrency 50 200] [--steps 20] [--latency 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import bench.scripts as scripts
+from bench.anchor import AnchorWorkflow
+from bench.common import bench_home, children_cpu, start, table, upload_bench_trace
+from reflector.devserver import DevServer
+from reflector.settings import Settings
+from reflector.worker import connect
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    if kind == "rr":
+        handles = [await start(client, trace, model, tq, prefix=f"tp{n}") for _ in range(n)]
+    else:
+        handles = [await client.start_workflow(AnchorWorkflow.run, model, id=f"anchor{n}-{uuid.uuid4().hex[:8]}",
+                                               task_queue=tq) for _ in range(n)]
+    await asyncio.gather(*(h.result() for h in handles))
+    return time.perf_counter() - t
+
+
+async def main(concurrency: list[int], steps: int, latency: int) -> None:
+    home = bench_home()
+    settings = Settings.from_env()
+    trace = upload_bench_trace(settings)
+    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
+    address = await server.astart()
+    tq = f"tp-{uuid.uuid4().hex[:6]}"
+    log = open(home / "worker.log", "w")
+    worker = subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq})
+    try:
+        while "ready" not in (home / "worker.log").read_text():
+            await asyncio.sleep(0.1)
+        client = await connect(address)
+        model = scripts.model_name(steps, latency)
+        await _batch("rr", 2, client, trace, model, tq)  # warm-up
+        await _batch("anchor", 2, client, trace, model, tq)
+        rows = []
+        for n in concurrency:
+            for kind in ("anchor", "rr"):
+                w0, s0 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                wall = await _batch(kind, n, client, trace, model, tq)
+                w1, s1 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                total_steps = n * (steps + 1)  # model requests per reflection
+                lower_bound = (steps + 1) * latency / 1000
+                rows.append([kind, n, wall, total_steps / wall, (w1 - w0) / total_steps * 1000,
+                             (s1 - s0) / total_steps * 1000, wall / lower_bound])
+        print(f"{steps}-step scripted reflections, {latency} ms model latency, one worker + dev server, 2 cores")
+        print(table(["agent", "concurrent", "wall s", "steps/s", "worker CPU ms/step", "server CPU ms/step",
+                     "wall / latency bound"], rows))
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        server.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[50, 200])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--latency", type=int, default=200)
+    a = ap.parse_args()
+    asyncio.run(main(a.concurrency, a.steps, a.latency))

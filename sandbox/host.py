@@ -1,0 +1,219 @@
+"""The sandbox host process: one namespace, model-written cells, length-prefixed JSON over pipes.
+
+Run as `python -m sandbox.host '<limits json>'` by `sandbox.executor.SubprocessExecutor`, never in the
+worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars}`, `{"op": "cell", code}`,
+`{"op": "ping"}`; one response frame per request.
+
+What this design protects against
+  * Cells cannot name interpreter internals: the AST check refuses dunder / `_`-prefixed / frame and
+    code attributes, `getattr`/`eval`/`exec`/`open`/`__import__` & co., and imports outside a small
+    allowlist; the remaining string->attribute gadgets (`str.format` fields, `operator.attrgetter`,
+    `functools.update_wrapper`, class-pattern `__match_args__`, `typing.get_type_hints`) are checked
+    or removed (see `sandbox.guards`, `sandbox.safe_modules`). Modules are proxies that do not leak
+    the modules they import.
+  * Cells cannot write to the protocol channel: at startup the real stdin/stdout are dup'ed to
+    private fds and fds 0/1 point at /dev/null; cell output goes to a per-cell capture object.
+  * Resource exhaustion is bounded by OS limits set at startup (RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC,
+    RLIMIT_CORE=0) and a per-cell CPU budget (soft RLIMIT_CPU raised before each cell); the executor
+    adds a hard wall-clock timeout that SIGKILLs the process group.
+  * The environment is built from scratch by the executor (no inherited secrets); hash seed fixed,
+    no clock or randomness visible, so replaying cells rebuilds identical state.
+
+What it does NOT protect against (be honest)
+  * This is a language-level sandbox in a normal process running as the worker's user. A CPython bug
+    (a segfault-to-exploit in a C extension or the interpreter, a gadget in an allowlisted stdlib
+    module we have not found) would give the attacker the host process: its files, its network, and
+    whatever that user can reach. Nothing here is a security boundary in the OS sense.
+  * Denial of service within limits: a cell can burn its whole CPU budget and wall timeout, allocate
+    up to RLIMIT_AS, and print up to the capture bound, on every cell. As root, RLIMIT_NPROC is
+    ignored (fork is unreachable from cells anyway: no `os`).
+  * Object reprs that include memory addresses (`<Foo object at 0x...>`) and id-based set ordering are
+    not deterministic across hosts; derived values built from them can differ after a replay.
+  * The host can read the trace file it was given and anything else the OS lets it read.
+
+Stronger boundary: run the same host under an OS sandbox behind the same `Executor` interface: a
+container with no network and a read-only root (`docker run --network none --read-only --pids-limit`),
+gVisor (`runsc`) for a user-space kernel, or nsjail/bubblewrap with seccomp, a new user/mount/net
+namespace and cgroup memory limits. Only `SubprocessExecutor._spawn` changes; the protocol, the
+guards and the session journal stay as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+from sandbox.framing import read_frame_fd, write_frame_fd
+from sandbox.guards import GuardError
+from sandbox.namespace import SandboxNamespace, format_exception, load_traces
+
+__all__ = ["main", "apply_rlimits"]
+
+CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
+
+
+class _Null:
+    """Stream for sys.stdout/sys.stderr between cells (unraisable hooks, stray writes)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def apply_rlimits(limits: dict[str, Any]) -> None:
+    """Apply the process-wide OS limits; done first thing in the host, before any model code."""
+
+    def setlim(which: int, value: int) -> None:
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError):
+            soft, hard = resource.getrlimit(which)
+            capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (capped, hard))
+
+    if limits.get("memory_bytes"):
+        setlim(resource.RLIMIT_AS, int(limits["memory_bytes"]))
+    if limits.get("file_size_bytes") is not None:
+        setlim(resource.RLIMIT_FSIZE, int(limits["file_size_bytes"]))
+    setlim(resource.RLIMIT_CORE, 0)
+    try:
+        setlim(resource.RLIMIT_NPROC, int(limits.get("max_processes", 0)))
+    except (ValueError, OSError):
+        pass  # best effort: root ignores NPROC, and fork is unreachable from cells anyway
+
+
+def _arm_cpu_budget(seconds: int) -> None:
+    """Raise the soft CPU limit to used + budget so each cell gets its own CPU allowance."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(usage.ru_utime + usage.ru_stime) + seconds + CPU_SLACK_S
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+class Host:
+    """Request dispatcher holding the session's namespace."""
+
+    def __init__(self, limits: dict[str, Any]) -> None:
+        self.limits = limits
+        self.ns = SandboxNamespace(int(limits.get("max_output_chars", 50_000)))
+        self.started = False
+        self._null = _Null()
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "cell":
+            if not self.started:
+                return {"ok": False, "error": "host not started", "error_kind": "crash"}
+            return self.run_cell(str(req.get("code", "")))
+        if op == "start":
+            return self.start(req)
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        return {"ok": False, "error": f"unknown op {op!r}", "error_kind": "crash"}
+
+    def start(self, req: dict[str, Any]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            traces = load_traces(req.get("trace_path"), str(req.get("trace_format", "auto")))
+            self.ns.start(traces, dict(req.get("extra_vars") or {}))
+        except Exception as exc:  # noqa: BLE001 - reported to the executor
+            return {"ok": False, "error": f"could not start the sandbox: {type(exc).__name__}: {exc}"}
+        self.started = True
+        return {"ok": True, "pid": os.getpid(), "load_ms": (time.perf_counter() - t0) * 1000}
+
+    def run_cell(self, code: str) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        ns = self.ns
+        ns.begin_cell()
+        error: str | None = None
+        kind: str | None = None
+        try:
+            compiled = ns.compile_cell(code)
+        except SyntaxError as exc:
+            kind = "syntax"
+            where = f" (line {exc.lineno}" + (f", column {exc.offset})" if exc.offset else ")")
+            text = f"\n    {exc.text.rstrip()}" if exc.text else ""
+            error = f"SyntaxError: {exc.msg}{where}{text}"
+        except GuardError as exc:
+            kind, error = "guard", str(exc)
+        else:
+            _arm_cpu_budget(int(self.limits.get("cpu_seconds_per_cell", 120)))
+            sys.stdout = sys.stderr = ns.capture  # type: ignore[assignment]
+            try:
+                exec(compiled, ns.ns)  # noqa: S102 - checked code, restricted builtins
+            except MemoryError:
+                kind = "memory"
+                error = (
+                    "MemoryError: the cell exceeded the sandbox memory limit; work on slices or "
+                    "aggregates instead of materialising large copies"
+                )
+            except GuardError as exc:
+                kind, error = "guard", f"GuardError: {exc}"
+            except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt included
+                kind = "runtime"
+                error = _describe(exc)
+            finally:
+                sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+                ns.restore()
+        stdout, truncated = ns.capture.getvalue(ns.max_output_chars)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "ok": error is None,
+            "stdout": stdout,
+            "error": error,
+            "error_kind": kind,
+            "truncated": truncated,
+            "submitted": ns.submitted,
+            "has_submission": ns.has_submission,
+            "host_ms": (time.perf_counter() - t0) * 1000,
+            "maxrss_kb": ru.ru_maxrss,
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = format_exception(exc)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not kill the host
+        text = f"{type(exc).__name__} (message could not be rendered)"
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        text += "\n(exiting is not possible from a cell; the session continues)"
+    elif isinstance(exc, RecursionError):
+        text += "\n(hint: recursion too deep; use an explicit stack or loop)"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: lock down fds and limits, then serve frames until the channel closes."""
+    argv = sys.argv if argv is None else argv
+    limits: dict[str, Any] = json.loads(argv[1]) if len(argv) > 1 else {}
+    apply_rlimits(limits)
+    proto_in, proto_out = os.dup(0), os.dup(1)  # private, non-inheritable copies
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    host = Host(limits)
+    sys.stdout = sys.stderr = host._null  # type: ignore[assignment]
+    sys.stdin = None  # type: ignore[assignment]
+    while True:
+        try:
+            req = read_frame_fd(proto_in)
+        except EOFError:
+            return 0
+        try:
+            resp = host.handle(req)
+        except MemoryError:
+            resp = {"ok": False, "error": "MemoryError in the host", "error_kind": "memory"}
+        write_frame_fd(proto_out, resp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The sandbox namespace: preloaded variables and helpers, cell execution, scaffolding restore.
+
+Lives in the host process only. Everything a cell can call here is trusted code; everything a cell
+defines is checked by `sandbox.guards` first. After every cell the scaffolding (helpers, modules,
+`print`, `traces`, the extra variables, registered helpers) is put back, so model code that rebinds
+`print` or `traces` cannot break later cells or the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sandbox.guards import ATTR_HOOK, DISPLAY_HOOK, GuardError, make_builtins, prepare
+from sandbox.output import Capture
+from sandbox.safe_modules import ModuleProxy, SafeImporter, guarded_attr
+
+__all__ = ["SandboxNamespace", "load_traces", "PRELOADED_MODULES"]
+
+PRELOADED_MODULES: tuple[str, ...] = ("json", "re", "math", "collections", "datetime")
+SCHEMA_DEPTH = 3
+SCHEMA_MAX_KEYS = 25
+SCHEMA_MAX_CHARS = 4000
+PREVIEW_STR_CHARS = 200
+PREVIEW_LIST_ITEMS = 3
+_AUTO_FORMATS = frozenset({"", "auto", "json", "jsonl"})  # container formats: let the normaliser detect
+
+
+def load_traces(trace_path: str | None, trace_format: str) -> Any:
+    """Load the trace for `traces`: the normaliser if available, else plain JSON / JSON lines."""
+    if trace_path is None:
+        return None
+    try:
+        from reflector.traces import load_normalized  # lazy: heavy, and maybe not there yet
+    except ImportError:
+        load_normalized = None
+    if load_normalized is not None:
+        fmt = None if trace_format in _AUTO_FORMATS else trace_format
+        return load_normalized(trace_path, fmt)
+    with open(trace_path, encoding="utf-8") as fh:
+        if trace_format == "jsonl" or trace_path.endswith(".jsonl"):
+            return [json.loads(line) for line in fh if line.strip()]
+        return json.load(fh)
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _size(value: Any) -> str:
+    if isinstance(value, str | bytes):
+        return f"{len(value):,} chars"
+    if isinstance(value, dict):
+        return f"{len(value):,} keys"
+    try:
+        return f"{len(value):,} items"
+    except Exception:  # noqa: BLE001 - any user object
+        return "-"
+
+
+def _schema(value: Any, depth: int = 0) -> str:
+    """A compact nested type sketch, e.g. `{steps: list[3] of {role: str, content: str}}`."""
+    if isinstance(value, dict):
+        if depth >= SCHEMA_DEPTH:
+            return f"dict[{len(value)} keys]"
+        items = list(value.items())
+        parts = [f"{k}: {_schema(v, depth + 1)}" for k, v in items[:SCHEMA_MAX_KEYS]]
+        if len(items) > SCHEMA_MAX_KEYS:
+            parts.append(f"... +{len(items) - SCHEMA_MAX_KEYS} keys")
+        return "{" + ", ".join(parts) + "}"
+    if isinstance(value, list | tuple):
+        if depth >= SCHEMA_DEPTH or not value:
+            return f"{_type_name(value)}[{len(value)}]"
+        kinds: list[str] = []
+        for item in value[:20]:
+            sketch = _schema(item, depth + 1)
+            if sketch not in kinds:
+                kinds.append(sketch)
+        return f"{_type_name(value)}[{len(value)}] of " + " | ".join(kinds[:3]) + (" | ..." if len(kinds) > 3 else "")
+    return _type_name(value)
+
+
+def _clip(value: Any, depth: int = 0) -> Any:
+    """A small copy of `value` for previews: long strings and lists are cut, depth is bounded."""
+    if isinstance(value, str):
+        extra = len(value) - PREVIEW_STR_CHARS
+        return value if extra <= 0 else value[:PREVIEW_STR_CHARS] + f"...(+{extra} chars)"
+    if depth > 6:
+        return "..."
+    if isinstance(value, dict):
+        out = {str(k): _clip(v, depth + 1) for k, v in list(value.items())[:SCHEMA_MAX_KEYS]}
+        if len(value) > SCHEMA_MAX_KEYS:
+            out["..."] = f"+{len(value) - SCHEMA_MAX_KEYS} keys"
+        return out
+    if isinstance(value, list | tuple):
+        out_list = [_clip(v, depth + 1) for v in value[:PREVIEW_LIST_ITEMS]]
+        if len(value) > PREVIEW_LIST_ITEMS:
+            out_list.append(f"... +{len(value) - PREVIEW_LIST_ITEMS} items")
+        return out_list
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return repr(value)[:PREVIEW_STR_CHARS]
+
+
+class SandboxNamespace:
+    """One session's namespace plus the per-cell machinery (capture, submitted value, restore)."""
+
+    def __init__(self, max_output_chars: int) -> None:
+        self.max_output_chars = max_output_chars
+        self.importer = SafeImporter()
+        self.capture = Capture(max_output_chars)
+        self.submitted: Any = None
+        self.has_submission = False
+        self._helpers: dict[str, tuple[Callable[..., Any], str]] = {}
+        self._data_names: list[str] = []
+        self._cell_no = 0
+        self.builtins = make_builtins({"print": self._print}, self.importer)
+        self.ns: dict[str, Any] = {}
+        self._scaffold: dict[str, Any] = {}
+
+    # -- setup -------------------------------------------------------------------------------------
+    def start(self, traces: Any, extra_vars: dict[str, Any]) -> None:
+        """Populate the namespace; called once per host."""
+        scaffold: dict[str, Any] = {
+            "__builtins__": self.builtins,
+            "__name__": "__sandbox__",
+            ATTR_HOOK: guarded_attr,
+            DISPLAY_HOOK: self._display,
+            "print": self._print,
+            "SHOW_VARS": self.show_vars,
+            "describe_traces": self.describe_traces,
+            "register_helper": self.register_helper,
+            "list_helpers": self.list_helpers,
+            "run_helper": self.run_helper,
+            "FINAL_ANSWER": self.final_answer,
+            "traces": traces,
+        }
+        for name in PRELOADED_MODULES:
+            scaffold[name] = self.importer.proxy(name)
+        for name, value in extra_vars.items():
+            if not name.isidentifier() or name.startswith("_") or name in scaffold:
+                raise ValueError(f"invalid extra variable name: {name!r}")
+            scaffold[name] = value
+        self._data_names = ["traces", *extra_vars]
+        self._scaffold = scaffold
+        self.ns.update(scaffold)
+
+    def restore(self) -> None:
+        """Put the scaffolding and registered helpers back after a cell (rebinding is undone)."""
+        ns = self.ns
+        for name, value in self._scaffold.items():
+            if ns.get(name) is not value:
+                ns[name] = value
+        for name, (fn, _src) in self._helpers.items():
+            if ns.get(name) is not fn:
+                ns[name] = fn
+
+    # -- cells -------------------------------------------------------------------------------------
+    def compile_cell(self, code: str) -> Any:
+        """Check and compile a cell (raises SyntaxError / GuardError)."""
+        self._cell_no += 1
+        filename = f"<cell {self._cell_no}>"
+        _remember_source(filename, code)
+        return prepare(code, filename)
+
+    def begin_cell(self) -> None:
+        """Reset the per-cell capture and submission."""
+        self.capture = Capture(self.max_output_chars)
+        self.submitted = None
+        self.has_submission = False
+
+    # -- preloaded callables -----------------------------------------------------------------------
+    def _print(self, *args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None, flush: bool = False) -> None:
+        """print() that writes to the cell's capture (never to a process-global stream)."""
+        print(*args, sep=sep, end=end, file=self.capture if file is None else file)
+
+    def _display(self, value: Any) -> None:
+        if value is not None:
+            self._print(repr(value))
+
+    def show_vars(self) -> None:
+        """Print the user's variables (name, type, size), then the preloaded data and helpers."""
+        hidden = set(self._scaffold) | set(self._helpers)
+        rows = [
+            (name, _type_name(value), _size(value))
+            for name, value in self.ns.items()
+            if name not in hidden and not name.startswith("__") and not isinstance(value, ModuleProxy)
+        ]
+        if rows:
+            width = max(len(r[0]) for r in rows)
+            self._print("your variables:")
+            for name, kind, size in rows:
+                self._print(f"  {name:<{width}}  {kind:<12} {size}")
+        else:
+            self._print("your variables: (none yet)")
+        data = ", ".join(f"{n} ({_type_name(self.ns[n])}, {_size(self.ns[n])})" for n in self._data_names)
+        self._print(f"preloaded: {data}")
+        self._print("modules: " + ", ".join(PRELOADED_MODULES) + " (import others from the allowlist)")
+        helpers = ", ".join(self._helpers) or "none"
+        self._print(f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
+                    "list_helpers() run_helper() FINAL_ANSWER()")
+
+    def describe_traces(self, max_preview: int = 1500) -> None:
+        """Print the shape of `traces`: type, keys/length, a schema sketch and a bounded preview."""
+        traces = self.ns.get("traces")
+        self._print(f"traces: {_type_name(traces)} ({_size(traces)})")
+        if isinstance(traces, dict):
+            for key, value in list(traces.items())[:SCHEMA_MAX_KEYS]:
+                self._print(f"  [{key!r}]: {_type_name(value)} ({_size(value)})")
+            if len(traces) > SCHEMA_MAX_KEYS:
+                self._print(f"  ... +{len(traces) - SCHEMA_MAX_KEYS} more keys")
+        elif isinstance(traces, list | tuple):
+            kinds: dict[str, int] = {}
+            for item in traces:
+                kinds[_type_name(item)] = kinds.get(_type_name(item), 0) + 1
+            self._print("  element types: " + ", ".join(f"{k} x{v}" for k, v in kinds.items()))
+        schema = _schema(traces)
+        if len(schema) > SCHEMA_MAX_CHARS:
+            schema = schema[:SCHEMA_MAX_CHARS] + " ...(schema cut)"
+        self._print(f"schema: {schema}")
+        preview = json.dumps(_clip(traces), indent=1, ensure_ascii=False, default=repr)
+        if len(preview) > max_preview:
+            preview = preview[:max_preview] + f"\n...(preview cut at {max_preview} chars; slice `traces` for more)"
+        self._print(f"preview:\n{preview}")
+
+    def register_helper(self, name: str, source: str) -> None:
+        """Define a reusable function from source (checked like a cell) and keep it across cells."""
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise GuardError("register_helper: name must be an identifier not starting with '_'")
+        if name in self._scaffold:
+            raise GuardError(f"register_helper: '{name}' is a preloaded name; choose another name")
+        if not isinstance(source, str):
+            raise TypeError("register_helper: source must be a str of Python code defining the function")
+        filename = f"<helper {name}>"
+        _remember_source(filename, source)
+        code = prepare(source, filename, display_last=False)
+        exec(code, self.ns)  # noqa: S102 - checked code, sandbox namespace
+        fn = self.ns.get(name)
+        if not callable(fn):
+            raise GuardError(f"register_helper: the source must define a function named '{name}'")
+        self._helpers[name] = (fn, source)
+        self._print(f"helper '{name}' registered")
+
+    def list_helpers(self) -> None:
+        """Print the registered helpers with their `def` line and first docstring line."""
+        if not self._helpers:
+            self._print("no helpers registered; use register_helper(name, source)")
+            return
+        for name, (fn, source) in self._helpers.items():
+            header = next((ln.strip() for ln in source.splitlines() if ln.strip().startswith(f"def {name}")), name)
+            doc = (fn.__doc__ or "").strip().splitlines()
+            self._print(f"{header.rstrip(':')}" + (f"  # {doc[0]}" if doc else ""))
+
+    def run_helper(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a registered helper by name."""
+        entry = self._helpers.get(name)
+        if entry is None:
+            raise NameError(f"no helper named {name!r}; registered: {', '.join(self._helpers) or 'none'}")
+        return entry[0](*args, **kwargs)
+
+    def final_answer(self, value: Any) -> None:
+        """Record `value` (JSON-serialisable) as this cell's submitted answer."""
+        try:
+            self.submitted = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"FINAL_ANSWER needs a JSON-serialisable value (dict/list/str/number): {exc}") from None
+        self.has_submission = True
+        self._print("FINAL_ANSWER recorded")
+
+
+def _remember_source(filename: str, source: str) -> None:
+    """Let tracebacks show the cell's lines (linecache is imported lazily, only on error paths)."""
+    lc = sys.modules.get("linecache")
+    if lc is None:
+        _PENDING_SOURCES[filename] = source
+        return
+    lc.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+_PENDING_SOURCES: dict[str, str] = {}
+
+
+def format_exception(exc: BaseException) -> str:
+    """A traceback restricted to model-written frames (cells, helpers), ending with the error."""
+    import linecache
+    import traceback
+
+    for filename, source in _PENDING_SOURCES.items():
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    _PENDING_SOURCES.clear()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(("<cell", "<helper"))]
+    head = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) if frames else ""
+    return head + "".join(traceback.format_exception_only(type(exc), exc)).rstrip()

@@ -1,0 +1,353 @@
+"""The offline `heuristic` model, driven through a real pydantic-ai Agent.
+
+The `execute_code` tool here is a test-only harness: it `exec`s the cell in a dict namespace with
+`traces`/`task` and captures print output. Production runs the same cell in the sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models.function import AgentInfo
+from pydantic_ai.tools import ToolDefinition
+
+from reflector.heuristic import (
+    FINDINGS_CELL,
+    HEURISTIC_NAME,
+    SIMPLE_CELL,
+    heuristic_response,
+    make_heuristic_model,
+    parse_findings,
+)
+from reflector.traces import load_normalized, normalize
+from reflector.types import ReflectionDraft
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "reflector" / "examples"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+TAU = SHARED / "tau-bench-airline-gpt-4o.json"
+needs_tau = pytest.mark.skipif(
+    not TAU.is_file(), reason=f"real trace {TAU} is absent (only present in the dev workspace)"
+)
+ALLOWED_IMPORTS = {"json", "re", "math", "collections", "itertools", "functools", "statistics"}
+
+
+class Harness:
+    """An in-process stand-in for the sandbox: records every cell and its output."""
+
+    def __init__(self, traces: Any, task: dict[str, Any], refuse: int = 0) -> None:
+        self.traces, self.task, self.refuse = traces, task, refuse
+        self.cells: list[str] = []
+        self.outputs: list[str] = []
+
+    def execute_code(self, code: str) -> str:
+        """Run Python code with `traces` and `task` defined; returns what it printed."""
+        self.cells.append(code)
+        if len(self.cells) <= self.refuse:
+            out = "ERROR guard: refused"
+        else:
+            buf = io.StringIO()
+            ns: dict[str, Any] = {"traces": self.traces, "task": self.task}
+            try:
+                with contextlib.redirect_stdout(buf):
+                    exec(code, ns)
+                out = buf.getvalue()
+            except Exception as exc:  # the sandbox reports failures the same way
+                out = f"ERROR {type(exc).__name__}: {exc}"
+        self.outputs.append(out)
+        return out
+
+
+def reflect(
+    view: Any, task: dict[str, Any] | None = None, prompt: str = "Reflect on the trace.", **kw: Any
+) -> tuple[ReflectionDraft, Harness, list[ModelMessage]]:
+    harness = Harness(view, task or {"question": "", "ground_truth": None, "feedback": None}, **kw)
+    agent = Agent(make_heuristic_model(), output_type=ReflectionDraft, tools=[harness.execute_code])
+    result = agent.run_sync(prompt)
+    return result.output, harness, result.all_messages()
+
+
+def findings_of(h: Harness) -> dict[str, Any]:
+    f = parse_findings(h.outputs)
+    assert f is not None
+    return f
+
+
+def strings_in(value: Any) -> str:
+    """Every string and number of the parsed findings, joined (to check evidence against)."""
+    if isinstance(value, dict):
+        return "\n".join(strings_in(v) for v in value.values())
+    if isinstance(value, list):
+        return "\n".join(strings_in(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def assert_evidence_from_findings(draft: ReflectionDraft, f: dict[str, Any]) -> None:
+    """Each learning's evidence only cites step indices, tools and quoted text the cell printed."""
+    printed = strings_in(f)
+    assert 1 <= len(draft.extracted_learnings) <= 4
+    for learning in draft.extracted_learnings:
+        assert learning.evidence and 0 <= learning.atomicity_score <= 1
+        for quoted in re.findall(r'"([^"]{4,}?)(?:\.\.\.)?"(?=[;.,: )]|$)', learning.evidence):
+            assert quoted.removesuffix("...") in printed or quoted in printed.replace('"', ""), quoted
+        for index, tool in re.findall(r"step (\d+) \(tool ([\w.-]+)\)", learning.evidence):
+            assert f"\n{index}\n{tool}" in printed or f"{index}\n{tool}" in printed, (index, tool)
+
+
+def test_cell_respects_sandbox_rules() -> None:
+    for cell in (FINDINGS_CELL, SIMPLE_CELL):
+        assert "__" not in cell and "open(" not in cell
+        imported = set(re.findall(r"^\s*import ([\w, ]+)$", cell, re.M))
+        modules = {m.strip() for line in imported for m in line.split(",")}
+        assert modules <= ALLOWED_IMPORTS
+        assert "from " not in re.sub(r"[\"'].*?[\"']", "", cell).replace("from traces", "")
+
+
+def test_failed_math_mismatch() -> None:
+    view = load_normalized(EXAMPLES / "failed_math.json")
+    draft, h, _ = reflect(view)
+    f = findings_of(h)
+    assert h.cells == [FINDINGS_CELL]
+    assert (
+        f["answer_matches"] is False and f["ground_truth"] == "408" and f["ground_truth_source"] == "traces"
+    )
+    assert (
+        "does not match the ground truth" in draft.error_identification
+        and "408" in draft.error_identification
+    )
+    assert "398" in draft.extracted_learnings[0].evidence
+    assert "step 3" in draft.extracted_learnings[0].evidence
+    assert HEURISTIC_NAME in draft.reasoning and "not an LLM" in draft.reasoning
+    assert_evidence_from_findings(draft, f)
+    assert draft.skill_tags == []
+
+
+def test_ground_truth_from_task_takes_precedence() -> None:
+    view = load_normalized(EXAMPLES / "failed_math.json")
+    _, h, _ = reflect(view, {"question": "q", "ground_truth": "398 pencils", "feedback": None})
+    f = findings_of(h)
+    assert f["ground_truth_source"] == "task" and f["answer_matches"] is True
+
+
+def test_tool_error_cites_failing_steps() -> None:
+    draft, h, _ = reflect(load_normalized(EXAMPLES / "tool_error.json"))
+    f = findings_of(h)
+    assert [(s["index"], s["tool_name"]) for s in f["failing_steps"]] == [
+        (3, "get_weather"),
+        (5, "get_weather"),
+    ]
+    assert f["repeated_failures"] == {"get_weather": 2} and f["answer_matches"] is None
+    assert "step 3 (tool get_weather)" in draft.error_identification
+    evidence = " ".join(x.evidence for x in draft.extracted_learnings)
+    assert "step 3 (tool get_weather)" in evidence and "step 5 (tool get_weather)" in evidence
+    assert_evidence_from_findings(draft, f)
+
+
+def test_deterministic_and_history_only() -> None:
+    view = load_normalized(EXAMPLES / "tool_error.json")
+    first, _, messages = reflect(view)
+    second, _, _ = reflect(view)
+    assert first == second
+    # replaying the model on the recorded history (as after a worker restart) decides the same
+    info = _info(output=True)
+    again = heuristic_response(messages[:-2], info)
+    recorded = messages[-2]
+    assert isinstance(recorded, ModelResponse)
+    assert again.parts == recorded.parts
+
+
+def test_labels_itself_not_an_llm() -> None:
+    model = make_heuristic_model()
+    assert model.model_name == HEURISTIC_NAME == "heuristic (rule-based, not an LLM)"
+    assert model.system == HEURISTIC_NAME
+    _, _, messages = reflect(load_normalized(EXAMPLES / "tool_error.json"))
+    names = {m.model_name for m in messages if isinstance(m, ModelResponse)}
+    assert names == {HEURISTIC_NAME}
+
+
+def test_success_is_reported_honestly() -> None:
+    view = normalize({"question": "6*7?", "ground_truth": "42", "final_answer": "The answer is 42."})
+    draft, h, _ = reflect(view)
+    assert findings_of(h)["answer_matches"] is True
+    assert draft.error_identification.startswith("No error found")
+    assert len(draft.extracted_learnings) == 1
+
+
+@pytest.mark.parametrize(
+    ("final", "truth", "expected"),
+    [
+        ("The answer is 42.", "42", True),
+        ("It is 42.0", "42", True),
+        ("17*24 = 408, not 398", "408", False),
+        ("Total: $1,200", "1200", True),
+        ("Paris, France", "paris", True),
+        ("London", "Paris", False),
+        (None, "Paris", False),
+        ("x", None, None),
+    ],
+)
+def test_answer_comparison(final: str | None, truth: str | None, expected: bool | None) -> None:
+    view = normalize({"question": "q", "ground_truth": truth, "final_answer": final})
+    _, h, _ = reflect(view)
+    assert findings_of(h)["answer_matches"] is expected
+
+
+def test_retry_with_simple_cell_when_refused() -> None:
+    view = load_normalized(EXAMPLES / "failed_math.json")
+    draft, h, _ = reflect(view, refuse=1)
+    assert h.cells == [FINDINGS_CELL, SIMPLE_CELL]
+    assert findings_of(h) == {"format": "ace", "simple": True}
+    assert "ERROR guard: refused" in draft.reasoning and "Undetermined" in draft.error_identification
+
+
+def test_simple_cell_on_a_non_view() -> None:
+    draft, h, _ = reflect("not a view", refuse=1)
+    assert len(h.cells) == 2 and findings_of(h) == {"format": "unknown", "simple": True}
+    assert "unknown" in draft.error_identification
+
+
+def test_gives_up_after_two_failed_cells() -> None:
+    draft, h, _ = reflect(load_normalized(EXAMPLES / "tool_error.json"), refuse=5)
+    assert len(h.cells) == 2 and parse_findings(h.outputs) is None
+    assert "Undetermined" in draft.error_identification and draft.reasoning.count("ERROR guard") == 2
+
+
+def test_evidence_checker_catches_invented_evidence() -> None:
+    draft, h, _ = reflect(load_normalized(EXAMPLES / "tool_error.json"))
+    bad = draft.model_copy(deep=True)
+    bad.extracted_learnings[0].evidence = 'step 9 (tool get_weather): "made up"'
+    with pytest.raises(AssertionError):
+        assert_evidence_from_findings(bad, findings_of(h))
+    bad.extracted_learnings[0].evidence = 'step 3 (tool get_weather): "an invented quote"'
+    with pytest.raises(AssertionError):
+        assert_evidence_from_findings(bad, findings_of(h))
+
+
+def test_unknown_format() -> None:
+    draft, h, _ = reflect(normalize({"foo": 1, "bar": [2]}))
+    f = findings_of(h)
+    assert f["format"] == "unknown" and f["raw_keys"] == ["bar", "foo"]
+    assert "['bar', 'foo']" in draft.extracted_learnings[0].evidence
+
+
+def test_skill_tags_only_for_cited_skillbook_ids() -> None:
+    view = normalize(
+        {
+            "question": "6*7?",
+            "ground_truth": "42",
+            "final_answer": "Using [math-00001] the answer is 36",
+            "skill_ids": ["math-00002"],
+        }
+    )
+    prompt = "Skillbook:\n[math-00001] multiply carefully\n[math-00003] unused\n[math-00002] check"
+    draft, _, _ = reflect(view, prompt=prompt)
+    assert [(t.id, t.tag) for t in draft.skill_tags] == [("math-00001", "harmful"), ("math-00002", "harmful")]
+    no_book, _, _ = reflect(view)
+    assert no_book.skill_tags == []
+
+
+def test_batch_of_runs() -> None:
+    runs = [
+        {"question": "a", "ground_truth": "1", "final_answer": "1"},
+        {
+            "question": "b",
+            "ground_truth": "2",
+            "final_answer": "3",
+            "steps": [{"tool": "calc", "observation": "Error: x"}],
+        },
+    ]
+    draft, h, _ = reflect(normalize(runs))
+    f = findings_of(h)
+    assert f["batch"] and f["n_runs"] == 2 and f["n_failing_runs"] == 1
+    assert f["failing_tools"] == [["calc", 1]]
+    assert "1 of 2 runs failed" in draft.error_identification
+    assert any("calc" in x.evidence for x in draft.extracted_learnings)
+
+
+def _info(output: bool, tools: tuple[str, ...] = ("execute_code",)) -> AgentInfo:
+    out = [ToolDefinition(name="final_result")] if output else []
+    return AgentInfo(
+        function_tools=[ToolDefinition(name=t) for t in tools],
+        allow_text_output=not output,
+        output_tools=out,
+        model_settings=None,
+        model_request_parameters=ModelRequestParameters(),
+        instructions=None,
+    )
+
+
+def _history_with_findings(findings: dict[str, Any]) -> list[ModelMessage]:
+    call = ToolCallPart("execute_code", {"code": FINDINGS_CELL}, tool_call_id="c1")
+    ret = ToolReturnPart("execute_code", "RR_FINDINGS " + json.dumps(findings), tool_call_id="c1")
+    return [
+        ModelRequest(parts=[UserPromptPart("reflect")]),
+        ModelResponse(parts=[call]),
+        ModelRequest(parts=[ret]),
+    ]
+
+
+def test_first_turn_is_the_findings_cell() -> None:
+    resp = heuristic_response([ModelRequest(parts=[UserPromptPart("reflect")])], _info(output=True))
+    assert len(resp.parts) == 1 and isinstance(resp.parts[0], ToolCallPart)
+    assert resp.parts[0].tool_name == "execute_code" and resp.parts[0].args == {"code": FINDINGS_CELL}
+
+
+def test_text_output_when_no_output_tool() -> None:
+    f = {"format": "ace", "n_steps": 1, "answer_matches": False, "final_answer": "1", "ground_truth": "2"}
+    resp = heuristic_response(_history_with_findings(f), _info(output=False))
+    assert isinstance(resp.parts[0], TextPart)
+    draft = ReflectionDraft.model_validate_json(resp.parts[0].content)
+    assert "does not match" in draft.error_identification
+
+
+def test_without_execute_code_tool() -> None:
+    resp = heuristic_response([ModelRequest(parts=[UserPromptPart("reflect")])], _info(True, tools=()))
+    part = resp.parts[0]
+    assert isinstance(part, ToolCallPart) and part.tool_name == "final_result"
+    draft = ReflectionDraft.model_validate(part.args)
+    assert "could not be inspected" in draft.reasoning and draft.extracted_learnings == []
+
+
+@needs_tau
+def test_real_tau_bench_failed_run() -> None:
+    data = json.loads(TAU.read_text())
+    run = next(r for r in data if r["reward"] == 0 and r["info"].get("reward_info"))
+    view = normalize(run)
+    draft, h, _ = reflect(view, {"question": view["question"], "ground_truth": None, "feedback": None})
+    f = findings_of(h)
+    assert f["format"] == "tau-bench" and f["reward"] == 0.0 and f["answer_matches"] is False
+    assert f["missing_from_answer"]
+    assert (
+        "does not match the ground truth" in draft.error_identification and "reward is 0.0" in draft.reasoning
+    )
+    assert_evidence_from_findings(draft, f)
+    assert len(h.outputs[0]) < 20_000
+    again, _, _ = reflect(view, {"question": view["question"], "ground_truth": None, "feedback": None})
+    assert again == draft
+
+
+@needs_tau
+def test_real_tau_bench_batch_line_is_bounded() -> None:
+    view = normalize(json.loads(TAU.read_text()))
+    draft, h, _ = reflect(view)
+    f = findings_of(h)
+    assert len(h.outputs[0]) < 20_000
+    assert f["n_runs"] == 120 and f["n_failing_runs"] == 84
+    assert "84 of 120 runs failed" in draft.error_identification
+    assert 1 <= len(draft.extracted_learnings) <= 4
