@@ -110,7 +110,9 @@ class SubprocessExecutor:
                 restarted = True
             t0 = time.perf_counter()
             try:
-                resp = await asyncio.wait_for(self._request({"op": "cell", "code": code}), self.limits.cell_timeout_s)
+                resp = await asyncio.wait_for(
+                    self._request({"op": "cell", "code": code}), self.limits.cell_timeout_s
+                )
             except TimeoutError:
                 await self._kill()
                 return CellResult(
@@ -161,7 +163,12 @@ class SubprocessExecutor:
         self.spawn_count += 1
         assert self._start_args is not None
         trace_path, trace_format, extra_vars = self._start_args
-        req = {"op": "start", "trace_path": trace_path, "trace_format": trace_format, "extra_vars": extra_vars}
+        req = {
+            "op": "start",
+            "trace_path": trace_path,
+            "trace_format": trace_format,
+            "extra_vars": extra_vars,
+        }
         try:
             resp = await asyncio.wait_for(self._request(req), self._start_timeout_s)
         except (TimeoutError, _HostDied):

@@ -26,7 +26,9 @@ __all__ = [
     "FORBIDDEN_BUILTINS",
     "GuardError",
     "check_attr_name",
+    "check_dynamic_attr_name",
     "make_builtins",
+    "module_refusal",
     "prepare",
     "ATTR_HOOK",
     "DISPLAY_HOOK",
@@ -36,6 +38,10 @@ ALLOWED_MODULES: frozenset[str] = frozenset(
     "json re math collections collections.abc datetime itertools functools statistics string textwrap "
     "difflib heapq bisect operator copy pprint typing dataclasses enum decimal fractions".split()
 )
+
+# str methods that read attributes named in their argument: reachable only through the checked hook,
+# never through by-name gadgets (attrgetter, class patterns).
+FORMAT_ATTRS: frozenset[str] = frozenset({"format", "format_map"})
 
 # Non-dunder attributes that lead to frames, code objects or globals.
 FORBIDDEN_ATTRS: frozenset[str] = frozenset(
@@ -49,7 +55,9 @@ FORBIDDEN_ATTRS: frozenset[str] = frozenset(
 CLOCK_ATTRS: frozenset[str] = frozenset({"now", "utcnow", "today"})
 
 # `_`-prefixed attributes that are public API (namedtuple) and harmless.
-ALLOWED_UNDERSCORE_ATTRS: frozenset[str] = frozenset({"_asdict", "_replace", "_fields", "_make", "_field_defaults"})
+ALLOWED_UNDERSCORE_ATTRS: frozenset[str] = frozenset(
+    {"_asdict", "_replace", "_fields", "_make", "_field_defaults"}
+)
 
 # Dunder attributes that are plain strings and used all the time (`type(x).__name__`).
 ALLOWED_DUNDER_READS: frozenset[str] = frozenset({"__name__"})
@@ -111,6 +119,15 @@ def check_attr_name(name: str) -> str | None:
     return None
 
 
+def check_dynamic_attr_name(name: str) -> str | None:
+    """Like `check_attr_name`, for attribute names given as data (attrgetter, class patterns)."""
+    if name in FORMAT_ATTRS:
+        return (
+            f"'{name}' cannot be looked up by name in the sandbox; call s.{name}(...) directly on the string"
+        )
+    return check_attr_name(name)
+
+
 # Dunder methods a class body may *define*; the others only serve to hook interpreter machinery.
 _DENIED_DUNDER_DEFS: frozenset[str] = frozenset(
     "__instancecheck__ __subclasscheck__ __subclasshook__ __class_getitem__ __set_name__ __prepare__ "
@@ -140,7 +157,9 @@ class _Checker(ast.NodeVisitor):
         self._check_name(node, node.id, "name")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if not (node.attr == "__init__" and _is_zero_arg_super(node.value) and isinstance(node.ctx, ast.Load)):
+        if not (
+            node.attr == "__init__" and _is_zero_arg_super(node.value) and isinstance(node.ctx, ast.Load)
+        ):
             why = check_attr_name(node.attr)
             if why is None and node.attr in ALLOWED_DUNDER_READS and not isinstance(node.ctx, ast.Load):
                 why = f"'.{node.attr}' can be read but not assigned or deleted in the sandbox"
@@ -241,7 +260,7 @@ class _Checker(ast.NodeVisitor):
                 "attributes by name); use keyword patterns like Point(x=px) or isinstance()",
             )
         for attr in node.kwd_attrs:
-            why = check_attr_name(attr)
+            why = check_dynamic_attr_name(attr)
             if why:
                 self._bad(node, why)
         self.generic_visit(node)
@@ -300,7 +319,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if node.attr in ("format", "format_map") and isinstance(node.ctx, ast.Load):
+        if node.attr in FORMAT_ATTRS and isinstance(node.ctx, ast.Load):
             call = ast.Call(
                 func=ast.Name(id=ATTR_HOOK, ctx=ast.Load()),
                 args=[node.value, ast.Constant(node.attr)],

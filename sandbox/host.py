@@ -50,10 +50,12 @@ from typing import Any
 from sandbox.framing import read_frame_fd, write_frame_fd
 from sandbox.guards import GuardError
 from sandbox.namespace import SandboxNamespace, format_exception, load_traces
+from sandbox.output import truncate
 
 __all__ = ["main", "apply_rlimits"]
 
 CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
+MAX_ERROR_CHARS = 4000  # tracebacks of deep recursion are long; head+tail is enough to fix the cell
 
 
 class _Null:
@@ -187,7 +189,7 @@ def _describe(exc: BaseException) -> str:
         text += "\n(exiting is not possible from a cell; the session continues)"
     elif isinstance(exc, RecursionError):
         text += "\n(hint: recursion too deep; use an explicit stack or loop)"
-    return text
+    return truncate(text, MAX_ERROR_CHARS)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

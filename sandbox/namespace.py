@@ -35,8 +35,8 @@ def load_traces(trace_path: str | None, trace_format: str) -> Any:
     try:
         from reflector.traces import load_normalized  # lazy: heavy, and maybe not there yet
     except ImportError:
-        load_normalized = None
-    if load_normalized is not None:
+        pass
+    else:
         fmt = None if trace_format in _AUTO_FORMATS else trace_format
         return load_normalized(trace_path, fmt)
     with open(trace_path, encoding="utf-8") as fh:
@@ -78,7 +78,11 @@ def _schema(value: Any, depth: int = 0) -> str:
             sketch = _schema(item, depth + 1)
             if sketch not in kinds:
                 kinds.append(sketch)
-        return f"{_type_name(value)}[{len(value)}] of " + " | ".join(kinds[:3]) + (" | ..." if len(kinds) > 3 else "")
+        return (
+            f"{_type_name(value)}[{len(value)}] of "
+            + " | ".join(kinds[:3])
+            + (" | ..." if len(kinds) > 3 else "")
+        )
     return _type_name(value)
 
 
@@ -172,7 +176,9 @@ class SandboxNamespace:
         self.has_submission = False
 
     # -- preloaded callables -----------------------------------------------------------------------
-    def _print(self, *args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None, flush: bool = False) -> None:
+    def _print(
+        self, *args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None, flush: bool = False
+    ) -> None:
         """print() that writes to the cell's capture (never to a process-global stream)."""
         print(*args, sep=sep, end=end, file=self.capture if file is None else file)
 
@@ -199,8 +205,10 @@ class SandboxNamespace:
         self._print(f"preloaded: {data}")
         self._print("modules: " + ", ".join(PRELOADED_MODULES) + " (import others from the allowlist)")
         helpers = ", ".join(self._helpers) or "none"
-        self._print(f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
-                    "list_helpers() run_helper() FINAL_ANSWER()")
+        self._print(
+            f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
+            "list_helpers() run_helper() FINAL_ANSWER()"
+        )
 
     def describe_traces(self, max_preview: int = 1500) -> None:
         """Print the shape of `traces`: type, keys/length, a schema sketch and a bounded preview."""
@@ -222,7 +230,9 @@ class SandboxNamespace:
         self._print(f"schema: {schema}")
         preview = json.dumps(_clip(traces), indent=1, ensure_ascii=False, default=repr)
         if len(preview) > max_preview:
-            preview = preview[:max_preview] + f"\n...(preview cut at {max_preview} chars; slice `traces` for more)"
+            preview = (
+                preview[:max_preview] + f"\n...(preview cut at {max_preview} chars; slice `traces` for more)"
+            )
         self._print(f"preview:\n{preview}")
 
     def register_helper(self, name: str, source: str) -> None:
@@ -249,7 +259,9 @@ class SandboxNamespace:
             self._print("no helpers registered; use register_helper(name, source)")
             return
         for name, (fn, source) in self._helpers.items():
-            header = next((ln.strip() for ln in source.splitlines() if ln.strip().startswith(f"def {name}")), name)
+            header = next(
+                (ln.strip() for ln in source.splitlines() if ln.strip().startswith(f"def {name}")), name
+            )
             doc = (fn.__doc__ or "").strip().splitlines()
             self._print(f"{header.rstrip(':')}" + (f"  # {doc[0]}" if doc else ""))
 
@@ -265,7 +277,9 @@ class SandboxNamespace:
         try:
             self.submitted = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"FINAL_ANSWER needs a JSON-serialisable value (dict/list/str/number): {exc}") from None
+            raise TypeError(
+                f"FINAL_ANSWER needs a JSON-serialisable value (dict/list/str/number): {exc}"
+            ) from None
         self.has_submission = True
         self._print("FINAL_ANSWER recorded")
 
@@ -290,6 +304,8 @@ def format_exception(exc: BaseException) -> str:
     for filename, source in _PENDING_SOURCES.items():
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     _PENDING_SOURCES.clear()
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(("<cell", "<helper"))]
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(("<cell", "<helper"))
+    ]
     head = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) if frames else ""
     return head + "".join(traceback.format_exception_only(type(exc), exc)).rstrip()

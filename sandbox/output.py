@@ -79,5 +79,7 @@ class Capture:
         keep_head = max_chars * 2 // 3
         keep_tail = max_chars - keep_head
         shown_tail = kept_tail[-keep_tail:] if keep_tail else ""
-        dropped = dropped_middle + (len(head) - min(len(head), keep_head)) + (len(kept_tail) - len(shown_tail))
+        dropped = (
+            dropped_middle + (len(head) - min(len(head), keep_head)) + (len(kept_tail) - len(shown_tail))
+        )
         return head[:keep_head] + truncation_note(dropped) + shown_tail, True

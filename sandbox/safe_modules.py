@@ -19,7 +19,13 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sandbox.guards import ALLOWED_MODULES, GuardError, check_attr_name, module_refusal
+from sandbox.guards import (
+    ALLOWED_MODULES,
+    GuardError,
+    check_attr_name,
+    check_dynamic_attr_name,
+    module_refusal,
+)
 
 __all__ = ["ModuleProxy", "SafeImporter", "guarded_attr", "check_format_string"]
 
@@ -63,8 +69,8 @@ class ModuleProxy:
 
 
 def _check_attr_path(path: str) -> None:
-    for part in path.split("."):
-        why = check_attr_name(part)
+    for part in str(path).split("."):
+        why = check_dynamic_attr_name(part)
         if why:
             raise GuardError(why)
 
@@ -127,8 +133,6 @@ def _safe_attrgetter(*names: str) -> Any:
 
 def _safe_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Any:
     _check_attr_path(name)
-    if name in ("format", "format_map"):
-        raise GuardError("methodcaller('format') is not allowed in the sandbox; call s.format(...) directly")
     return operator.methodcaller(name, *args, **kwargs)
 
 
@@ -142,6 +146,24 @@ def _safe_wraps(wrapped: Any, *args: Any, **kwargs: Any) -> Any:
     if args or kwargs:
         raise GuardError("functools.wraps: custom 'assigned'/'updated' are not allowed in the sandbox")
     return functools.wraps(wrapped)
+
+
+def _safe_singledispatch(func: Callable[..., Any]) -> Any:
+    """singledispatch whose `register` needs an explicit type.
+
+    The annotation form (`@f.register def _(x: "...")`) evaluates the annotation string with
+    `typing.get_type_hints`, i.e. `eval` of code the AST check never saw.
+    """
+    dispatcher = functools.singledispatch(func)
+    real_register = dispatcher.register
+
+    def register(cls: Any, func: Callable[..., Any] | None = None) -> Any:
+        if not isinstance(cls, type):
+            raise GuardError("singledispatch: pass the type explicitly, e.g. @f.register(int)")
+        return real_register(cls, func)
+
+    dispatcher.register = register  # type: ignore[method-assign]
+    return dispatcher
 
 
 def _safe_make_dataclass(cls_name: str, fields: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
@@ -210,7 +232,7 @@ def _datetime_attrs() -> dict[str, Any]:
         "tzinfo": _dt.tzinfo,
         "MINYEAR": _dt.MINYEAR,
         "MAXYEAR": _dt.MAXYEAR,
-        "UTC": _dt.timezone.utc,
+        "UTC": _dt.UTC,
     }
 
 
@@ -224,13 +246,18 @@ _DENIED: dict[str, frozenset[str]] = {
     "string": frozenset({"Formatter"}),
     "collections": frozenset({"UserString"}),  # its .format() calls str.format unchecked
     "pprint": frozenset(),
-    "functools": frozenset({"WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES"}),
+    # singledispatchmethod.register evaluates string annotations (see _safe_singledispatch).
+    "functools": frozenset({"WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES", "singledispatchmethod"}),
     "dataclasses": frozenset({"Field"}),
 }
 
 _OVERRIDES: dict[str, dict[str, Any]] = {
     "operator": {"attrgetter": _safe_attrgetter, "methodcaller": _safe_methodcaller},
-    "functools": {"update_wrapper": _safe_update_wrapper, "wraps": _safe_wraps},
+    "functools": {
+        "update_wrapper": _safe_update_wrapper,
+        "wraps": _safe_wraps,
+        "singledispatch": _safe_singledispatch,
+    },
     "dataclasses": {"make_dataclass": _safe_make_dataclass},
 }
 

@@ -1,0 +1,150 @@
+"""Durability of sandbox sessions: host kills, new workers, retries and timeouts all rebuild the
+exact state of the previous completed cells from the journal."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.protocol import CellResult
+from sandbox.sessions import SessionManager
+from tests.sandbox.conftest import TEST_LIMITS
+
+pytestmark = pytest.mark.timeout(60)
+
+BUILD_CELLS = [
+    "steps = traces['steps']\nroles = collections.Counter(s['role'] for s in steps)",
+    "register_helper('longest', 'def longest(items):\\n    return max(items, key=len)')",
+    "derived = {r: n * 10 for r, n in roles.items()}\ncounter = 0\nclass Box:\n    def __init__(self, v):\n"
+    "        self.v = v\nbox = Box(len(steps))",
+    "counter += 1\nbad = 1 / 0",  # fails after mutating state: must be replayed too
+]
+PROBE = "print(sorted(roles.items()), derived, counter, box.v, longest(['a', 'abc', 'ab']), hash('k'))"
+
+
+def _kw(trace_file: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "trace_path": trace_file,
+        "trace_format": "auto",
+        "extra_vars": {"task": {"id": 1}},
+        "limits": dataclasses.replace(TEST_LIMITS, **changes),
+    }
+
+
+async def _build(sessions: SessionManager, sid: str, trace_file: str) -> CellResult:
+    for seq, code in enumerate(BUILD_CELLS, start=1):
+        r = await sessions.run_cell(sid, seq, code, **_kw(trace_file))
+        assert r.ok or r.error_kind == "runtime", r
+    probe = await sessions.run_cell(sid, len(BUILD_CELLS) + 1, PROBE, **_kw(trace_file))
+    assert probe.ok, probe
+    return probe
+
+
+async def test_fast_path_keeps_one_host(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    await _build(sessions, "a", trace_file)
+    assert sessions.stats.rebuilds == 1 and sessions.stats.cells_replayed == 0
+    assert [s for s, _ in sessions.journal_entries("a")] == [1, 2, 3, 4, 5]
+    await sessions.close_all()
+
+
+async def test_sigkill_host_then_next_cell_sees_same_state(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    probe = await _build(sessions, "a", trace_file)
+    ex = sessions.executor_for("a")
+    assert ex is not None and ex.pid is not None
+    os.killpg(ex.pid, signal.SIGKILL)
+    r = await sessions.run_cell("a", 6, PROBE, **_kw(trace_file))
+    assert r.ok and r.stdout == probe.stdout
+    assert r.host_restarted and r.meta["cells_replayed"] == 5 and r.meta["rebuild_ms"] > 0
+    await sessions.close_all()
+
+
+async def test_new_manager_continues_session(tmp_path: Path, trace_file: str) -> None:
+    first = SessionManager(tmp_path / "j")
+    probe = await _build(first, "a", trace_file)
+    ex = first.executor_for("a")
+    assert ex is not None and ex.pid is not None
+    os.killpg(ex.pid, signal.SIGKILL)  # the worker crashed and took its host with it
+    second = SessionManager(tmp_path / "j")  # a new worker on the same journal
+    r = await second.run_cell("a", 6, PROBE + "\nnew = 1", **_kw(trace_file))
+    assert r.ok and r.stdout == probe.stdout and r.host_restarted
+    r = await second.run_cell("a", 7, "print(new, counter)", **_kw(trace_file))
+    assert r.stdout == "1 1\n" and not r.host_restarted
+    await first.close_all()
+    await second.close_all()
+
+
+async def test_retry_same_seq_is_not_applied_twice(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    kw = _kw(trace_file)
+    await sessions.run_cell("c", 1, "counter = 0", **kw)
+    r = await sessions.run_cell("c", 2, "counter += 1\nprint(counter)", **kw)
+    assert r.stdout == "1\n"
+    # The activity completed but the worker died before reporting: Temporal retries seq 2.
+    ex = sessions.executor_for("c")
+    assert ex is not None and ex.pid is not None
+    os.killpg(ex.pid, signal.SIGKILL)
+    r = await sessions.run_cell("c", 2, "counter += 1\nprint(counter)", **kw)
+    assert r.stdout == "1\n" and r.meta["cells_replayed"] == 1
+    # Retry on a live host (no crash) also re-runs on the state before seq 2.
+    r = await sessions.run_cell("c", 2, "counter += 1\nprint(counter)", **kw)
+    assert r.stdout == "1\n"
+    r = await sessions.run_cell("c", 3, "print(counter)", **kw)
+    assert r.stdout == "1\n"
+    await sessions.close_all()
+
+
+async def test_timeout_then_next_cell_sees_pre_timeout_state(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    kw = _kw(trace_file, cell_timeout_s=1.0)
+    await sessions.run_cell("t", 1, "items = [1, 2]\nseen = set()", **kw)
+    r = await sessions.run_cell("t", 2, "items.append(3)\nseen.add('x')\nwhile True:\n    pass", **kw)
+    assert r.error_kind == "timeout"
+    r = await sessions.run_cell("t", 3, "print(items, seen)", **kw)
+    assert r.ok and r.stdout == "[1, 2] set()\n" and r.host_restarted
+    assert [s for s, _ in sessions.journal_entries("t")] == [1, 3]
+    await sessions.close_all()
+
+
+async def test_memory_error_cell_has_no_effect(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    kw = _kw(trace_file)
+    await sessions.run_cell("m", 1, "x = 1", **kw)
+    r = await sessions.run_cell("m", 2, "x = 2\nbig = 'x' * 10**10", **kw)
+    assert r.error_kind == "memory"
+    r = await sessions.run_cell("m", 3, "print(x)", **kw)
+    assert r.stdout == "1\n"
+    await sessions.close_all()
+
+
+async def test_lru_eviction_restores_from_journal(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j", max_live=2)
+    kw = _kw(trace_file)
+    for sid in ("s1", "s2", "s3"):
+        await sessions.run_cell(sid, 1, f"name = {sid!r}", **kw)
+    assert sessions.executor_for("s1") is None and sessions.stats.evictions == 1
+    r = await sessions.run_cell("s1", 2, "print(name)", **kw)
+    assert r.stdout == "s1\n" and r.meta["cells_replayed"] == 1
+    await sessions.close_all()
+
+
+async def test_close_session_deletes_journal(tmp_path: Path, trace_file: str) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    await sessions.run_cell("z", 1, "a = 1", **_kw(trace_file))
+    await sessions.close_session("z", delete_journal=True)
+    assert sessions.journal_entries("z") == []
+    assert not (tmp_path / "j" / "z").exists()
+
+
+async def test_invalid_session_id(tmp_path: Path) -> None:
+    sessions = SessionManager(tmp_path / "j")
+    with pytest.raises(ValueError):
+        await sessions.run_cell(
+            "../x", 1, "1", trace_path=None, trace_format="auto", extra_vars={}, limits=TEST_LIMITS
+        )
