@@ -90,7 +90,9 @@ def answer_without_code(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     """Tries to answer at once; the output validator must refuse until a cell succeeded."""
     _log(messages, "scripted-eager")
     outputs = _returns(messages)
-    retried = any(type(p).__name__ == "RetryPromptPart" for m in messages for p in m.parts)
+    # the validator's refusal comes back as the output tool's return (or a retry prompt)
+    retried = any(getattr(p, "tool_name", None) == info.output_tools[0].name and not isinstance(p, ToolCallPart)
+                  for m in messages for p in m.parts)
     if retried and not outputs:
         return ModelResponse(parts=[ToolCallPart("execute_code", {"code": "print('ok', type(traces).__name__)"})])
     return _final(info, outputs)
