@@ -81,7 +81,11 @@ def resolve_model(name: str) -> Model:
 
 
 def check_model_name(name: str) -> None:
-    """Fail fast (before a workflow starts) on a model that cannot be built in this process."""
+    """Fail fast (before a workflow starts) on a model that cannot be built in this process.
+
+    Plugins named in `RR_PLUGINS` are loaded first, so models they register are known here too.
+    """
+    load_plugins()
     resolve_model(name)
 
 
