@@ -10,10 +10,11 @@ cell sees exactly the state an uncrashed run would have.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sandbox.sessions import SessionManager
 from temporalio import activity
 
 from reflector.blobstore import BlobStore
@@ -32,6 +33,7 @@ from reflector.cells import (
 from reflector.settings import Settings
 from reflector.types import TraceRef
 from sandbox.protocol import SandboxLimits
+from sandbox.sessions import SessionManager
 
 __all__ = ["prepare_session", "run_cell", "close_session", "configure", "shutdown", "ACTIVITIES"]
 
@@ -121,4 +123,4 @@ async def close_session(inp: CloseSessionInput) -> None:
     await _rt().sessions.close_session(inp.session_id)
 
 
-ACTIVITIES = [prepare_session, run_cell, close_session]
+ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, close_session]

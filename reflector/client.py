@@ -89,7 +89,7 @@ async def start_reflection(
 ) -> WorkflowHandle[object, ReflectorOutput]:
     from workflows.reflection import ReflectionWorkflow
 
-    return await client.start_workflow(
+    handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(  # type: ignore[call-overload]
         ReflectionWorkflow.run,
         inp,
         id=workflow_id or new_workflow_id(inp.trace),
@@ -97,6 +97,7 @@ async def start_reflection(
         task_timeout=WORKFLOW_TASK_TIMEOUT,
         result_type=ReflectorOutput,
     )
+    return handle
 
 
 async def wait_for_result(
@@ -114,7 +115,10 @@ async def wait_for_result(
             if done or on_progress is None:
                 continue
             try:
-                prog = await handle.query(ReflectionWorkflow.progress, rpc_timeout=timedelta(seconds=2))
+                prog: Progress = await handle.query(  # type: ignore[call-overload]
+                    ReflectionWorkflow.progress,
+                    rpc_timeout=timedelta(seconds=2),
+                )
             except Exception:  # a query can fail while no worker holds the workflow; progress is best effort
                 continue
             maybe = on_progress(prog)
@@ -128,7 +132,8 @@ async def wait_for_result(
 
 async def fetch_result(client: Client, workflow_id: str) -> ReflectorOutput:
     handle = client.get_workflow_handle(workflow_id, result_type=ReflectorOutput)
-    return await handle.result()
+    out: ReflectorOutput = await handle.result()
+    return out
 
 
 async def replay_workflow(client: Client, workflow_id: str) -> int:
@@ -189,7 +194,7 @@ async def runtime(
         server = DevServer(db_file=settings.db_file, port=port, ui_port=ui_port, ui=True)
         announce(f"no Temporal server at {address}: starting the embedded dev server (SQLite {settings.db_file})")
         try:
-            address = await asyncio.to_thread(server.start)
+            address = await server.astart()
         except DevServerError as e:
             raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
         announce(f"embedded server on {address}, Web UI {server.ui_url}")
@@ -217,4 +222,4 @@ async def runtime(
                 await sandbox_cells.shutdown()
     finally:
         if server is not None:
-            await asyncio.to_thread(server.stop)
+            await server.astop()

@@ -208,7 +208,8 @@ class DevServer:
     ``{"limit.historyCount.suggestContinueAsNew": 50}`` to exercise continue-as-new quickly.
 
     Usable as a sync context manager (``with DevServer(...) as srv``) and from async code
-    (``await srv.astart()``; :meth:`stop` is quick and may be called from a coroutine).
+    (``await srv.astart()`` / ``await srv.astop()``). A server left running is stopped at
+    interpreter exit (atexit), not if the parent is SIGKILLed.
     """
 
     def __init__(
@@ -431,6 +432,10 @@ class DevServer:
                 with contextlib.suppress(OSError):
                     self.log_file.unlink()
                 self.log_file = None
+
+    async def astop(self, timeout: float = 10.0) -> None:
+        """:meth:`stop` off the event loop (a graceful stop takes about a second)."""
+        await asyncio.to_thread(self.stop, timeout)
 
     def _close_log(self) -> None:
         if self._log_handle is not None:

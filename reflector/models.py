@@ -45,7 +45,11 @@ def register_model(name: str, model: Model | ModelFactory) -> None:
     Registration must happen in every worker process (at import time of a plugin module listed in
     `RR_PLUGINS`), because the activity rebuilds the model from its name.
     """
-    _factories[name] = model if callable(model) and not isinstance(model, Model) else (lambda m=model: m)
+    if isinstance(model, Model):
+        instance = model
+        _factories[name] = lambda: instance
+    else:
+        _factories[name] = model
     _instances.pop(name, None)
 
 

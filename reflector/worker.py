@@ -59,7 +59,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=sandbox_cells.ACTIVITIES,
+        activities=list(sandbox_cells.ACTIVITIES),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_local_activities=max_concurrent_activities,

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai import capture_run_messages
     from pydantic_ai.exceptions import AgentRunError, UnexpectedModelBehavior, UsageLimitExceeded
     from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturnPart
+    from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
     from reflector import prompts
@@ -99,7 +100,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                     self._task_prompt(prep),
                     deps=deps,
                     model=cfg.model,
-                    model_settings=dict(cfg.model_settings) if cfg.model_settings else {"temperature": 0.0},
+                    model_settings=_model_settings(cfg.model_settings),
                     usage_limits=UsageLimits(request_limit=cfg.max_requests, total_tokens_limit=cfg.max_tokens),
                 )
                 draft = result.output
@@ -165,6 +166,11 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         if error:
             raw["error"] = error
         return ReflectorOutput(**draft.model_dump(), raw=raw)
+
+
+def _model_settings(given: dict[str, Any] | None) -> ModelSettings:
+    """Temperature 0.0 unless the caller passed settings (then theirs, untouched)."""
+    return ModelSettings(**given) if given else ModelSettings(temperature=0.0)  # type: ignore[typeddict-item]
 
 
 def _usage(messages: list[ModelMessage]) -> UsageSummary:

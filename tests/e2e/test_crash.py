@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import tests.support.scripted  # noqa: F401  (registers the scripted models in this process too)
-
 from reflector import client as rr
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput

@@ -122,7 +122,7 @@ async def test_astart_in_memory_with_dynamic_config() -> None:
         pid = server.pid
         assert pid is not None
     finally:
-        server.stop()
+        await server.astop()
     assert not _pid_alive(pid)
 
 

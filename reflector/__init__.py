@@ -1,0 +1,1 @@
+"""Durable Recursive Reflector: domain code (types, settings, blob store, traces, models, client, CLI)."""
