@@ -14,8 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai.capabilities import ResolveModelId
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model, infer_model
-from pydantic_ai.providers import Provider, infer_provider
+from pydantic_ai.providers import Provider, infer_provider, infer_provider_class
+from temporalio import workflow
+
+from reflector.heuristic import make_heuristic_model
 
 __all__ = [
     "HEURISTIC",
@@ -35,8 +39,12 @@ _factories: dict[str, ModelFactory] = {}
 _instances: dict[str, Model] = {}
 
 
-class UnknownModelError(ValueError):
-    """The model name cannot be built here (unknown name, missing provider package or credentials)."""
+class UnknownModelError(UserError, ValueError):
+    """The model name cannot be built here (unknown name, missing provider package or credentials).
+
+    A `UserError`, so that raised in workflow code it fails the workflow with this message instead
+    of failing the workflow task (which Temporal would retry forever).
+    """
 
 
 def register_model(name: str, model: Model | ModelFactory) -> None:
@@ -72,8 +80,6 @@ def resolve_model(name: str) -> Model:
     if name in _instances:
         return _instances[name]
     if name == HEURISTIC and name not in _factories:
-        from reflector.heuristic import make_heuristic_model
-
         _factories[HEURISTIC] = make_heuristic_model
     factory = _factories.get(name)
     try:
@@ -97,10 +103,38 @@ def is_llm(name: str) -> bool:
     return name != HEURISTIC
 
 
+_WORKFLOW_SIDE_KEY = "rr-workflow-side-placeholder"
+_workflow_side: dict[str, Model] = {}
+
+
+def _placeholder_provider(name: str) -> Provider[Any]:
+    try:
+        return infer_provider_class(name)(api_key=_WORKFLOW_SIDE_KEY)  # type: ignore[call-arg]
+    except Exception:
+        return infer_provider(name)
+
+
+def workflow_side_model(name: str) -> Model:
+    """The model object the workflow plans with; it never sends a request.
+
+    `TemporalDurability` routes every request to an activity, where `resolve_model` builds the real
+    client. Building the workflow-side object with a placeholder key means replaying a history
+    (`rr replay`, audits) needs no provider credentials.
+    """
+    if name in _factories or name == HEURISTIC:
+        return resolve_model(name)
+    if name not in _workflow_side:
+        try:
+            _workflow_side[name] = infer_model(name, provider_factory=_placeholder_provider)
+        except Exception as e:
+            raise UnknownModelError(f"model {name!r} cannot be used: {e}") from e
+    return _workflow_side[name]
+
+
 async def _resolve(_ctx: Any, model_id: str) -> Model | None:
-    if model_id in _factories or model_id in _instances or model_id == HEURISTIC:
-        return resolve_model(model_id)
-    return None
+    if workflow.in_workflow():
+        return workflow_side_model(model_id)
+    return resolve_model(model_id)
 
 
 def model_resolver() -> ResolveModelId[Any]:

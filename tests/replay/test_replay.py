@@ -1,0 +1,48 @@
+"""Committed histories replay against the current code, and a changed workflow is caught.
+
+The second test proves the check itself: a workflow that makes one different decision (it skips
+the prefill cell) must fail replay with a non-determinism error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+import tests.support.scripted  # noqa: F401  (the recorded runs used the scripted models)
+from reflector.types import ReflectionInput, ReflectorOutput
+from workflows.reflection import WORKFLOW_NAME, ReflectionWorkflow
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def _load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(f"recorded-{path.stem}", path.read_text())
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_committed_history_replays(path: Path) -> None:
+    result = await Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()]).replay_workflow(_load(path))
+    assert result.replay_failure is None
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class AlteredReflectionWorkflow(ReflectionWorkflow):
+    """Same name, one changed decision: no prefill cell before the agent loop."""
+
+    @workflow.run
+    async def run(self, inp: ReflectionInput) -> ReflectorOutput:
+        self.state.init_ref = "0" * 64
+        return self._output(None, [], "error", "altered")
+
+
+async def test_altered_workflow_fails_replay() -> None:
+    assert HISTORIES
+    replayer = Replayer(workflows=[AlteredReflectionWorkflow], plugins=[PydanticAIPlugin()])
+    with pytest.raises(workflow.NondeterminismError):
+        await replayer.replay_workflow(_load(HISTORIES[0]))
