@@ -58,4 +58,4 @@ class AnchorWorkflow(PydanticAIWorkflow):
     @workflow.run
     async def run(self, model: str) -> int:
         result = await anchor_agent.run("go", model=model)
-        return result.usage().requests
+        return result.usage.requests
