@@ -1,0 +1,266 @@
+"""A local, scripted OpenAI-compatible HTTP server for protocol tests (loopback only, no network).
+
+It speaks the two OpenAI protocols pydantic-ai uses, non-streaming:
+
+- Chat Completions, ``POST /v1/chat/completions`` (`OpenAIChatModel`, model strings ``openai-chat:…``);
+- Responses, ``POST /v1/responses`` (`OpenAIResponsesModel`, which is what ``openai:…`` resolves to).
+
+Like the real service it is stateless: every reply is decided from the request alone. When no tool
+result answers an ``execute_code`` call yet, it calls ``execute_code``; otherwise it calls the output
+tool ``final_result`` with a reflection whose ``error_identification`` quotes the cell output.
+
+It records every request (path, headers, JSON body) in ``requests`` and can fail the next N requests
+with an HTTP error (``fail_next``) to exercise retries. Each successful reply reports
+``prompt_tokens``/``completion_tokens`` so usage accounting can be asserted exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["OpenAIServer", "RecordedRequest", "CELL_CODE"]
+
+CELL_CODE = "print('steps', len(traces.get('steps', [])))"
+CELL_TOOL = "execute_code"
+OUTPUT_TOOL = "final_result"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: dict[str, Any]
+    status: int  # what the server answered
+
+
+def _reflection(cell_outputs: list[str]) -> dict[str, Any]:
+    quoted = " | ".join(o.strip() for o in cell_outputs)
+    return {
+        "reasoning": f"the local OpenAI server read {len(cell_outputs)} cell output(s)",
+        "error_identification": f"cell said: {quoted}",
+        "root_cause_analysis": "root cause from the local server",
+        "correct_approach": "approach from the local server",
+        "key_insight": "insight from the local server",
+        "extracted_learnings": [
+            {"learning": "inspect the trace first", "atomicity_score": 0.8, "evidence": quoted, "justification": "j"}
+        ],
+        "skill_tags": [],
+    }
+
+
+def _chat_cell_outputs(messages: list[dict[str, Any]]) -> list[str]:
+    """Contents of `role: tool` messages that answer an `execute_code` call (Chat Completions)."""
+    cell_ids = {
+        tc["id"]
+        for m in messages
+        if m.get("role") == "assistant"
+        for tc in m.get("tool_calls") or []
+        if tc.get("function", {}).get("name") == CELL_TOOL
+    }
+    out = []
+    for m in messages:
+        if m.get("role") == "tool" and m.get("tool_call_id") in cell_ids:
+            content = m.get("content")
+            if isinstance(content, list):  # content parts
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            out.append(str(content))
+    return out
+
+
+def _responses_cell_outputs(items: list[dict[str, Any]] | str) -> list[str]:
+    """Outputs of `function_call_output` items that answer an `execute_code` call (Responses)."""
+    if isinstance(items, str):
+        return []
+    cell_ids = {i["call_id"] for i in items if i.get("type") == "function_call" and i.get("name") == CELL_TOOL}
+    out = []
+    for i in items:
+        if i.get("type") == "function_call_output" and i.get("call_id") in cell_ids:
+            output = i.get("output")
+            if isinstance(output, list):
+                output = "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+            out.append(str(output))
+    return out
+
+
+@dataclass
+class OpenAIServer:
+    """Start with ``start()`` (or use as a context manager); ``base_url`` ends in ``/v1``."""
+
+    prompt_tokens: int = 100
+    completion_tokens: int = 20
+    requests: list[RecordedRequest] = field(default_factory=list)
+    _fail: list[tuple[int, int]] = field(default_factory=list)  # [(remaining, status)]
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _httpd: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    # -- control ------------------------------------------------------------------------------
+
+    def fail_next(self, n: int, status: int = 500) -> None:
+        """Answer the next `n` requests with HTTP `status` (500 or 429) and an OpenAI error body."""
+        with self._lock:
+            self._fail.append((n, status))
+
+    @property
+    def base_url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> OpenAIServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {"_unparsed": raw.decode(errors="replace")}
+                status, payload, extra = server._handle(self.path, body)
+                with server._lock:
+                    server.requests.append(RecordedRequest(
+                        "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body, status
+                    ))
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="openai-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> OpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- views for assertions -----------------------------------------------------------------
+
+    def ok_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.status == 200]
+
+    # -- protocol -----------------------------------------------------------------------------
+
+    def _take_failure(self) -> int | None:
+        with self._lock:
+            if not self._fail:
+                return None
+            n, status = self._fail[0]
+            if n <= 1:
+                self._fail.pop(0)
+            else:
+                self._fail[0] = (n - 1, status)
+            return status
+
+    def _usage_chat(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    def _handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        failure = self._take_failure()
+        if failure is not None:
+            kind = "rate_limit_exceeded" if failure == 429 else "server_error"
+            extra = {"Retry-After": "0"} if failure == 429 else {}
+            return failure, {"error": {"message": f"scripted failure {failure}", "type": kind, "code": kind}}, extra
+        n = next(self._ids)
+        if path.rstrip("/").endswith("/chat/completions"):
+            return 200, self._chat(body, n), {}
+        if path.rstrip("/").endswith("/responses"):
+            return 200, self._responses(body, n), {}
+        return 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}}, {}
+
+    def _chat(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        outputs = _chat_cell_outputs(body.get("messages") or [])
+        if outputs:
+            name, args = OUTPUT_TOOL, _reflection(outputs)
+        else:
+            name, args = CELL_TOOL, {"code": CELL_CODE}
+        return {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+            "choices": [{
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "logprobs": None,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "refusal": None,
+                    "tool_calls": [{
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }],
+                },
+            }],
+            "usage": self._usage_chat(),
+        }
+
+    def _responses(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        outputs = _responses_cell_outputs(body.get("input") or [])
+        if outputs:
+            name, args = OUTPUT_TOOL, _reflection(outputs)
+        else:
+            name, args = CELL_TOOL, {"code": CELL_CODE}
+        return {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "error": None,
+            "incomplete_details": None,
+            "model": body.get("model", "unknown"),
+            "output": [{
+                "type": "function_call",
+                "id": f"fc_{n}",
+                "call_id": f"call_{n}",
+                "name": name,
+                "arguments": json.dumps(args),
+                "status": "completed",
+            }],
+            "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools", []),
+            "usage": {
+                "input_tokens": self.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": self.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+        }

@@ -1,0 +1,242 @@
+"""ReflectionWorkflow against a local OpenAI-compatible HTTP server (real SDK, real HTTP, loopback only).
+
+The in-process worker of `tests/workflows/conftest.py` runs in this process, so the provider
+environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`) is set with monkeypatch before the model is first
+resolved. `reflector.models` caches model objects per name, so every test uses a fresh model name.
+
+Two protocols are covered, because the model string decides which one pydantic-ai speaks:
+``openai-chat:NAME`` is `OpenAIChatModel` (``POST /v1/chat/completions``) and ``openai:NAME`` is
+`OpenAIResponsesModel` (``POST /v1/responses``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import Failure
+from temporalio.client import Client, WorkflowHistory
+
+from reflector import client as rr
+from reflector import models
+from reflector.settings import Settings
+from reflector.types import ReflectionConfig, ReflectorOutput
+from tests.support.fixtures import ACE_TRACE, write_trace
+from tests.support.openai_server import CELL_CODE, OpenAIServer
+
+API_KEY = "test-key"
+PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20
+N_STEPS = len(ACE_TRACE["steps"])  # type: ignore[arg-type]
+
+# model prefix -> the endpoint pydantic-ai's model class for it posts to
+PROTOCOLS = {
+    "openai-chat": "/v1/chat/completions",
+    "openai": "/v1/responses",
+}
+# HTTP status -> (pydantic-ai error category, openai SDK error) in the activity failure's cause chain
+ERROR_TYPES = {500: ["ModelServerError", "InternalServerError"], 429: ["ModelRateLimitError", "RateLimitError"]}
+protocols = pytest.mark.parametrize("prefix", list(PROTOCOLS), ids=["chat-completions", "responses"])
+
+
+@pytest.fixture
+def openai_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
+    with OpenAIServer(prompt_tokens=PROMPT_TOKENS, completion_tokens=COMPLETION_TOKENS) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+        yield server
+
+
+def _model_name(prefix: str) -> str:
+    return f"{prefix}:rr-test-model-{uuid.uuid4().hex[:8]}"
+
+
+async def _reflect(
+    client: Client, tq: str, settings: Settings, trace: Path, model: str
+) -> tuple[ReflectorOutput, WorkflowHistory]:
+    ref = rr.upload_trace(trace, settings)
+    inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model))
+    handle = await rr.start_reflection(client, inp, tq, f"t-oai-{uuid.uuid4().hex[:10]}")
+    out = await handle.result()
+    return out, await handle.fetch_history()
+
+
+def _tool_names(prefix: str, body: dict[str, object]) -> set[str]:
+    tools = body.get("tools") or []
+    assert isinstance(tools, list)
+    if prefix == "openai-chat":
+        return {t["function"]["name"] for t in tools}
+    return {t["name"] for t in tools}
+
+
+def _sent_cell_outputs(prefix: str, body: dict[str, object]) -> list[str]:
+    """What the request carried back as the result of the `execute_code` call."""
+    if prefix == "openai-chat":
+        msgs = body["messages"]
+        assert isinstance(msgs, list)
+        return [str(m["content"]) for m in msgs if m.get("role") == "tool"]
+    items = body["input"]
+    assert isinstance(items, list)
+    return [str(i["output"]) for i in items if i.get("type") == "function_call_output"]
+
+
+def _failure_chain(failure: Failure | None) -> list[tuple[str, str]]:
+    """[(application failure type or "<server>"/"<other>", message)] along the cause chain."""
+    chain = []
+    while failure is not None and failure.ByteSize():
+        if failure.HasField("application_failure_info"):
+            kind = failure.application_failure_info.type
+        else:
+            kind = "<server>" if failure.HasField("server_failure_info") else "<other>"
+        chain.append((kind, failure.message))
+        failure = failure.cause if failure.HasField("cause") else None
+    return chain
+
+
+def _sent_cell_calls(prefix: str, body: dict[str, object]) -> list[object]:
+    """Arguments of the assistant's `execute_code` calls echoed back in the request."""
+    if prefix == "openai-chat":
+        msgs = body["messages"]
+        assert isinstance(msgs, list)
+        calls = [tc["function"] for m in msgs if m.get("role") == "assistant" for tc in m.get("tool_calls") or []]
+    else:
+        items = body["input"]
+        assert isinstance(items, list)
+        calls = [i for i in items if i.get("type") == "function_call"]
+    return [json.loads(c["arguments"]) for c in calls if c["name"] == "execute_code"]
+
+
+def _model_activity_events(
+    history: WorkflowHistory,
+) -> tuple[list[int], list[tuple[int, Failure | None]], list[object]]:
+    """(scheduled ids, [(attempt, last_failure)] of the started events, failed/timed-out events) of model requests."""
+    scheduled = [
+        e.event_id for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and "request" in e.activity_task_scheduled_event_attributes.activity_type.name
+    ]
+    started = [
+        (e.activity_task_started_event_attributes.attempt,
+         e.activity_task_started_event_attributes.last_failure
+         if e.activity_task_started_event_attributes.HasField("last_failure") else None)
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.scheduled_event_id in scheduled
+    ]
+    failed = [
+        e for e in history.events
+        if e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+    ]
+    return scheduled, started, failed
+
+
+@protocols
+async def test_reflection_completes_over_local_openai_server(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, prefix: str
+) -> None:
+    model = _model_name(prefix)
+    out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
+
+    rt = out.raw["rr_trace"]
+    assert rt["stop_reason"] == "completed" and rt["cells"] == 1 and rt["failed_cells"] == 0, rt
+    assert out.raw["model"] == model
+    # the final answer quotes what the model's cell printed in the sandbox (server -> tool -> server)
+    assert f"cell said: steps {N_STEPS}" == out.error_identification
+    assert out.extracted_learnings[0].evidence == f"steps {N_STEPS}"
+
+    reqs = openai_server.requests
+    assert [r.path for r in reqs] == [PROTOCOLS[prefix]] * 2
+    assert all(r.status == 200 for r in reqs)
+    # usage in raw is exactly what the server reported, summed over its two replies
+    assert out.raw["usage"] == {
+        "input_tokens": 2 * PROMPT_TOKENS,
+        "output_tokens": 2 * COMPLETION_TOKENS,
+        "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS),
+        "requests": 2,
+    }
+    # one model-request activity per HTTP request, none retried
+    scheduled, started, failed = _model_activity_events(history)
+    assert len(scheduled) == 2 and [a for a, _ in started] == [1, 1] and not failed
+
+    for r in reqs:
+        assert r.headers["authorization"] == f"Bearer {API_KEY}"
+        assert r.body["model"] == model.split(":", 1)[1]
+        assert r.body["temperature"] == 0.0
+        assert r.body.get("stream") in (None, False)
+        assert _tool_names(prefix, r.body) == {"execute_code", "think", "final_result"}
+    # the first request carried no tool result; the second echoed the server's execute_code call and
+    # carried the output of that cell, run in the sandbox against the uploaded trace
+    assert _sent_cell_outputs(prefix, reqs[0].body) == []
+    assert _sent_cell_calls(prefix, reqs[1].body) == [{"code": CELL_CODE}]
+    assert [o.strip() for o in _sent_cell_outputs(prefix, reqs[1].body)] == [f"steps {N_STEPS}"]
+
+
+@pytest.mark.parametrize("status", [500, 429])
+@protocols
+async def test_sdk_retries_are_off_and_temporal_retries_the_activity(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, prefix: str, status: int
+) -> None:
+    openai_server.fail_next(1, status=status)
+    model = _model_name(prefix)
+    out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
+
+    assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw
+    assert f"steps {N_STEPS}" in out.error_identification
+    n_model = out.raw["usage"]["requests"]
+    assert n_model == 2
+    statuses = [r.status for r in openai_server.requests]
+    assert statuses == [status, 200, 200], statuses
+    assert len(openai_server.requests) == n_model + 1
+    # usage counts only the replies that reached the agent
+    assert out.raw["usage"]["input_tokens"] == n_model * PROMPT_TOKENS
+
+    scheduled, started, failed = _model_activity_events(history)
+    assert len(scheduled) == 2, "a retry is a new attempt of the same activity, not a new activity"
+    # exactly one HTTP request per activity attempt: the SDK did not retry the 500 by itself (an SDK
+    # retry would show as 3 HTTP requests in 2 attempts, the failure invisible in the history)
+    attempts = sum(a for a, _ in started)
+    assert attempts == len(openai_server.requests), (
+        f"{len(openai_server.requests)} HTTP requests in {attempts} activity attempts {started}: "
+        "the provider SDK retried inside an attempt"
+    )
+    # Temporal records a retried attempt only in the ActivityTaskStarted event of the next attempt
+    # (its attempt number and last_failure); there is no ActivityTaskFailed event for it.
+    assert [a for a, _ in started] == [2, 1], started
+    assert not started[1][1]
+    chain = _failure_chain(started[0][1])
+    # The server keeps an activity failure under a size limit: a big one (three chained Python stack
+    # traces here) becomes a ServerFailure "Failure exceeds size limit." whose cause is the original.
+    app = [(t, m) for t, m in chain if t != "<server>"]
+    assert [t for t, _ in app] == ["ModelHTTPError", *ERROR_TYPES[status]], chain
+    assert app[-1][1] == f"Error code: {status} - scripted failure {status}", chain
+    assert f"status_code: {status}" in app[0][1]
+    assert not failed
+
+
+async def test_history_replays_without_credentials(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
+    from temporalio.worker import Replayer
+
+    from workflows.reflection import ReflectionWorkflow
+
+    model = _model_name("openai")
+    out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
+    assert out.raw["rr_trace"]["stop_reason"] == "completed"
+    n_http = len(openai_server.requests)
+
+    monkeypatch.delenv("OPENAI_API_KEY")
+    # forget every model object built while the key was set, so replay has to build its own
+    monkeypatch.setattr(models, "_instances", {})
+    monkeypatch.setattr(models, "_workflow_side", {})
+    with pytest.raises(models.UnknownModelError):  # proof: a live client cannot be built now
+        models.resolve_model(model)
+
+    replayer = Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()])
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, repr(result.replay_failure)
+    assert len(openai_server.requests) == n_http, "replay must not send model requests"
