@@ -54,6 +54,11 @@ async def main(concurrency: list[int], steps: int, latency: int) -> None:
             await asyncio.sleep(0.1)
         client = await connect(address)
         model = scripts.model_name(steps, latency)
+        spy = None
+        if os.environ.get("RR_BENCH_PYSPY"):
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(worker.pid), "-r", "100", "-f", "raw", "--threads",
+                                    "-o", os.environ["RR_BENCH_PYSPY"]], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
         await _batch("rr", 2, client, trace, model, tq)  # warm-up
         await _batch("anchor", 2, client, trace, model, tq)
         rows = []
@@ -69,6 +74,9 @@ async def main(concurrency: list[int], steps: int, latency: int) -> None:
         print(f"{steps}-step scripted reflections, {latency} ms model latency, one worker + dev server, 2 cores")
         print(table(["agent", "concurrent", "wall s", "steps/s", "worker CPU ms/step", "server CPU ms/step",
                      "wall / latency bound"], rows))
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(30)
     finally:
         worker.terminate()
         worker.wait(30)

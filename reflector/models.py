@@ -61,8 +61,11 @@ def register_model(name: str, model: Model | ModelFactory) -> None:
     _instances.pop(name, None)
 
 
+_OPENAI_FAMILY = ("openai", "openai-chat", "openai-responses")
+
+
 def _no_retry_provider(name: str) -> Provider[Any]:
-    if name == "openai":
+    if name in _OPENAI_FAMILY:
         from openai import AsyncOpenAI
         from pydantic_ai.providers.openai import OpenAIProvider
 

@@ -11,7 +11,7 @@ import os
 import struct
 from typing import Any
 
-__all__ = ["HEADER", "MAX_FRAME_BYTES", "encode", "decode", "read_frame_fd", "write_frame_fd"]
+__all__ = ["HEADER", "MAX_FRAME_BYTES", "encode", "decode", "read_frame_fd", "write_frame_fd", "read_exact"]
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 * 1024**2
@@ -37,6 +37,9 @@ def _read_exact(fd: int, n: int) -> bytes:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
+
+
+read_exact = _read_exact
 
 
 def read_frame_fd(fd: int) -> Any:

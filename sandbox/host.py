@@ -1,8 +1,12 @@
 """The sandbox host process: one namespace, model-written cells, length-prefixed JSON over pipes.
 
 Run as `python -m sandbox.host '<limits json>'` by `sandbox.executor.SubprocessExecutor`, never in the
-worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars}`, `{"op": "cell", code}`,
-`{"op": "ping"}`; one response frame per request.
+worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars, limits?, index_data?}`,
+`{"op": "cell", code}`, `{"op": "warm"}` (import what `start` needs: pooled idle hosts),
+`{"op": "snapshot"}` (response frame `{"ok", "size"}` followed by `size` raw pickle bytes),
+`{"op": "restore", "size"}` (followed by `size` raw bytes), `{"op": "ping"}`; one response frame per
+request. A host spawned without a limits argument (a pooled host) applies the OS limits from the
+`start` request, before it runs any model code.
 
 What this design protects against
   * Cells cannot name interpreter internals: the AST check refuses dunder / `_`-prefixed / frame and
@@ -47,10 +51,11 @@ import sys
 import time
 from typing import Any
 
-from sandbox.framing import read_frame_fd, write_frame_fd
+from sandbox.framing import read_exact, read_frame_fd, write_frame_fd
 from sandbox.guards import GuardError
 from sandbox.namespace import SandboxNamespace, format_exception, load_traces
 from sandbox.output import truncate
+from sandbox.snapshot import DataIndex, SnapshotRefused, restore_snapshot, take_snapshot
 
 __all__ = ["main", "apply_rlimits"]
 
@@ -103,33 +108,84 @@ def _arm_cpu_budget(seconds: int) -> None:
 class Host:
     """Request dispatcher holding the session's namespace."""
 
-    def __init__(self, limits: dict[str, Any]) -> None:
-        self.limits = limits
-        self.ns = SandboxNamespace(int(limits.get("max_output_chars", 50_000)))
+    def __init__(self, limits: dict[str, Any] | None) -> None:
+        self.limits = limits or {}
+        self.limits_applied = limits is not None
+        self.ns = SandboxNamespace(int(self.limits.get("max_output_chars", 50_000)))
         self.started = False
+        self.index: DataIndex | None = None
         self._null = _Null()
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
         op = req.get("op")
+        if op in ("cell", "snapshot", "restore") and not self.started:
+            return {"ok": False, "error": "host not started", "error_kind": "crash"}, None
         if op == "cell":
-            if not self.started:
-                return {"ok": False, "error": "host not started", "error_kind": "crash"}
-            return self.run_cell(str(req.get("code", "")))
+            return self.run_cell(str(req.get("code", ""))), None
+        if op == "snapshot":
+            return self.snapshot()
+        if op == "restore":
+            return self.restore(payload or b""), None
         if op == "start":
-            return self.start(req)
+            return self.start(req), None
+        if op == "warm":
+            return self.warm(), None
         if op == "ping":
-            return {"ok": True, "pid": os.getpid()}
-        return {"ok": False, "error": f"unknown op {op!r}", "error_kind": "crash"}
+            return {"ok": True, "pid": os.getpid()}, None
+        return {"ok": False, "error": f"unknown op {op!r}", "error_kind": "crash"}, None
+
+    def warm(self) -> dict[str, Any]:
+        """Import what `start` needs (the trace normaliser) so a pooled host starts in milliseconds."""
+        t0 = time.perf_counter()
+        try:
+            import reflector.traces  # noqa: F401
+        except ImportError:
+            pass
+        return {"ok": True, "pid": os.getpid(), "warm_ms": (time.perf_counter() - t0) * 1000}
 
     def start(self, req: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
+        if self.started:
+            return {"ok": False, "error": "host already started"}
+        limits = req.get("limits")
+        if not self.limits_applied and isinstance(limits, dict):
+            apply_rlimits(limits)  # pooled host: limits arrive with its session, before any cell
+            self.limits, self.limits_applied = limits, True
+            self.ns = SandboxNamespace(int(limits.get("max_output_chars", 50_000)))
         try:
             traces = load_traces(req.get("trace_path"), str(req.get("trace_format", "auto")))
             self.ns.start(traces, dict(req.get("extra_vars") or {}))
+            if req.get("index_data"):
+                self.index = DataIndex([self.ns._scaffold[n] for n in self.ns._data_names])
         except Exception as exc:  # noqa: BLE001 - reported to the executor
             return {"ok": False, "error": f"could not start the sandbox: {type(exc).__name__}: {exc}"}
         self.started = True
         return {"ok": True, "pid": os.getpid(), "load_ms": (time.perf_counter() - t0) * 1000}
+
+    def snapshot(self) -> tuple[dict[str, Any], bytes | None]:
+        """Pickle the user's state (see `sandbox.snapshot`); refused states answer ok=False."""
+        t0 = time.perf_counter()
+        if self.index is None:
+            return {"ok": False, "error": "snapshots need index_data at start"}, None
+        try:
+            blob = take_snapshot(self.ns, self.index)
+        except SnapshotRefused as exc:
+            return {"ok": False, "error": str(exc), "refused": True}, None
+        except MemoryError:
+            return {"ok": False, "error": "MemoryError while taking the snapshot", "refused": True}, None
+        return {"ok": True, "size": len(blob), "host_ms": (time.perf_counter() - t0) * 1000}, blob
+
+    def restore(self, blob: bytes) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            count = restore_snapshot(self.ns, self.index, blob)
+        except BaseException as exc:  # noqa: BLE001 - the executor discards this host
+            return {"ok": False, "error": f"could not restore the snapshot: {type(exc).__name__}: {exc}"}
+        finally:
+            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+            if self.ns._scaffold:
+                self.ns.restore()
+        return {"ok": True, "vars": count, "host_ms": (time.perf_counter() - t0) * 1000}
 
     def run_cell(self, code: str) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -195,8 +251,9 @@ def _describe(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: lock down fds and limits, then serve frames until the channel closes."""
     argv = sys.argv if argv is None else argv
-    limits: dict[str, Any] = json.loads(argv[1]) if len(argv) > 1 else {}
-    apply_rlimits(limits)
+    limits: dict[str, Any] | None = json.loads(argv[1]) if len(argv) > 1 else None
+    if limits is not None:
+        apply_rlimits(limits)
     proto_in, proto_out = os.dup(0), os.dup(1)  # private, non-inheritable copies
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -210,11 +267,24 @@ def main(argv: list[str] | None = None) -> int:
             req = read_frame_fd(proto_in)
         except EOFError:
             return 0
+        payload: bytes | None = None
         try:
-            resp = host.handle(req)
+            if req.get("op") == "restore":
+                payload = read_exact(proto_in, int(req.get("size", 0)))
+            resp, out = host.handle(req, payload)
         except MemoryError:
-            resp = {"ok": False, "error": "MemoryError in the host", "error_kind": "memory"}
+            resp, out = {"ok": False, "error": "MemoryError in the host", "error_kind": "memory"}, None
+        payload = None
         write_frame_fd(proto_out, resp)
+        if out is not None:
+            _write_all(proto_out, out)
+            out = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 if __name__ == "__main__":

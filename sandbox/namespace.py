@@ -243,6 +243,11 @@ class SandboxNamespace:
             raise GuardError(f"register_helper: '{name}' is a preloaded name; choose another name")
         if not isinstance(source, str):
             raise TypeError("register_helper: source must be a str of Python code defining the function")
+        self.define_helper(name, source)
+        self._print(f"helper '{name}' registered")
+
+    def define_helper(self, name: str, source: str) -> None:
+        """Run a helper's source in the namespace and keep the function (also used by snapshots)."""
         filename = f"<helper {name}>"
         _remember_source(filename, source)
         code = prepare(source, filename, display_last=False)
@@ -251,7 +256,6 @@ class SandboxNamespace:
         if not callable(fn):
             raise GuardError(f"register_helper: the source must define a function named '{name}'")
         self._helpers[name] = (fn, source)
-        self._print(f"helper '{name}' registered")
 
     def list_helpers(self) -> None:
         """Print the registered helpers with their `def` line and first docstring line."""

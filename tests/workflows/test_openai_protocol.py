@@ -216,20 +216,23 @@ async def test_sdk_retries_are_off_and_temporal_retries_the_activity(
     assert not failed
 
 
+@protocols
 async def test_history_replays_without_credentials(
-    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, prefix: str
 ) -> None:
     from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
     from temporalio.worker import Replayer
 
     from workflows.reflection import ReflectionWorkflow
 
-    model = _model_name("openai")
+    model = _model_name(prefix)
     out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
     assert out.raw["rr_trace"]["stop_reason"] == "completed"
     n_http = len(openai_server.requests)
 
+    # no provider configuration at all: without a base URL the SDK would not even accept a missing key
     monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("OPENAI_BASE_URL")
     # forget every model object built while the key was set, so replay has to build its own
     monkeypatch.setattr(models, "_instances", {})
     monkeypatch.setattr(models, "_workflow_side", {})

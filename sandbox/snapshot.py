@@ -1,0 +1,295 @@
+"""Namespace snapshots (host side): bounded recovery without giving up exact state.
+
+Why: rebuilding a session by replaying every journaled cell costs O(cells). A snapshot every N
+cells bounds that: rebuild = fresh host, load the latest snapshot, replay only the later cells.
+
+What a snapshot holds: the user's variables (one pickle, so aliasing between them is kept), the
+registered helpers as *source* (rebuilt by re-running it), the full key order of the namespace, the
+cell counter (traceback filenames) and the decimal context. It never pickles the preloaded
+scaffolding: references to `traces` / the extra variables (and to any dict or list inside them),
+to the preloaded callables, to module proxies and their attributes, and to registered helpers are
+written as *persistent references* and resolved against the fresh host. So `steps = traces['steps']`
+costs nothing and stays an alias of `traces['steps']` after a restore.
+
+Exactness: a snapshot is only written if the restored state is guaranteed to equal the live one;
+otherwise `SnapshotRefused` and the session manager keeps replaying the journal (always correct):
+  * anything defined by a cell (functions, classes and their instances, lambdas), generators and
+    other unpicklable values refuse the snapshot; so does a helper with state of its own (function
+    attributes, mutable defaults);
+  * if the preloaded data was mutated in place (compared by an identity fingerprint taken at start:
+    every dict/list and the identity of every item), it is pickled together with the variables;
+  * the pickle must round-trip to the same bytes (catches e.g. sets whose iteration order would
+    change when rebuilt).
+Loading only accepts globals from a short module allowlist; the pickle is written by this host from
+cell-reachable objects and only ever loaded by a fresh host from the session's own journal dir.
+"""
+
+from __future__ import annotations
+
+import decimal
+import io
+import pickle
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandbox.namespace import SandboxNamespace
+
+__all__ = ["DataIndex", "SnapshotRefused", "take_snapshot", "restore_snapshot", "SNAPSHOT_VERSION"]
+
+SNAPSHOT_VERSION = 1
+PROTOCOL = 5
+_ATOMIC: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes})
+_PLAIN: frozenset[type] = frozenset({dict, list, tuple, set, frozenset, bytearray})
+_WALK: frozenset[type] = frozenset({dict, list, tuple})
+# Modules whose classes/functions may appear by reference in a snapshot (stdlib, no cell code).
+TRUSTED_MODULES: frozenset[str] = frozenset(
+    "builtins copyreg collections collections.abc re datetime decimal fractions functools itertools "
+    "operator enum string statistics textwrap difflib heapq bisect copy pprint typing json _codecs "
+    "_collections _collections_abc _decimal _pydecimal numbers".split()
+)
+_CALLABLE_TYPES = (
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+class SnapshotRefused(Exception):
+    """The namespace cannot be snapshotted exactly; the journal replay stays the recovery path."""
+
+
+class DataIndex:
+    """Identity fingerprint and DFS index of the containers of the preloaded data.
+
+    Taken right after start (before any cell): if a later fingerprint equals it, every dict/list of
+    the data is the same object holding the same items, so the data is unmutated and containers can
+    be referenced by DFS index, which is identical in a fresh host loading the same file.
+    """
+
+    def __init__(self, roots: list[Any]) -> None:
+        self.objs, self.fingerprint = _walk(roots)
+        self.ids = {id(o): i for i, o in enumerate(self.objs)}
+
+    def unchanged(self, roots: list[Any]) -> bool:
+        _, fp = _walk(roots)
+        return fp is not None and fp == self.fingerprint
+
+
+def _walk(roots: list[Any]) -> tuple[list[Any], int | None]:
+    objs: list[Any] = []
+    seen: dict[int, int] = {}
+    sig: list[int] = []
+    stack = list(reversed(roots))
+    trackable = True
+    while stack:
+        obj = stack.pop()
+        kind = type(obj)
+        if kind in _ATOMIC:
+            continue
+        if kind not in _WALK:
+            trackable = False  # a mutable object we cannot fingerprint (only after a mutation)
+            continue
+        idx = seen.get(id(obj))
+        if idx is not None:
+            sig.append(-1 - idx)
+            continue
+        seen[id(obj)] = len(objs)
+        objs.append(obj)
+        if kind is dict:
+            sig.append(hash((len(obj), tuple(map(id, obj)), tuple(map(id, obj.values())))))
+            children = [v for v in obj.values() if type(v) not in _ATOMIC]
+        else:
+            sig.append(hash((kind is list, len(obj), tuple(map(id, obj)))))
+            children = [v for v in obj if type(v) not in _ATOMIC]
+        stack.extend(reversed(children))
+    return objs, (hash(tuple(sig)) if trackable else None)
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _trusted_global(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module not in TRUSTED_MODULES:
+        return False
+    return _lookup(module, qualname) is obj
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, refs: dict[int, tuple[Any, ...]]) -> None:
+        super().__init__(file, protocol=PROTOCOL)
+        self._refs = refs
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) in _ATOMIC:
+            return None
+        return self._refs.get(id(obj))
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind in _PLAIN:
+            return NotImplemented
+        if isinstance(obj, _CALLABLE_TYPES):
+            if _trusted_global(obj):
+                return NotImplemented
+            name = getattr(obj, "__qualname__", kind.__name__)
+            raise SnapshotRefused(f"{name} is defined in the session (function or class)")
+        if kind.__module__ == "builtins" or _trusted_global(kind) or id(kind) in self._refs:
+            return NotImplemented  # C types and stdlib classes: their reduce is not cell code
+        raise SnapshotRefused(f"an instance of {kind.__qualname__} (defined in the session)")
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, resolve: Any) -> None:
+        super().__init__(file)
+        self._resolve = resolve
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._resolve(tuple(pid))
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module not in TRUSTED_MODULES:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a snapshot")
+        return super().find_class(module, name)
+
+
+def _refs(ns: SandboxNamespace, index: DataIndex | None, data_unchanged: bool) -> dict[int, tuple[Any, ...]]:
+    refs: dict[int, tuple[Any, ...]] = {}
+    if data_unchanged and index is not None:
+        for i, obj in enumerate(index.objs):
+            refs[id(obj)] = ("d", i)
+    for modname, proxy in ns.importer._cache.items():
+        for key, value in object.__getattribute__(proxy, "_rr_attrs").items():
+            if type(value) not in _ATOMIC:
+                refs[id(value)] = ("a", modname, key)
+        refs[id(proxy)] = ("m", modname)
+    for name, (fn, _src) in ns._helpers.items():
+        refs[id(fn)] = ("h", name)
+    data_names = set(ns._data_names)
+    for name, value in ns._scaffold.items():
+        if type(value) in _ATOMIC or (name in data_names and not data_unchanged):
+            continue
+        refs[id(value)] = ("s", name)
+    return refs
+
+
+def _check_helper(name: str, fn: Any) -> None:
+    if not isinstance(fn, types.FunctionType):
+        raise SnapshotRefused(f"helper {name!r} is not a plain function")
+    if fn.__dict__ or fn.__closure__:
+        raise SnapshotRefused(f"helper {name!r} carries state of its own")
+    defaults = (fn.__defaults__ or ()) + tuple((fn.__kwdefaults__ or {}).values())
+    if any(type(d) not in _ATOMIC for d in defaults):
+        raise SnapshotRefused(f"helper {name!r} has non-constant default arguments")
+
+
+def take_snapshot(ns: SandboxNamespace, index: DataIndex | None) -> bytes:
+    """Serialise the user's state of `ns`; raises SnapshotRefused if it cannot be restored exactly."""
+    data_roots = [ns._scaffold[n] for n in ns._data_names]
+    data_unchanged = index is not None and index.unchanged(data_roots)
+    helpers = [(name, src) for name, (_fn, src) in ns._helpers.items()]
+    for name, (fn, _src) in ns._helpers.items():
+        _check_helper(name, fn)
+    meta = {
+        "version": SNAPSHOT_VERSION,
+        "order": list(ns.ns),
+        "helpers": helpers,
+        "cell_no": ns._cell_no,
+        "data_count": len(index.objs) if index is not None else -1,
+        "data_included": not data_unchanged,
+    }
+    skip = set(ns._scaffold) | set(ns._helpers)
+    state = {
+        "vars": {k: v for k, v in ns.ns.items() if k not in skip},
+        "data": None if data_unchanged else {n: ns._scaffold[n] for n in ns._data_names},
+        "decimal": decimal.getcontext(),
+    }
+    refs = _refs(ns, index, data_unchanged)
+    blob = _dump(meta, state, refs)
+    # Round trip in this host: the restored objects must pickle to the same bytes.
+    _, again = _load(blob, lambda pid: _resolve_here(ns, index, pid))
+    if _dump(meta, again, refs) != blob:
+        raise SnapshotRefused("the state does not round-trip exactly (e.g. set ordering)")
+    return blob
+
+
+def _dump(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any, ...]]) -> bytes:
+    buf = io.BytesIO()
+    pickle.dump(meta, buf, protocol=PROTOCOL)
+    try:
+        _Pickler(buf, refs).dump(state)
+    except SnapshotRefused:
+        raise
+    except RecursionError:
+        raise SnapshotRefused("the state is nested too deeply to pickle") from None
+    except Exception as exc:  # noqa: BLE001 - PicklingError, TypeError from reduce, ...
+        raise SnapshotRefused(f"a value cannot be pickled: {type(exc).__name__}: {exc}") from None
+    return buf.getvalue()
+
+
+def _load(blob: bytes, resolve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    buf = io.BytesIO(blob)
+    meta = pickle.load(buf)  # noqa: S301 - only plain containers; written by our own host
+    if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
+        raise ValueError("unknown snapshot version")
+    state = _Unpickler(buf, resolve).load()
+    return meta, state
+
+
+def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any, ...]) -> Any:
+    kind = pid[0]
+    if kind == "s":
+        return ns._scaffold[pid[1]]
+    if kind == "d":
+        if index is None:
+            raise ValueError("snapshot refers to preloaded data but none is indexed")
+        return index.objs[pid[1]]
+    if kind == "m":
+        return ns.importer.proxy(pid[1])
+    if kind == "a":
+        proxy = ns.importer.proxy(pid[1])
+        return object.__getattribute__(proxy, "_rr_attrs")[pid[2]]
+    if kind == "h":
+        return ns._helpers[pid[1]][0]
+    raise ValueError(f"unknown reference {pid!r}")
+
+
+def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes) -> int:
+    """Load a snapshot into a freshly started namespace; returns the number of variables restored.
+
+    Raises on any mismatch (the caller discards the host and replays the journal instead).
+    """
+    buf = io.BytesIO(blob)
+    meta = pickle.load(buf)  # noqa: S301
+    if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
+        raise ValueError("unknown snapshot version")
+    if not meta["data_included"] and (index is None or len(index.objs) != meta["data_count"]):
+        raise ValueError("the preloaded data differs from the snapshot's")
+    for name, source in meta["helpers"]:
+        ns.define_helper(name, source)
+    state = _Unpickler(buf, lambda pid: _resolve_here(ns, index, pid)).load()
+    if state["data"] is not None:
+        for name, value in state["data"].items():
+            ns._scaffold[name] = value
+    values = dict(ns.ns)
+    values.update(state["vars"])
+    values.update(ns._scaffold)
+    for name, (fn, _src) in ns._helpers.items():
+        values[name] = fn
+    order = [k for k in meta["order"] if k in values]
+    ns.ns.clear()
+    ns.ns.update((k, values[k]) for k in order)
+    decimal.setcontext(state["decimal"])
+    ns._cell_no = int(meta["cell_no"])
+    return len(state["vars"])
+
