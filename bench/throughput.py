@@ -56,7 +56,7 @@ async def main(concurrency: list[int], steps: int, latency: int) -> None:
         model = scripts.model_name(steps, latency)
         spy = None
         if os.environ.get("RR_BENCH_PYSPY"):
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(worker.pid), "-r", "100", "-f", "raw", "--threads",
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(worker.pid), "-r", "50", "-f", "raw", "--threads", "--nonblocking",
                                     "-o", os.environ["RR_BENCH_PYSPY"]], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         await _batch("rr", 2, client, trace, model, tq)  # warm-up

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from reflector.types import TraceFormat
+from reflector.formats import TraceFormat
 
 __all__ = [
     "TraceError",

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reflector.formats import TraceFormat
+
 __all__ = [
     "TraceRef",
     "ReflectionConfig",
@@ -24,7 +26,6 @@ __all__ = [
     "Progress",
 ]
 
-TraceFormat = Literal["ace", "messages", "openclaw", "tau-bench", "otel", "unknown"]
 StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error"]
 
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
 from activities import sandbox_cells
 from reflector.models import load_plugins
@@ -45,7 +45,6 @@ def build_worker(
     max_concurrent_activities: int = 200,
     max_live_sandboxes: int | None = None,
     extra_workflows: Sequence[type] = (),
-    sandboxed: bool | None = None,
 ) -> Worker:
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
     load_plugins()
@@ -54,10 +53,6 @@ def build_worker(
         os.environ.get("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S)
     )
     kwargs: dict[str, object] = {}
-    if sandboxed is None:
-        sandboxed = os.environ.get("RR_WORKFLOW_SANDBOX", "1") != "0"
-    if not sandboxed:
-        kwargs["workflow_runner"] = UnsandboxedWorkflowRunner()
     if max_cached_workflows is not None:
         kwargs["max_cached_workflows"] = max_cached_workflows
     return Worker(

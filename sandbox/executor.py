@@ -4,6 +4,13 @@ Why a subprocess with a scrubbed environment: model code is untrusted, so it nev
 worker; the host gets no inherited secrets (the environment is built from scratch), a fresh empty
 working directory, OS limits, and a hard wall-clock timeout enforced here by SIGKILL of its process
 group (a cell that swallows every exception in `while True` cannot outlive it).
+
+Why a pool: a new host costs ~110 ms before its first cell (interpreter start and importing the
+trace normaliser), most of a session's first-cell latency. `HostPool` keeps a few *idle* hosts that
+have done exactly that and nothing else (no limits applied yet, no trace, no cell); `start()` takes
+one and only sends the trace path, the extra variables and the limits. A pooled host is used by one
+session only and discarded with it, and has the same scrubbed environment and fixed hash seed as a
+directly spawned one, so isolation and replay determinism are unchanged.
 """
 
 from __future__ import annotations
@@ -12,12 +19,15 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +35,12 @@ from sandbox.framing import HEADER, MAX_FRAME_BYTES, decode, encode
 from sandbox.output import truncate
 from sandbox.protocol import CellResult, SandboxLimits
 
-__all__ = ["SubprocessExecutor", "host_env", "DEFAULT_RESTART_NOTE", "START_TIMEOUT_S"]
+__all__ = ["SubprocessExecutor", "HostPool", "host_env", "DEFAULT_RESTART_NOTE", "START_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # loading a large trace can take a while; cells have their own timeout
+SNAPSHOT_TIMEOUT_S = 120.0  # pickling / restoring a large namespace (cells keep their own timeout)
 CLOSE_GRACE_S = 1.0
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 STDERR_TAIL_BYTES = 4096
@@ -54,6 +67,187 @@ class _HostDied(Exception):
     pass
 
 
+@dataclass
+class _HostProc:
+    proc: asyncio.subprocess.Process
+    workdir: str
+    stderr_path: str
+
+
+async def _launch(python: str, limits_arg: str | None) -> _HostProc:
+    """Spawn `python -m sandbox.host` in a fresh empty directory with a scrubbed environment.
+
+    Without `limits_arg` (pooled hosts) the host applies the OS limits from its `start` request.
+    """
+    workdir = tempfile.mkdtemp(prefix="rr-sandbox-")
+    stderr_path = os.path.join(workdir, "host.stderr")
+    args = [python, "-s", "-B", "-m", "sandbox.host"] + ([limits_arg] if limits_arg is not None else [])
+    try:
+        with open(stderr_path, "wb") as log_fh:
+            proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_fh,
+                cwd=workdir,
+                env=host_env(workdir),
+                start_new_session=True,
+            )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return _HostProc(proc, workdir, stderr_path)
+
+
+async def _exchange(
+    proc: asyncio.subprocess.Process | None,
+    obj: dict[str, Any],
+    payload: bytes | None = None,
+    *,
+    expect_payload: bool = False,
+) -> tuple[dict[str, Any], bytes | None]:
+    """One request/response; optional raw bytes after the request or the response frame."""
+    if proc is None or proc.stdin is None or proc.stdout is None:
+        raise _HostDied()
+    try:
+        proc.stdin.write(encode(obj))
+        if payload is not None:
+            proc.stdin.write(payload)
+        await proc.stdin.drain()
+        header = await proc.stdout.readexactly(HEADER.size)
+        (size,) = HEADER.unpack(header)
+        if size > MAX_FRAME_BYTES:
+            raise _HostDied()
+        body = await proc.stdout.readexactly(size)
+        result: dict[str, Any] = decode(body)
+        blob = None
+        if expect_payload and result.get("ok") and isinstance(result.get("size"), int):
+            blob = await proc.stdout.readexactly(result["size"])
+    except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
+        raise _HostDied() from None
+    return result, blob
+
+
+def _kill_sync(host: _HostProc) -> None:
+    if host.proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(host.proc.pid, signal.SIGKILL)
+    shutil.rmtree(host.workdir, ignore_errors=True)
+
+
+async def _kill_host(host: _HostProc) -> None:
+    _kill_sync(host)
+    await host.proc.wait()
+    _close_pipes(host.proc)
+
+
+class HostPool:
+    """A few pre-spawned idle hosts, refilled in the background after each take.
+
+    An idle host has imported the trace normaliser (`warm`) and nothing else; each is handed out
+    once. Bound to the event loop it was first used on (hosts of another loop are discarded).
+    """
+
+    def __init__(self, size: int = 2, *, python: str = sys.executable, warm_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.size = max(0, size)
+        self._python = python
+        self._warm_timeout_s = warm_timeout_s
+        self._idle: deque[_HostProc] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = asyncio.Event()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    async def take(self) -> _HostProc | None:
+        """An idle warm host, or None (the caller spawns one); schedules a refill either way.
+
+        If none is idle but one is warming up, wait for it: it started earlier than a new spawn would.
+        """
+        if self.size <= 0:
+            return None
+        self._bind()
+        host = self._pop()
+        if host is None and self._task is not None and not self._task.done():
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), self._warm_timeout_s)
+            host = self._pop()
+        if host is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        self.fill()
+        return host
+
+    def _pop(self) -> _HostProc | None:
+        while self._idle:
+            candidate = self._idle.popleft()
+            if candidate.proc.returncode is None:
+                return candidate
+            _kill_sync(candidate)
+        return None
+
+    def fill(self) -> None:
+        """Start the background refill if it is not running (needs a running loop)."""
+        if self.size <= 0:
+            return
+        self._bind()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._refill())
+
+    async def wait_full(self) -> None:
+        """Fill the pool and wait until every idle host is warm (benchmarks, tests, worker start)."""
+        self.fill()
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+            if len(self._idle) < self.size:
+                self.fill()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        while self._idle:
+            await _kill_host(self._idle.popleft())
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            while self._idle:  # pipes of another (closed) loop: unusable
+                _kill_sync(self._idle.popleft())
+            self._task = None
+            self._ready = asyncio.Event()
+            self._loop = loop
+
+    async def _refill(self) -> None:
+        while len(self._idle) < self.size:
+            host: _HostProc | None = None
+            try:
+                host = await _launch(self._python, None)
+                resp, _ = await asyncio.wait_for(_exchange(host.proc, {"op": "warm"}), self._warm_timeout_s)
+                if not resp.get("ok"):
+                    raise RuntimeError(str(resp))
+            except asyncio.CancelledError:
+                if host is not None:
+                    await _kill_host(host)
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the pool hit
+                log.warning("sandbox host pool: warm-up failed: %s", exc)
+                if host is not None:
+                    await _kill_host(host)
+                return
+            finally:
+                self._ready.set()
+            self._idle.append(host)
+
+
 class SubprocessExecutor:
     """One live sandbox session backed by a `python -m sandbox.host` subprocess.
 
@@ -69,6 +263,8 @@ class SubprocessExecutor:
         restart_note: str = DEFAULT_RESTART_NOTE,
         python: str = sys.executable,
         start_timeout_s: float = START_TIMEOUT_S,
+        pool: HostPool | None = None,
+        index_data: bool = False,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.restart_note = restart_note
@@ -79,8 +275,11 @@ class SubprocessExecutor:
         self._workdir: str | None = None
         self._stderr_path: str | None = None
         self._start_args: tuple[str | None, str, dict[str, Any]] | None = None
+        self._pool = pool
+        self.index_data = index_data  # the host fingerprints the preloaded data (needed for snapshots)
         self.spawn_count = 0
         self.start_ms = 0.0
+        self.pooled = False
 
     # -- Executor protocol -------------------------------------------------------------------------
     @property
@@ -130,6 +329,39 @@ class SubprocessExecutor:
                 return await self._death_result(t0, restarted)
             return self._to_result(resp, t0, restarted)
 
+    async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
+        """Ask the host for a snapshot of its namespace: (pickle bytes or None if refused, response).
+
+        A host that dies or hangs while snapshotting is killed (its state then comes from the journal).
+        """
+        async with self._lock:
+            if not self.alive:
+                return None, {"ok": False, "error": "the host is not running"}
+            try:
+                resp, blob = await asyncio.wait_for(
+                    self._exchange({"op": "snapshot"}, expect_payload=True),
+                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
+                )
+            except (TimeoutError, _HostDied):
+                await self._kill()
+                return None, {"ok": False, "error": "the host died or hung while taking a snapshot"}
+            return (blob if resp.get("ok") else None), resp
+
+    async def restore(self, blob: bytes) -> dict[str, Any]:
+        """Load a snapshot into a freshly started host; on failure the host must be discarded."""
+        async with self._lock:
+            if not self.alive:
+                return {"ok": False, "error": "the host is not running"}
+            try:
+                resp, _ = await asyncio.wait_for(
+                    self._exchange({"op": "restore", "size": len(blob)}, blob),
+                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
+                )
+            except (TimeoutError, _HostDied):
+                await self._kill()
+                return {"ok": False, "error": "the host died or hung while restoring a snapshot"}
+            return resp
+
     async def close(self) -> None:
         """Stop the host (EOF first, SIGKILL after a grace period) and remove its working directory."""
         async with self._lock:
@@ -143,23 +375,11 @@ class SubprocessExecutor:
     async def _spawn(self) -> None:
         await self._stop()
         t0 = time.perf_counter()
-        self._workdir = tempfile.mkdtemp(prefix="rr-sandbox-")
-        self._stderr_path = os.path.join(self._workdir, "host.stderr")
-        with open(self._stderr_path, "wb") as log:
-            self._proc = await asyncio.create_subprocess_exec(
-                self._python,
-                "-s",
-                "-B",
-                "-m",
-                "sandbox.host",
-                self._limits_arg(),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                cwd=self._workdir,
-                env=host_env(self._workdir),
-                start_new_session=True,
-            )
+        host = await self._pool.take() if self._pool is not None else None
+        self.pooled = host is not None
+        if host is None:
+            host = await _launch(self._python, self._limits_arg())
+        self._proc, self._workdir, self._stderr_path = host.proc, host.workdir, host.stderr_path
         self.spawn_count += 1
         assert self._start_args is not None
         trace_path, trace_format, extra_vars = self._start_args
@@ -168,6 +388,8 @@ class SubprocessExecutor:
             "trace_path": trace_path,
             "trace_format": trace_format,
             "extra_vars": extra_vars,
+            "limits": dataclasses.asdict(self.limits),
+            "index_data": self.index_data,
         }
         try:
             resp = await asyncio.wait_for(self._request(req), self._start_timeout_s)
@@ -181,21 +403,13 @@ class SubprocessExecutor:
         self.start_ms = _ms(t0)
 
     async def _request(self, obj: dict[str, Any]) -> dict[str, Any]:
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdout is None:
-            raise _HostDied()
-        try:
-            proc.stdin.write(encode(obj))
-            await proc.stdin.drain()
-            header = await proc.stdout.readexactly(HEADER.size)
-            (size,) = HEADER.unpack(header)
-            if size > MAX_FRAME_BYTES:
-                raise _HostDied()
-            body = await proc.stdout.readexactly(size)
-        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
-            raise _HostDied() from None
-        result: dict[str, Any] = decode(body)
+        result, _ = await _exchange(self._proc, obj)
         return result
+
+    async def _exchange(
+        self, obj: dict[str, Any], payload: bytes | None = None, *, expect_payload: bool = False
+    ) -> tuple[dict[str, Any], bytes | None]:
+        return await _exchange(self._proc, obj, payload, expect_payload=expect_payload)
 
     async def _death_result(self, t0: float, restarted: bool) -> CellResult:
         proc = self._proc

@@ -11,6 +11,16 @@ exactly the state of the previous completed cells.
 Fast path: the live host for the session has run exactly seq-1 -> run the cell directly.
 Recovery path (new worker, dead host, retry of the same seq, host evicted): fresh host, replay the
 journal entries with seq < current in order (output discarded), then run the cell.
+
+Bounded recovery (`snapshot_every=N`): after every N-th journaled cell the host is asked for a
+snapshot of its namespace (`sandbox.snapshot`: picklable user variables, helpers as source,
+references into the preloaded data), written atomically next to the journal as
+`snapshot-<seq>.pkl` with a `.json` sidecar holding the host's starting point. Recovery then loads
+the latest snapshot with seq < current and replays only the later entries. Snapshots are skipped
+whenever they could not reproduce the state exactly (a function or class defined in a cell, a
+generator, ...): the full replay stays the fallback, so correctness never depends on them.
+
+First-cell latency: new hosts come from a `HostPool` of pre-spawned idle hosts (`pool_size`).
 """
 
 from __future__ import annotations
@@ -28,12 +38,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.executor import SubprocessExecutor
+from sandbox.executor import HostPool, SubprocessExecutor
 from sandbox.protocol import CellResult, Executor, SandboxLimits
 
-__all__ = ["SessionManager", "ExecutorFactory", "RESTORED_NOTE", "MAX_LIVE_HOSTS"]
+__all__ = [
+    "SessionManager",
+    "ExecutorFactory",
+    "RESTORED_NOTE",
+    "MAX_LIVE_HOSTS",
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_SNAPSHOT_EVERY",
+]
 
 MAX_LIVE_HOSTS = 64
+DEFAULT_POOL_SIZE = 2
+DEFAULT_SNAPSHOT_EVERY = 25
 RESTORED_NOTE = (
     "the session state was restored from the previous cells (this cell's effects are discarded; "
     "variables from earlier completed cells are intact)"
@@ -41,12 +60,9 @@ RESTORED_NOTE = (
 # Results after which the host's state is not the journal's state: discard the host.
 _DISCARD_KINDS = frozenset({"timeout", "crash", "memory"})
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
+_SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
 
 ExecutorFactory = Callable[[SandboxLimits], Executor]
-
-
-def _default_factory(limits: SandboxLimits) -> Executor:
-    return SubprocessExecutor(limits, restart_note=RESTORED_NOTE)
 
 
 @dataclass
@@ -61,6 +77,10 @@ class _Stats:
     rebuilds: int = 0
     cells_replayed: int = 0
     evictions: int = 0
+    snapshots_written: int = 0
+    snapshots_refused: int = 0
+    snapshots_restored: int = 0
+    snapshot_restore_failures: int = 0
 
 
 class SessionManager:
@@ -70,12 +90,21 @@ class SessionManager:
         self,
         journal_root: str | os.PathLike[str],
         *,
-        executor_factory: ExecutorFactory = _default_factory,
+        executor_factory: ExecutorFactory | None = None,
         max_live: int = MAX_LIVE_HOSTS,
         fsync: bool = True,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> None:
+        """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
+        `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots)."""
         self.journal_root = Path(journal_root)
         self.journal_root.mkdir(parents=True, exist_ok=True)
+        self.snapshot_every = max(0, snapshot_every)
+        self.pool: HostPool | None = None
+        if executor_factory is None:
+            self.pool = HostPool(pool_size) if pool_size > 0 else None
+            executor_factory = self._pooled_factory
         self._factory = executor_factory
         self._max_live = max(1, max_live)
         self._fsync = fsync
@@ -83,7 +112,17 @@ class SessionManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self.stats = _Stats()
 
+    def _pooled_factory(self, limits: SandboxLimits) -> Executor:
+        return SubprocessExecutor(
+            limits, restart_note=RESTORED_NOTE, pool=self.pool, index_data=self.snapshot_every > 0
+        )
+
     # -- public API --------------------------------------------------------------------------------
+    async def prewarm(self) -> None:
+        """Fill the host pool and wait until it is warm (optional: it also fills on first use)."""
+        if self.pool is not None:
+            await self.pool.wait_full()
+
     async def run_cell(
         self,
         session_id: str,
@@ -143,9 +182,11 @@ class SessionManager:
         self._locks.pop(session_id, None)
 
     async def close_all(self) -> None:
-        """Stop every live host (journals are kept: a later manager can continue the sessions)."""
+        """Stop every live host and the idle pool (journals are kept: a later manager can continue)."""
         for session_id in list(self._live):
             await self.close_session(session_id)
+        if self.pool is not None:
+            await self.pool.close()
 
     def executor_for(self, session_id: str) -> Executor | None:
         """The live executor of a session, if any (diagnostics and tests)."""
@@ -158,7 +199,7 @@ class SessionManager:
         directory = self._session_dir(session_id)
         if not directory.is_dir():
             return out
-        for path in sorted(directory.glob("*.json")):
+        for path in sorted(directory.glob("[0-9]*.json")):
             try:
                 entry = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -189,12 +230,21 @@ class SessionManager:
         t0 = time.perf_counter()
         self._forget(session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
-        executor = self._factory(limits)
-        try:
-            await executor.start(trace_path, trace_format, extra_vars)
-        except Exception as exc:
-            await executor.close()
-            raise _RebuildFailed(f"the sandbox could not be started: {exc}") from None
+        executor = await self._fresh(trace_path, trace_format, extra_vars, limits)
+        snap_seq = 0
+        snapshot = self._latest_snapshot(session_id, seq, start_key) if entries else None
+        if snapshot is not None:
+            snap_seq, blob = snapshot
+            restore = getattr(executor, "restore", None)
+            resp = await restore(blob) if restore is not None else {"ok": False}
+            if resp.get("ok"):
+                self.stats.snapshots_restored += 1
+                entries = [(s, c) for s, c in entries if s > snap_seq]
+            else:  # never trust a half-restored host: start over with a full replay
+                self.stats.snapshot_restore_failures += 1
+                snap_seq = 0
+                await executor.close()
+                executor = await self._fresh(trace_path, trace_format, extra_vars, limits)
         for entry_seq, code in entries:
             replay = await executor.run_cell(code)
             if replay.error_kind in _DISCARD_KINDS:
@@ -209,7 +259,67 @@ class SessionManager:
         await self._evict(keep=session_id)
         self.stats.rebuilds += 1
         self.stats.cells_replayed += len(entries)
-        return live, {"cells_replayed": len(entries), "rebuild_ms": (time.perf_counter() - t0) * 1000}
+        info: dict[str, Any] = {"cells_replayed": len(entries), "rebuild_ms": (time.perf_counter() - t0) * 1000}
+        if snap_seq:
+            info["snapshot_seq"] = snap_seq
+        return live, info
+
+    async def _fresh(
+        self, trace_path: str | None, trace_format: str, extra_vars: dict[str, Any], limits: SandboxLimits
+    ) -> Executor:
+        executor = self._factory(limits)
+        try:
+            await executor.start(trace_path, trace_format, extra_vars)
+        except Exception as exc:
+            await executor.close()
+            raise _RebuildFailed(f"the sandbox could not be started: {exc}") from None
+        return executor
+
+    def _latest_snapshot(self, session_id: str, seq: int, start_key: str) -> tuple[int, bytes] | None:
+        """The newest readable snapshot taken after a cell < seq from the same starting point."""
+        for snap_seq, path in reversed(self._snapshots(session_id)):
+            if snap_seq >= seq:
+                continue
+            try:
+                meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+                if meta.get("start_key") != start_key or meta.get("seq") != snap_seq:
+                    continue
+                return snap_seq, path.read_bytes()
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def _snapshots(self, session_id: str) -> list[tuple[int, Path]]:
+        directory = self._session_dir(session_id)
+        if not directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _SNAPSHOT.match(p.name))]
+        return sorted(found)
+
+    async def _maybe_snapshot(self, session_id: str, seq: int, live: _Live, meta: dict[str, Any]) -> None:
+        if not self.snapshot_every or seq % self.snapshot_every:
+            return
+        take = getattr(live.executor, "snapshot", None)
+        if take is None:
+            return
+        t0 = time.perf_counter()
+        blob, resp = await take()
+        if blob is None:
+            self.stats.snapshots_refused += 1
+            meta["snapshot"] = f"skipped: {resp.get('error')}"
+            return
+        directory = self._session_dir(session_id)
+        self._write_atomic(directory / f"snapshot-{seq:08d}.pkl", blob)
+        sidecar = {"seq": seq, "start_key": live.start_key, "size": len(blob)}
+        self._write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
+        for old_seq, path in self._snapshots(session_id):  # keep the newest two
+            if old_seq < seq - self.snapshot_every:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    path.with_suffix(".json").unlink()
+        self.stats.snapshots_written += 1
+        meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
+        meta["snapshot_bytes"] = len(blob)
 
     async def _after(
         self,
@@ -224,10 +334,11 @@ class SessionManager:
             # The host may hold this cell's partial effects (memory) or be dead (timeout, crash):
             # drop it so the next cell rebuilds from the journal, as a crashed worker would.
             await self._drop(session_id)
-        else:
+        meta = dict(result.meta)
+        if result.error_kind not in _DISCARD_KINDS:
             self._write_entry(session_id, seq, code)
             live.last_seq = seq
-        meta = dict(result.meta)
+            await self._maybe_snapshot(session_id, seq, live, meta)
         meta["seq"] = seq
         restarted = result.host_restarted
         if rebuilt is not None:
@@ -248,9 +359,11 @@ class SessionManager:
     def _write_entry(self, session_id: str, seq: int, code: str) -> None:
         directory = self._session_dir(session_id)
         directory.mkdir(parents=True, exist_ok=True)
-        final = directory / f"{seq:08d}.json"
-        tmp = directory / f".{seq:08d}.json.tmp"
         data = json.dumps({"seq": seq, "code": code}, ensure_ascii=False).encode("utf-8")
+        self._write_atomic(directory / f"{seq:08d}.json", data)
+
+    def _write_atomic(self, final: Path, data: bytes) -> None:
+        tmp = final.with_name(f".{final.name}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
             if self._fsync:
@@ -262,15 +375,21 @@ class SessionManager:
         """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
         directory = self._session_dir(session_id)
         if only_this:
-            with contextlib.suppress(FileNotFoundError):
-                (directory / f"{seq:08d}.json").unlink()
+            for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
             return
         if not directory.is_dir():
             return
-        for path in directory.glob("*.json"):
+        for path in directory.glob("[0-9]*.json"):
             with contextlib.suppress(ValueError, FileNotFoundError):
                 if int(path.stem) >= seq:
                     path.unlink()
+        for snap_seq, path in self._snapshots(session_id):
+            if snap_seq >= seq:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    path.with_suffix(".json").unlink()
 
     async def _drop(self, session_id: str) -> None:
         live = self._live.pop(session_id, None)

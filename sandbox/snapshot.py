@@ -18,8 +18,8 @@ otherwise `SnapshotRefused` and the session manager keeps replaying the journal 
     attributes, mutable defaults);
   * if the preloaded data was mutated in place (compared by an identity fingerprint taken at start:
     every dict/list and the identity of every item), it is pickled together with the variables;
-  * the pickle must round-trip to the same bytes (catches e.g. sets whose iteration order would
-    change when rebuilt).
+  * every set must come back with the same iteration order and table size (a set that shrank, or
+    whose elements collided, can iterate differently when rebuilt from its elements).
 Loading only accepts globals from a short module allowlist; the pickle is written by this host from
 cell-reachable objects and only ever loaded by a fresh host from the session's own journal dir.
 """
@@ -137,6 +137,9 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
+        if kind is set or kind is frozenset:
+            _check_set(obj)
+            return NotImplemented
         if kind in _PLAIN:
             return NotImplemented
         if isinstance(obj, _CALLABLE_TYPES):
@@ -147,6 +150,13 @@ class _Pickler(pickle.Pickler):
         if kind.__module__ == "builtins" or _trusted_global(kind) or id(kind) in self._refs:
             return NotImplemented  # C types and stdlib classes: their reduce is not cell code
         raise SnapshotRefused(f"an instance of {kind.__qualname__} (defined in the session)")
+
+
+def _check_set(obj: set[Any] | frozenset[Any]) -> None:
+    items = list(obj)
+    rebuilt = type(obj)(items)  # what unpickling does: insert the elements in iteration order
+    if sys.getsizeof(rebuilt) != sys.getsizeof(obj) or any(a is not b for a, b in zip(rebuilt, items, strict=True)):
+        raise SnapshotRefused("a set would iterate in another order after a restore")
 
 
 class _Unpickler(pickle.Unpickler):
@@ -214,13 +224,7 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None) -> bytes:
         "data": None if data_unchanged else {n: ns._scaffold[n] for n in ns._data_names},
         "decimal": decimal.getcontext(),
     }
-    refs = _refs(ns, index, data_unchanged)
-    blob = _dump(meta, state, refs)
-    # Round trip in this host: the restored objects must pickle to the same bytes.
-    _, again = _load(blob, lambda pid: _resolve_here(ns, index, pid))
-    if _dump(meta, again, refs) != blob:
-        raise SnapshotRefused("the state does not round-trip exactly (e.g. set ordering)")
-    return blob
+    return _dump(meta, state, _refs(ns, index, data_unchanged))
 
 
 def _dump(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any, ...]]) -> bytes:
@@ -235,15 +239,6 @@ def _dump(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any
     except Exception as exc:  # noqa: BLE001 - PicklingError, TypeError from reduce, ...
         raise SnapshotRefused(f"a value cannot be pickled: {type(exc).__name__}: {exc}") from None
     return buf.getvalue()
-
-
-def _load(blob: bytes, resolve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    buf = io.BytesIO(blob)
-    meta = pickle.load(buf)  # noqa: S301 - only plain containers; written by our own host
-    if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
-        raise ValueError("unknown snapshot version")
-    state = _Unpickler(buf, resolve).load()
-    return meta, state
 
 
 def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any, ...]) -> Any:

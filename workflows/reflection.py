@@ -47,8 +47,19 @@ WORKFLOW_NAME = "ReflectionWorkflow"
 PREVIEW_CHARS = 4_000
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+@workflow.defn(name=WORKFLOW_NAME, sandboxed=False)
 class ReflectionWorkflow(PydanticAIWorkflow):
+    """One reflection session.
+
+    Runs outside Temporal's Python workflow sandbox (`sandboxed=False`): under load the sandbox's
+    per-run module re-import and per-call proxying cost ~30% of the worker's CPU per step
+    (measured in `bench/throughput.py`: 39 -> 56 steps/s at 50 concurrent reflections). What the
+    sandbox would catch at run time is guarded instead by a lint rule banning clocks, randomness
+    and uuid4 in workflow code, by tests that run with `max_cached_workflows=0` (every task
+    replays from scratch), and by replaying committed histories in CI. Everything imported here
+    is side-effect free at import time.
+    """
+
     __pydantic_ai_agents__ = [reflector_agent]
 
     @workflow.init
