@@ -39,7 +39,7 @@ async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> float
     return time.perf_counter() - t
 
 
-async def main(concurrency: list[int], steps: int, latency: int) -> None:
+async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str]) -> None:
     home = bench_home()
     settings = Settings.from_env()
     trace = upload_bench_trace(settings)
@@ -63,7 +63,7 @@ async def main(concurrency: list[int], steps: int, latency: int) -> None:
         await _batch("anchor", 2, client, trace, model, tq)
         rows = []
         for n in concurrency:
-            for kind in ("anchor", "rr"):
+            for kind in kinds:
                 w0, s0 = children_cpu(worker.pid), children_cpu(server.pid or 0)
                 wall = await _batch(kind, n, client, trace, model, tq)
                 w1, s1 = children_cpu(worker.pid), children_cpu(server.pid or 0)
@@ -88,5 +88,6 @@ if __name__ == "__main__":
     ap.add_argument("--concurrency", type=int, nargs="+", default=[50, 200])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--latency", type=int, default=200)
+    ap.add_argument("--kinds", nargs="+", default=["anchor", "rr"], choices=["anchor", "rr"])
     a = ap.parse_args()
-    asyncio.run(main(a.concurrency, a.steps, a.latency))
+    asyncio.run(main(a.concurrency, a.steps, a.latency, a.kinds))

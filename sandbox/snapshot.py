@@ -131,15 +131,16 @@ class _Pickler(pickle.Pickler):
         self._refs = refs
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) in _ATOMIC:
+        # Called for every object (reducer_override is skipped for exact builtin containers).
+        kind = type(obj)
+        if kind in _ATOMIC:
             return None
+        if kind is set or kind is frozenset:
+            _check_set(obj)
         return self._refs.get(id(obj))
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind is set or kind is frozenset:
-            _check_set(obj)
-            return NotImplemented
         if kind in _PLAIN:
             return NotImplemented
         if isinstance(obj, _CALLABLE_TYPES):
