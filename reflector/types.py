@@ -61,6 +61,7 @@ class ReflectionConfig(_Frozen):
     cell_timeout_s: float = Field(default=60.0, gt=0)
     max_output_chars: int = Field(default=50_000, ge=200)
     max_failed_repeats: int = Field(default=3, ge=1)
+    max_consecutive_cell_errors: int = Field(default=6, ge=1)
 
 
 class ReflectionInput(_Frozen):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_ai import Agent, ModelRetry, RunContext, ToolOutput
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec.temporal import TemporalDurability
@@ -27,7 +27,7 @@ from temporalio.workflow import ActivityConfig
 from reflector import prompts
 from reflector.models import HEURISTIC, model_resolver
 from reflector.types import ReflectionDraft
-from workflows.session import current_state
+from workflows.session import SessionEnded, current_state
 
 __all__ = ["ReflectorDeps", "reflector_agent", "AGENT_NAME", "TOOLSET_ID", "OUTPUT_TOOL"]
 
@@ -63,11 +63,33 @@ async def execute_code(ctx: RunContext[ReflectorDeps], code: str) -> str:
     state = current_state()
     refusal = state.loop_guard(code)
     if refusal is not None:
+        state.consecutive_failures += 1
+        if state.consecutive_failures >= state.inp.config.max_consecutive_cell_errors:
+            raise SessionEnded("error", f"the model kept repeating a failing cell: {refusal}")
         return refusal
     outcome = await state.run_cell(code)
+    if outcome.ok and outcome.submitted is not None:
+        return _accept_submission(outcome.submitted, outcome.output)
+    limit = state.inp.config.max_consecutive_cell_errors
+    if state.consecutive_failures >= limit:
+        raise SessionEnded("error", f"{limit} consecutive cells failed; last error: {outcome.error}")
     if outcome.ok and not outcome.output.strip():
         return "(cell ran; it printed nothing - print() what you want to see)"
     return outcome.output
+
+
+def _accept_submission(value: object, output: str) -> str:
+    """A final answer submitted from code ends the run if it validates; else the model sees why."""
+    try:
+        draft = ReflectionDraft.model_validate(value)
+    except ValidationError as e:
+        errors = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:8])
+        return (output + "\n" if output else "") + (
+            f"FINAL_ANSWER was not accepted ({errors}). Fix the value (fields: reasoning, "
+            "error_identification, root_cause_analysis, correct_approach, key_insight, "
+            "extracted_learnings[{learning, atomicity_score, evidence, justification}], skill_tags) and submit again."
+        )
+    raise SessionEnded("completed", "final answer submitted from code", draft=draft)
 
 
 @toolset.tool(metadata={"temporal": False})

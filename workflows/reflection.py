@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
         UsageSummary,
     )
     from workflows.agent import ReflectorDeps, reflector_agent
-    from workflows.session import CELL_RETRY, REBUILD_ALLOWANCE_S, SessionState
+    from workflows.session import CELL_RETRY, REBUILD_ALLOWANCE_S, SessionEnded, SessionState
 
 __all__ = ["ReflectionWorkflow", "WORKFLOW_NAME"]
 
@@ -115,6 +115,10 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                     usage_limits=UsageLimits(request_limit=cfg.max_requests, total_tokens_limit=cfg.max_tokens),
                 )
                 draft = result.output
+            except SessionEnded as e:
+                draft = e.draft
+                if draft is None:
+                    stop_reason, error = e.stop_reason, e.detail  # type: ignore[assignment]
             except UsageLimitExceeded as e:
                 stop_reason = "request_budget" if "request" in str(e).lower() else "token_budget"
                 error = str(e)

@@ -17,15 +17,29 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from reflector.cells import RUN_CELL_ACTIVITY, CellInput, CellOutcome, LimitsInput
-    from reflector.types import Progress, ReflectionInput
+    from reflector.types import Progress, ReflectionDraft, ReflectionInput
 
-__all__ = ["SessionState", "current_state", "await_cancel_safe"]
+__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe"]
 
 T = TypeVar("T")
 
 CELL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
 # Rebuilding a namespace after a crash replays the journal: allow time for it beyond the cell's own limit.
 REBUILD_ALLOWANCE_S = 120.0
+
+
+class SessionEnded(Exception):
+    """Raised by a tool to end the agent run from workflow code (caught by the workflow).
+
+    `draft` is set when the model submitted a valid final answer from code (`FINAL_ANSWER(...)`);
+    otherwise `stop_reason` says why the session stops early.
+    """
+
+    def __init__(self, stop_reason: str, detail: str, draft: ReflectionDraft | None = None) -> None:
+        super().__init__(detail)
+        self.stop_reason = stop_reason
+        self.detail = detail
+        self.draft = draft
 
 
 @dataclass

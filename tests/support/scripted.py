@@ -108,3 +108,51 @@ register_model("scripted-eager", lambda: FunctionModel(answer_without_code, mode
 register_model("scripted-text", lambda: FunctionModel(text_only, model_name="scripted-text"))
 for _n in (3, 20):
     register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(steps_script(n), model_name=f"scripted-steps-{n}"))
+
+
+FULL_ANSWER = {
+    "reasoning": "submitted from code", "error_identification": "e", "root_cause_analysis": "r",
+    "correct_approach": "c", "key_insight": "k",
+    "extracted_learnings": [{"learning": "l", "atomicity_score": 0.8, "evidence": "cell 2", "justification": "j"}],
+    "skill_tags": [],
+}
+
+
+def submit_from_code(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """First submits an invalid answer from code, then a valid one (the run must end there)."""
+    _log(messages, "scripted-submit")
+    outputs = _returns(messages)
+    if not outputs:
+        code = "x = 41\nFINAL_ANSWER({'reasoning': 'missing fields'})"
+    elif len(outputs) == 1:
+        code = "x += 1\nanswer = " + repr(FULL_ANSWER) + "\nanswer['key_insight'] = 'x is ' + str(x)\nFINAL_ANSWER(answer)"
+    else:
+        code = "print('should never run')"
+    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"s{len(outputs)}")])
+
+
+def same_failing_cell(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _log(messages, "scripted-loop")
+    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": "print(1/0)"}, tool_call_id=f"l{len(messages)}")])
+
+
+def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """The stateful script, but the sandbox host is SIGKILLed before the third cell (in-process worker only)."""
+    if len(_returns(messages)) == 2:
+        import signal
+
+        from activities import sandbox_cells
+
+        rt = sandbox_cells._runtime
+        assert rt is not None
+        for sid in list(rt.sessions._live):  # noqa: SLF001 - test hook
+            ex = rt.sessions.executor_for(sid)
+            pid = getattr(ex, "pid", None)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+    return stateful_script(messages, info)
+
+
+register_model("scripted-submit", lambda: FunctionModel(submit_from_code, model_name="scripted-submit"))
+register_model("scripted-loop", lambda: FunctionModel(same_failing_cell, model_name="scripted-loop"))
+register_model("scripted-hostkill", lambda: FunctionModel(host_killer, model_name="scripted-hostkill"))
