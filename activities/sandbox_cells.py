@@ -9,7 +9,10 @@ cell sees exactly the state an uncrashed run would have.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,25 +20,48 @@ from typing import Any
 
 from temporalio import activity
 
+from reflector.answers import answers_match
 from reflector.blobstore import BlobStore
 from reflector.cells import (
     CLOSE_ACTIVITY,
+    EXPORT_ACTIVITY,
     PREFILL_CODE,
     PREPARE_ACTIVITY,
     RUN_CELL_ACTIVITY,
     CellInput,
     CellOutcome,
     CloseSessionInput,
+    ExportInput,
+    ExportResult,
     LimitsInput,
     PrepareSessionInput,
     PrepareSessionResult,
+    TraceFacts,
 )
 from reflector.settings import Settings
 from reflector.types import TraceRef
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 
-__all__ = ["prepare_session", "run_cell", "close_session", "configure", "shutdown", "ACTIVITIES"]
+__all__ = [
+    "prepare_session",
+    "run_cell",
+    "export_session",
+    "close_session",
+    "configure",
+    "shutdown",
+    "ACTIVITIES",
+]
+
+FACTS_MARKER = "RR_FACTS "
+# Read what the deterministic fallback needs from the already-loaded trace (no second parse here).
+FACTS_CODE = (
+    'print("RR_FACTS " + json.dumps({"final_answer": traces.get("final_answer") if isinstance(traces, dict) '
+    'else None, "ground_truth": task.get("ground_truth") or (traces.get("ground_truth") '
+    'if isinstance(traces, dict) else None)}, default=str)[:50000])'
+)
+_SAFE_SESSION = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
+
 
 @dataclass
 class _Runtime:
@@ -47,11 +73,30 @@ _runtime: _Runtime | None = None
 
 
 def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
-    """Set up the worker-process-wide session manager (called once at worker start)."""
+    """Set up the worker-process-wide session manager (called once at worker start).
+
+    Journal writes are not fsynced unless `RR_JOURNAL_FSYNC=1`: they survive a crash of the worker
+    process (page cache), which is the failure the journal is for; fsync cost ~9% of the worker's CPU
+    per step under load. A machine loss also loses a local journal dir, fsync or not, unless it is on
+    shared storage.
+    """
     global _runtime
     settings = settings or Settings.from_env()
     store = BlobStore(settings.blob_dir)
-    _runtime = _Runtime(store=store, sessions=SessionManager(Path(settings.blob_dir) / "sessions", max_live=max_live))
+    sessions = SessionManager(
+        Path(settings.blob_dir) / "sessions",
+        max_live=max_live,
+        fsync=os.environ.get("RR_JOURNAL_FSYNC") == "1",
+        archive_root=settings.blob_dir,
+    )
+    _runtime = _Runtime(store=store, sessions=sessions)
+
+
+def session_key(workflow_id: str) -> str:
+    """The sandbox session key of a workflow id (ids with other characters are hashed)."""
+    if _SAFE_SESSION.match(workflow_id):
+        return workflow_id
+    return "h-" + hashlib.sha256(workflow_id.encode()).hexdigest()[:40]
 
 
 async def shutdown() -> None:
@@ -70,17 +115,29 @@ def _limits(inp: LimitsInput) -> SandboxLimits:
     return SandboxLimits(cell_timeout_s=inp.cell_timeout_s, max_output_chars=inp.max_output_chars)
 
 
-async def _run(session_id: str, seq: int, code: str, trace: TraceRef, init_ref: str, limits: LimitsInput) -> CellOutcome:
+def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
     rt = _rt()
-    extra_vars = json.loads(rt.store.get_bytes(init_ref))
+    return {
+        "trace_path": str(rt.store.path_for_uri(trace.uri)),
+        "trace_format": trace.format,
+        "extra_vars": json.loads(rt.store.get_bytes(init_ref)),
+        "limits": _limits(limits),
+        "inherit": rt.store.path_for(inherit_ref) if inherit_ref else None,
+    }
+
+
+async def _run(
+    session_id: str,
+    seq: int,
+    code: str,
+    trace: TraceRef,
+    init_ref: str,
+    limits: LimitsInput,
+    inherit_ref: str | None = None,
+) -> CellOutcome:
+    rt = _rt()
     result = await rt.sessions.run_cell(
-        session_id,
-        seq,
-        code,
-        trace_path=str(rt.store.path_for_uri(trace.uri)),
-        trace_format=trace.format,
-        extra_vars=extra_vars,
-        limits=_limits(limits),
+        session_key(session_id), seq, code, **_start_args(trace, init_ref, limits, inherit_ref)
     )
     output = result.stdout
     if not result.ok:
@@ -98,29 +155,65 @@ async def _run(session_id: str, seq: int, code: str, trace: TraceRef, init_ref: 
     )
 
 
+def _facts(outcome: CellOutcome) -> TraceFacts:
+    for line in outcome.output.splitlines():
+        if line.startswith(FACTS_MARKER):
+            data = json.loads(line[len(FACTS_MARKER) :])
+            final, truth = data.get("final_answer"), data.get("ground_truth")
+            final = None if final is None else str(final)
+            truth = None if truth is None else str(truth)
+            return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth))
+    return TraceFacts()
+
+
 @activity.defn(name=PREPARE_ACTIVITY)
 async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
-    """Store the session's initial variables by content hash and run the trace-shape prefill cell."""
+    """Start the session's sandbox: initial variables (by content hash), the trace-shape prefill cell,
+    the facts cell, and for a child session the parent's inherited namespace and its `context_code`."""
     rt = _rt()
     init = {
         "task": {"question": inp.question, "ground_truth": inp.ground_truth, "feedback": inp.feedback},
         "skillbook": inp.skillbook,
     }
     init_ref = rt.store.put_bytes(json.dumps(init, sort_keys=True).encode())
-    outcome = await _run(inp.session_id, 1, PREFILL_CODE, inp.trace, init_ref, inp.limits)
-    return PrepareSessionResult(init_ref=init_ref, preview=outcome.output, preview_ok=outcome.ok)
+
+    async def cell(seq: int, code: str) -> CellOutcome:
+        return await _run(inp.session_id, seq, code, inp.trace, init_ref, inp.limits, inp.inherit_ref)
+
+    preview = await cell(1, PREFILL_CODE)
+    facts = _facts(await cell(2, FACTS_CODE))
+    next_seq, context_error = 3, None
+    if inp.context_code.strip():
+        ctx = await cell(3, inp.context_code)
+        next_seq = 4
+        if not ctx.ok:
+            context_error = ctx.output[-4_000:]
+    return PrepareSessionResult(
+        init_ref=init_ref, preview=preview.output, preview_ok=preview.ok, facts=facts,
+        context_error=context_error, next_seq=next_seq,
+    )
 
 
 @activity.defn(name=RUN_CELL_ACTIVITY)
 async def run_cell(inp: CellInput) -> CellOutcome:
     """Run one model-written cell (sequence number `seq`) in the session's sandbox host."""
-    return await _run(inp.session_id, inp.seq, inp.code, inp.trace, inp.init_ref, inp.limits)
+    return await _run(inp.session_id, inp.seq, inp.code, inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
+
+
+@activity.defn(name=EXPORT_ACTIVITY)
+async def export_session(inp: ExportInput) -> ExportResult:
+    """Export the namespace after cell `seq` into the blob store, for a child session to inherit."""
+    rt = _rt()
+    data, skipped = await rt.sessions.export_namespace(
+        session_key(inp.session_id), inp.seq, **_start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
+    )
+    return ExportResult(export_ref=rt.store.put_bytes(data), skipped=list(skipped))
 
 
 @activity.defn(name=CLOSE_ACTIVITY)
 async def close_session(inp: CloseSessionInput) -> None:
     """Stop the session's live host (its journal stays on disk for audit and resume)."""
-    await _rt().sessions.close_session(inp.session_id)
+    await _rt().sessions.close_session(session_key(inp.session_id))
 
 
-ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, close_session]
+ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, export_session, close_session]

@@ -18,6 +18,10 @@ __all__ = [
     "CellInput",
     "CellOutcome",
     "CLOSE_ACTIVITY",
+    "EXPORT_ACTIVITY",
+    "ExportInput",
+    "ExportResult",
+    "TraceFacts",
     "CloseSessionInput",
 ]
 
@@ -43,12 +47,25 @@ class PrepareSessionInput(_In):
     feedback: str | None = None
     skillbook: str = ""
     limits: LimitsInput = LimitsInput()
+    inherit_ref: str | None = None
+    context_code: str = ""
+
+
+class TraceFacts(BaseModel):
+    """What the deterministic fallback needs from the trace (read by the prepare activity)."""
+
+    final_answer: str | None = None
+    ground_truth: str | None = None
+    answer_correct: bool | None = None
 
 
 class PrepareSessionResult(BaseModel):
     init_ref: str
     preview: str
     preview_ok: bool
+    facts: TraceFacts = TraceFacts()
+    context_error: str | None = None
+    next_seq: int = 2
 
 
 class CellInput(_In):
@@ -58,6 +75,26 @@ class CellInput(_In):
     trace: TraceRef
     init_ref: str
     limits: LimitsInput = LimitsInput()
+    inherit_ref: str | None = None
+
+
+EXPORT_ACTIVITY = "rr.sandbox.export_session"
+
+
+class ExportInput(_In):
+    """Export the namespace after cell `seq` for a child session (same fields as a cell)."""
+
+    session_id: str
+    seq: int
+    trace: TraceRef
+    init_ref: str
+    limits: LimitsInput = LimitsInput()
+    inherit_ref: str | None = None
+
+
+class ExportResult(BaseModel):
+    export_ref: str
+    skipped: list[str] = []
 
 
 class CellOutcome(BaseModel):

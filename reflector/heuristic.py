@@ -35,6 +35,8 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from reflector.answers import ANSWER_RULES_SOURCE
+from reflector.compaction import SUMMARY_MARKER
 from reflector.types import ExtractedLearning, ReflectionDraft, SkillTag
 
 __all__ = [
@@ -77,41 +79,7 @@ def kind_of(value):
             return name
     return "other"
 
-NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z ]{0,30}:\s+")
-
-def norm(text):
-    return re.sub(r"[\W_]+", "", str(text).lower())
-
-def as_number(text):
-    t = str(text).strip().replace("$", "").replace("%", "").strip()
-    if re.fullmatch(r"-?\d[\d,]*(?:\.\d+)?", t):
-        return float(t.replace(",", ""))
-    return None
-
-def compare(final, truth):
-    """(matches, missing truth lines). None without a ground truth; a numeric truth is compared
-    with the last number of the answer; otherwise every normalised truth line must be contained."""
-    if truth is None or not str(truth).strip():
-        return None, []
-    if final is None or not str(final).strip():
-        return False, [short(truth, 300)]
-    number = as_number(truth)
-    if number is not None:
-        found = NUM_RE.findall(str(final))
-        if found:
-            last = float(found[-1].replace(",", ""))
-            ok = abs(last - number) <= 1e-6 * max(1.0, abs(number))
-            return ok, [] if ok else [str(truth).strip()]
-    lines = [ln.strip() for ln in str(truth).splitlines() if ln.strip()]
-    target = norm(final)
-    missing = [ln for ln in lines if norm(LABEL_RE.sub("", ln)) and norm(LABEL_RE.sub("", ln)) not in target]
-    if not any(norm(LABEL_RE.sub("", ln)) for ln in lines):
-        return None, []
-    if norm(truth) == target or not missing:
-        return True, []
-    return False, [short(ln, 300) for ln in missing[:5]]
-
+''' + ANSWER_RULES_SOURCE + r'''
 SKILL_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*-\d{3,})\b")
 
 def run_findings(run, task_info, steps_limit=10):
@@ -295,8 +263,16 @@ def parse_findings(outputs: list[str]) -> dict[str, Any] | None:
 
 def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """Decide the next step from the message history alone (deterministic, replay-safe)."""
+    prompt = _first_prompt(messages)
+    if prompt.startswith(SUMMARY_MARKER):
+        return ModelResponse(parts=[TextPart(_summary_of(prompt))])
     if EXECUTE_CODE not in {t.name for t in info.function_tools}:
-        return _final(info, _draft_no_tool())
+        # the workflow's last synthesis request: the findings so far are in the prompt
+        findings = parse_findings([prompt])
+        if findings is None:
+            return _final(info, _draft_no_tool())
+        skill_ids = _SKILL_ID_RE.findall(prompt)
+        return _final(info, build_draft(findings, skillbook_ids=skill_ids, cell_errors=[]))
     results = _cell_results(messages)
     findings = parse_findings(results)
     if findings is None and len(results) < len(_CELL_CALL_IDS):
@@ -306,6 +282,13 @@ def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
     skill_ids = _SKILL_ID_RE.findall(_first_prompt(messages))
     draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results])
     return _final(info, draft)
+
+
+def _summary_of(prompt: str) -> str:
+    """A deterministic summary for compaction: the findings lines, verbatim (they carry the evidence)."""
+    lines = [ln[ln.index(FINDINGS_MARKER):] for ln in prompt.splitlines() if FINDINGS_MARKER in ln]
+    kept = lines[-1:] if lines else []
+    return f"{HEURISTIC_NAME} summary of the session so far.\n" + ("\n".join(kept) or "No findings yet.")
 
 
 def _final(info: AgentInfo, draft: ReflectionDraft) -> ModelResponse:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reflector.formats import TraceFormat
+from reflector.ledger import Ledger, UsageRecord, UsageSummary
 
 __all__ = [
     "TraceRef",
@@ -24,9 +25,16 @@ __all__ = [
     "RunTrace",
     "StopReason",
     "Progress",
+    "Continuation",
+    "WORKFLOW_NAME",
+    "Ledger",
+    "UsageRecord",
 ]
 
 StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error"]
+
+
+WORKFLOW_NAME = "ReflectionWorkflow"  # durable: the workflow type name of every session, root or child
 
 
 class _Frozen(BaseModel):
@@ -64,8 +72,29 @@ class ReflectionConfig(_Frozen):
     max_consecutive_cell_errors: int = Field(default=6, ge=1)
 
 
+class Continuation(BaseModel):
+    """Everything a session carries across continue-as-new (the new run resumes from it)."""
+
+    messages_json: str
+    ledger: Ledger
+    init_ref: str
+    seq: int
+    cells: int = 0
+    ok_cells: int = 0
+    failed_cells: int = 0
+    iterations: int = 0
+    compactions: int = 0
+    microcompactions: int = 0
+    chars_per_token: float = 4.0
+    recursions: int = 0
+    runs: int = 1
+    thoughts: list[dict[str, Any]] = Field(default_factory=list)
+    subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
 class ReflectionInput(_Frozen):
-    """The single input of `ReflectionWorkflow`."""
+    """The single input of `ReflectionWorkflow` (a child session's too)."""
 
     trace: TraceRef
     question: str = ""
@@ -76,6 +105,9 @@ class ReflectionInput(_Frozen):
     config: ReflectionConfig = ReflectionConfig()
     depth: int = 0
     parent_workflow_id: str | None = None
+    inherit_ref: str | None = None
+    context_code: str = ""
+    continuation: Continuation | None = None
 
 
 class ExtractedLearning(BaseModel):
@@ -102,22 +134,17 @@ class ReflectionDraft(BaseModel):
     skill_tags: list[SkillTag] = Field(default_factory=list)
 
 
-class UsageSummary(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
-    requests: int = 0
-
-
 class RunTrace(BaseModel):
     total_iterations: int = 0
     subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
     timed_out: bool = False
     compactions: int = 0
+    microcompactions: int = 0
     depth: int = 0
     stop_reason: StopReason = "completed"
     cells: int = 0
     failed_cells: int = 0
+    continued_as_new: int = 0
 
 
 class ReflectorOutput(ReflectionDraft):

@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities import sandbox_cells
+from activities.summarise import summarise
 from reflector.models import load_plugins
 from reflector.settings import Settings
 from workflows.reflection import ReflectionWorkflow
@@ -59,7 +60,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=list(sandbox_cells.ACTIVITIES),
+        activities=[*sandbox_cells.ACTIVITIES, summarise],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_local_activities=max_concurrent_activities,

@@ -265,7 +265,9 @@ class SubprocessExecutor:
         start_timeout_s: float = START_TIMEOUT_S,
         pool: HostPool | None = None,
         index_data: bool = False,
+        archive_root: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from."""
         self.limits = limits or SandboxLimits()
         self.restart_note = restart_note
         self._python = python
@@ -275,11 +277,14 @@ class SubprocessExecutor:
         self._workdir: str | None = None
         self._stderr_path: str | None = None
         self._start_args: tuple[str | None, str, dict[str, Any]] | None = None
+        self._inherit: bytes | None = None
+        self.archive_root = str(archive_root) if archive_root is not None else None
         self._pool = pool
         self.index_data = index_data  # the host fingerprints the preloaded data (needed for snapshots)
         self.spawn_count = 0
         self.start_ms = 0.0
         self.pooled = False
+        self.inherit_info: dict[str, Any] = {}  # the host's answer to the last inherit (diagnostics)
 
     # -- Executor protocol -------------------------------------------------------------------------
     @property
@@ -292,10 +297,22 @@ class SubprocessExecutor:
         """The host's pid (also its process-group id), for tests and diagnostics."""
         return self._proc.pid if self._proc is not None else None
 
-    async def start(self, trace_path: str | None, trace_format: str, extra_vars: dict[str, Any]) -> None:
-        """Spawn the host and load the trace; raises RuntimeError if the host cannot start."""
+    async def start(
+        self,
+        trace_path: str | None,
+        trace_format: str,
+        extra_vars: dict[str, Any],
+        *,
+        inherit: bytes | None = None,
+    ) -> None:
+        """Spawn the host and load the trace; raises RuntimeError if the host cannot start.
+
+        `inherit`: a parent's namespace export (`export_namespace`), loaded right after the start;
+        part of the starting point, so an internal restart of the host loads it again.
+        """
         async with self._lock:
             self._start_args = (trace_path, trace_format, dict(extra_vars))
+            self._inherit = inherit
             await self._spawn()
 
     async def run_cell(self, code: str) -> CellResult:
@@ -347,6 +364,24 @@ class SubprocessExecutor:
                 return None, {"ok": False, "error": "the host died or hung while taking a snapshot"}
             return (blob if resp.get("ok") else None), resp
 
+    async def export_namespace(self) -> tuple[bytes | None, dict[str, Any]]:
+        """A copy of the namespace for a child session: (export bytes or None on failure, response).
+
+        The response's `skipped` names what was not carried. A host that dies or hangs is killed.
+        """
+        async with self._lock:
+            if not self.alive:
+                return None, {"ok": False, "error": "the host is not running", "died": True}
+            try:
+                resp, blob = await asyncio.wait_for(
+                    self._exchange({"op": "export"}, expect_payload=True),
+                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
+                )
+            except (TimeoutError, _HostDied):
+                await self._kill()
+                return None, {"ok": False, "error": "the host died or hung while exporting", "died": True}
+            return (blob if resp.get("ok") else None), resp
+
     async def restore(self, blob: bytes) -> dict[str, Any]:
         """Load a snapshot into a freshly started host; on failure the host must be discarded."""
         async with self._lock:
@@ -367,6 +402,7 @@ class SubprocessExecutor:
         async with self._lock:
             await self._stop()
             self._start_args = None
+            self._inherit = None
 
     # -- internals ---------------------------------------------------------------------------------
     def _limits_arg(self) -> str:
@@ -390,9 +426,16 @@ class SubprocessExecutor:
             "extra_vars": extra_vars,
             "limits": dataclasses.asdict(self.limits),
             "index_data": self.index_data,
+            "archive_root": self.archive_root,
         }
         try:
             resp = await asyncio.wait_for(self._request(req), self._start_timeout_s)
+            if resp.get("ok") and self._inherit is not None:
+                resp, _ = await asyncio.wait_for(
+                    self._exchange({"op": "inherit", "size": len(self._inherit)}, self._inherit),
+                    max(self._start_timeout_s, SNAPSHOT_TIMEOUT_S),
+                )
+                self.inherit_info = resp
         except (TimeoutError, _HostDied):
             tail = self._stderr_tail()
             await self._kill()

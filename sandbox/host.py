@@ -4,8 +4,11 @@ Run as `python -m sandbox.host '<limits json>'` by `sandbox.executor.SubprocessE
 worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars, limits?, index_data?}`,
 `{"op": "cell", code}`, `{"op": "warm"}` (import what `start` needs: pooled idle hosts),
 `{"op": "snapshot"}` (response frame `{"ok", "size"}` followed by `size` raw pickle bytes),
-`{"op": "restore", "size"}` (followed by `size` raw bytes), `{"op": "ping"}`; one response frame per
-request. A host spawned without a limits argument (a pooled host) applies the OS limits from the
+`{"op": "restore", "size"}` (followed by `size` raw bytes), `{"op": "export"}` (like snapshot, plus
+`skipped`: a copy of the namespace for a child session, see `sandbox.snapshot.take_export`),
+`{"op": "inherit", "size"}` (followed by an export's raw bytes; only right after `start`),
+`{"op": "ping"}`; one response frame per request. `start` may carry `archive_root`: the blob store
+the preloaded `ARCHIVE()` reads archived transcripts from (the only file a cell can have read). A host spawned without a limits argument (a pooled host) applies the OS limits from the
 `start` request, before it runs any model code.
 
 What this design protects against
@@ -33,7 +36,9 @@ What it does NOT protect against (be honest)
     ignored (fork is unreachable from cells anyway: no `os`).
   * Object reprs that include memory addresses (`<Foo object at 0x...>`) and id-based set ordering are
     not deterministic across hosts; derived values built from them can differ after a replay.
-  * The host can read the trace file it was given and anything else the OS lets it read.
+  * The host can read the trace file it was given and anything else the OS lets it read (cells only
+    reach the trace, through `traces`, and archive blobs named by a validated sha256, through
+    `ARCHIVE`; an OS sandbox should mount the trace and the archive root read-only).
 
 Stronger boundary: run the same host under an OS sandbox behind the same `Executor` interface: a
 container with no network and a read-only root (`docker run --network none --read-only --pids-limit`),
@@ -55,7 +60,14 @@ from sandbox.framing import read_exact, read_frame_fd, write_frame_fd
 from sandbox.guards import GuardError
 from sandbox.namespace import SandboxNamespace, format_exception, load_traces
 from sandbox.output import truncate
-from sandbox.snapshot import DataIndex, SnapshotRefused, restore_snapshot, take_snapshot
+from sandbox.snapshot import (
+    DataIndex,
+    SnapshotRefused,
+    restore_export,
+    restore_snapshot,
+    take_export,
+    take_snapshot,
+)
 
 __all__ = ["main", "apply_rlimits"]
 
@@ -114,18 +126,25 @@ class Host:
         self.ns = SandboxNamespace(int(self.limits.get("max_output_chars", 50_000)))
         self.started = False
         self.index: DataIndex | None = None
+        self.pristine = False  # started, and no cell, restore or inherit yet
         self._null = _Null()
 
     def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
         op = req.get("op")
-        if op in ("cell", "snapshot", "restore") and not self.started:
+        if op in ("cell", "snapshot", "restore", "export", "inherit") and not self.started:
             return {"ok": False, "error": "host not started", "error_kind": "crash"}, None
         if op == "cell":
+            self.pristine = False
             return self.run_cell(str(req.get("code", ""))), None
         if op == "snapshot":
             return self.snapshot()
+        if op == "export":
+            return self.export()
         if op == "restore":
+            self.pristine = False
             return self.restore(payload or b""), None
+        if op == "inherit":
+            return self.inherit(payload or b""), None
         if op == "start":
             return self.start(req), None
         if op == "warm":
@@ -154,13 +173,43 @@ class Host:
             self.ns = SandboxNamespace(int(limits.get("max_output_chars", 50_000)))
         try:
             traces = load_traces(req.get("trace_path"), str(req.get("trace_format", "auto")))
-            self.ns.start(traces, dict(req.get("extra_vars") or {}))
+            archive_root = req.get("archive_root")
+            self.ns.start(
+                traces, dict(req.get("extra_vars") or {}), str(archive_root) if archive_root else None
+            )
             if req.get("index_data"):
                 self.index = DataIndex([self.ns._scaffold[n] for n in self.ns._data_names])
         except Exception as exc:  # noqa: BLE001 - reported to the executor
             return {"ok": False, "error": f"could not start the sandbox: {type(exc).__name__}: {exc}"}
-        self.started = True
+        self.started = self.pristine = True
         return {"ok": True, "pid": os.getpid(), "load_ms": (time.perf_counter() - t0) * 1000}
+
+    def export(self) -> tuple[dict[str, Any], bytes | None]:
+        """A self-contained copy of the user's state for a child session (never refused)."""
+        t0 = time.perf_counter()
+        try:
+            blob, skipped = take_export(self.ns)
+        except MemoryError:
+            return {"ok": False, "error": "MemoryError while exporting the namespace"}, None
+        except Exception as exc:  # noqa: BLE001 - reported to the executor
+            return {"ok": False, "error": f"could not export the namespace: {type(exc).__name__}: {exc}"}, None
+        resp = {"ok": True, "size": len(blob), "skipped": skipped, "host_ms": (time.perf_counter() - t0) * 1000}
+        return resp, blob
+
+    def inherit(self, blob: bytes) -> dict[str, Any]:
+        """Load a parent's export: part of this host's starting point, so only right after `start`."""
+        t0 = time.perf_counter()
+        if not self.pristine:
+            return {"ok": False, "error": "an inherited namespace can only be loaded right after start"}
+        self.pristine = False
+        try:
+            info = restore_export(self.ns, blob)
+        except BaseException as exc:  # noqa: BLE001 - the executor discards this host
+            return {"ok": False, "error": f"could not load the inherited namespace: {type(exc).__name__}: {exc}"}
+        finally:
+            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+            self.ns.restore()
+        return {"ok": True, **info, "host_ms": (time.perf_counter() - t0) * 1000}
 
     def snapshot(self) -> tuple[dict[str, Any], bytes | None]:
         """Pickle the user's state (see `sandbox.snapshot`); refused states answer ok=False."""
@@ -269,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         payload: bytes | None = None
         try:
-            if req.get("op") == "restore":
+            if req.get("op") in ("restore", "inherit"):
                 payload = read_exact(proto_in, int(req.get("size", 0)))
             resp, out = host.handle(req, payload)
         except MemoryError:

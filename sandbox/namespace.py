@@ -2,13 +2,23 @@
 
 Lives in the host process only. Everything a cell can call here is trusted code; everything a cell
 defines is checked by `sandbox.guards` first. After every cell the scaffolding (helpers, modules,
-`print`, `traces`, the extra variables, registered helpers) is put back, so model code that rebinds
-`print` or `traces` cannot break later cells or the harness.
+`print`, `traces`, `history`, the extra variables, registered helpers) is put back, so model code
+that rebinds `print` or `traces` cannot break later cells or the harness.
+
+`history` is the archive of compacted transcripts: a list (empty at start, changed in place by cells)
+that the workflow fills with journaled cells `history.extend(ARCHIVE("<sha256>"))`. `ARCHIVE` reads
+one content-addressed blob `<archive_root>/sha256/<2 hex>/<64 hex>` and nothing else: the name is
+validated as exactly 64 lowercase hex characters (no path can be formed from it), the final path
+component is opened without following symlinks, the size is capped and the content must hash to
+its name, so a replay of the cell after a crash reads the same value.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +27,7 @@ from sandbox.guards import ATTR_HOOK, DISPLAY_HOOK, GuardError, make_builtins, p
 from sandbox.output import Capture
 from sandbox.safe_modules import ModuleProxy, SafeImporter, guarded_attr
 
-__all__ = ["SandboxNamespace", "load_traces", "PRELOADED_MODULES"]
+__all__ = ["SandboxNamespace", "load_traces", "read_archive", "PRELOADED_MODULES", "HISTORY", "ARCHIVE_MAX_BYTES"]
 
 PRELOADED_MODULES: tuple[str, ...] = ("json", "re", "math", "collections", "datetime")
 SCHEMA_DEPTH = 3
@@ -26,6 +36,48 @@ SCHEMA_MAX_CHARS = 4000
 PREVIEW_STR_CHARS = 200
 PREVIEW_LIST_ITEMS = 3
 _AUTO_FORMATS = frozenset({"", "auto", "json", "jsonl"})  # container formats: let the normaliser detect
+HISTORY = "history"  # scaffold list: the archived (compacted) transcripts; snapshotted and exported by value
+ARCHIVE_MAX_BYTES = 256 * 1024**2
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def read_archive(archive_root: str | None, sha256_hex: Any, max_bytes: int = ARCHIVE_MAX_BYTES) -> list[Any]:
+    """The JSON list stored in blob `<archive_root>/sha256/<hex[:2]>/<hex>` (see the module doc).
+
+    Errors are meant for the model: they name the problem, never the archive's location.
+    """
+    if not isinstance(sha256_hex, str) or not _SHA256_HEX.fullmatch(sha256_hex):
+        shown = repr(sha256_hex)[:80]
+        raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
+    if not archive_root:
+        raise FileNotFoundError("ARCHIVE: no transcript archive is configured for this session")
+    path = os.path.join(archive_root, "sha256", sha256_hex[:2], sha256_hex)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ARCHIVE: no archived transcript with sha256 {sha256_hex}") from None
+    except OSError as exc:
+        raise OSError(f"ARCHIVE: archived transcript {sha256_hex} cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"ARCHIVE: archived transcript {sha256_hex} is not a regular file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} exceeds {max_bytes:,} bytes")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} exceeds {max_bytes:,} bytes")
+    import hashlib  # lazy: only cells that read the archive pay for it
+
+    if hashlib.sha256(data).hexdigest() != sha256_hex:
+        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)")
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is not valid JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise TypeError(f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list")
+    return value
 
 
 def load_traces(trace_path: str | None, trace_format: str) -> Any:
@@ -123,10 +175,12 @@ class SandboxNamespace:
         self.builtins = make_builtins({"print": self._print}, self.importer)
         self.ns: dict[str, Any] = {}
         self._scaffold: dict[str, Any] = {}
+        self.archive_root: str | None = None
 
     # -- setup -------------------------------------------------------------------------------------
-    def start(self, traces: Any, extra_vars: dict[str, Any]) -> None:
-        """Populate the namespace; called once per host."""
+    def start(self, traces: Any, extra_vars: dict[str, Any], archive_root: str | None = None) -> None:
+        """Populate the namespace; called once per host. `archive_root`: the blob store `ARCHIVE` reads."""
+        self.archive_root = archive_root
         scaffold: dict[str, Any] = {
             "__builtins__": self.builtins,
             "__name__": "__sandbox__",
@@ -139,7 +193,9 @@ class SandboxNamespace:
             "list_helpers": self.list_helpers,
             "run_helper": self.run_helper,
             "FINAL_ANSWER": self.final_answer,
+            "ARCHIVE": self.archive,
             "traces": traces,
+            HISTORY: [],
         }
         for name in PRELOADED_MODULES:
             scaffold[name] = self.importer.proxy(name)
@@ -201,13 +257,14 @@ class SandboxNamespace:
                 self._print(f"  {name:<{width}}  {kind:<12} {size}")
         else:
             self._print("your variables: (none yet)")
-        data = ", ".join(f"{n} ({_type_name(self.ns[n])}, {_size(self.ns[n])})" for n in self._data_names)
+        shown = [*self._data_names, HISTORY]
+        data = ", ".join(f"{n} ({_type_name(self.ns[n])}, {_size(self.ns[n])})" for n in shown)
         self._print(f"preloaded: {data}")
         self._print("modules: " + ", ".join(PRELOADED_MODULES) + " (import others from the allowlist)")
         helpers = ", ".join(self._helpers) or "none"
         self._print(
             f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
-            "list_helpers() run_helper() FINAL_ANSWER()"
+            "list_helpers() run_helper() FINAL_ANSWER() ARCHIVE(sha256)"
         )
 
     def describe_traces(self, max_preview: int = 1500) -> None:
@@ -275,6 +332,10 @@ class SandboxNamespace:
         if entry is None:
             raise NameError(f"no helper named {name!r}; registered: {', '.join(self._helpers) or 'none'}")
         return entry[0](*args, **kwargs)
+
+    def archive(self, sha256_hex: str) -> list[Any]:
+        """Load an archived (compacted) transcript: a list of message dicts, e.g. `history.extend(ARCHIVE(sha))`."""
+        return read_archive(self.archive_root, sha256_hex)
 
     def final_answer(self, value: Any) -> None:
         """Record `value` (JSON-serialisable) as this cell's submitted answer."""

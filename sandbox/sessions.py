@@ -21,12 +21,34 @@ whenever they could not reproduce the state exactly (a function or class defined
 generator, ...): the full replay stays the fallback, so correctness never depends on them.
 
 First-cell latency: new hosts come from a `HostPool` of pre-spawned idle hosts (`pool_size`).
+
+Child sessions (`recurse`): `export_namespace(parent, seq, ...)` returns a self-contained copy of the
+parent's state after cell `seq` (bytes; see `sandbox.snapshot.take_export`) without running or
+journaling anything; a child's `run_cell(..., inherit=those bytes)` loads it into every host it
+starts for the session, right after `start` and before the snapshot / journal replay, so the
+inherited state is part of the child's starting point (its start key includes the export's digest:
+a live host started with another `inherit` is never reused, snapshots likewise). The child only ever
+holds a copy: nothing it does can reach the parent's host or journal.
+
+Archived transcripts: hosts get `archive_root` (the blob store) so cells can run
+`history.extend(ARCHIVE("<sha256>"))`; such a cell is journaled like any other, and a replay reads
+the same immutable blob again. The blobs must stay in the store while the session can be rebuilt.
+
+Durability (`fsync`): every journal entry, snapshot and sidecar is written to a temp file and renamed
+into place, so a reader sees a whole file or none. With `fsync=True` the file and its directory are
+fsynced before the cell's result is returned: entries survive a power loss / kernel crash. With
+`fsync=False` they sit in the page cache: they survive a crash or kill of the worker process (the
+kernel still writes them back) but not of the machine; after a machine crash a session may lose its
+latest entries and rebuild an *older* state (a later cell then fails visibly, e.g. NameError, rather
+than silently diverging - entries are never torn). fsync costs a disk flush per cell (~9% of the
+worker's CPU under load), so workers on one machine may prefer `fsync=False`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -48,6 +70,8 @@ __all__ = [
     "MAX_LIVE_HOSTS",
     "DEFAULT_POOL_SIZE",
     "DEFAULT_SNAPSHOT_EVERY",
+    "Inherit",
+    "SandboxExportError",
 ]
 
 MAX_LIVE_HOSTS = 64
@@ -63,6 +87,14 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
 _SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
 
 ExecutorFactory = Callable[[SandboxLimits], Executor]
+# A parent's namespace export: the bytes, or the path of an immutable file holding them (a
+# content-addressed blob: read only when a host is (re)started, so cells do not pay for loading it).
+Inherit = bytes | os.PathLike[str]
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SandboxExportError(RuntimeError):
+    """The namespace could not be exported (the session cannot be rebuilt, or the host failed)."""
 
 
 @dataclass
@@ -95,11 +127,20 @@ class SessionManager:
         fsync: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        archive_root: str | os.PathLike[str] | None = None,
     ) -> None:
         """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
-        `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots)."""
+        `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
+        `archive_root` is the blob store `ARCHIVE(sha256)` reads from (default factory only; None:
+        `ARCHIVE` raises a clear error in the cell).
+
+        `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning.
+        Off, the writes still survive a crash of the worker process (page cache) but not of the
+        machine; see the module doc for what a session loses then.
+        """
         self.journal_root = Path(journal_root)
         self.journal_root.mkdir(parents=True, exist_ok=True)
+        self.archive_root = Path(archive_root) if archive_root is not None else None
         self.snapshot_every = max(0, snapshot_every)
         self.pool: HostPool | None = None
         if executor_factory is None:
@@ -114,7 +155,11 @@ class SessionManager:
 
     def _pooled_factory(self, limits: SandboxLimits) -> Executor:
         return SubprocessExecutor(
-            limits, restart_note=RESTORED_NOTE, pool=self.pool, index_data=self.snapshot_every > 0
+            limits,
+            restart_note=RESTORED_NOTE,
+            pool=self.pool,
+            index_data=self.snapshot_every > 0,
+            archive_root=self.archive_root,
         )
 
     # -- public API --------------------------------------------------------------------------------
@@ -133,18 +178,23 @@ class SessionManager:
         trace_format: str,
         extra_vars: dict[str, Any],
         limits: SandboxLimits,
+        inherit: Inherit | None = None,
     ) -> CellResult:
         """Run cell number `seq` (1-based, assigned by the workflow) of a session.
 
         Idempotent per seq: retrying a seq after a crash re-runs it on the state of cells < seq, so a
         cell like `counter += 1` is never applied twice.
+
+        `inherit`: for a child session, the parent's export (`export_namespace`), as bytes or as the
+        path of the immutable blob holding them; pass the same value with every cell of the session.
+        It is loaded into each host started for the session before the journal replay.
         """
         if not _SESSION_ID.match(session_id):
             raise ValueError(f"invalid session id {session_id!r}")
         if seq < 1:
             raise ValueError("seq starts at 1")
         async with self._lock(session_id):
-            start_key = _start_key(trace_path, trace_format, extra_vars, limits)
+            start_key = _start_key(trace_path, trace_format, extra_vars, limits, inherit)
             live = self._live.get(session_id)
             rebuilt: dict[str, Any] | None = None
             result: CellResult | None = None
@@ -165,13 +215,80 @@ class SessionManager:
                 await self._drop(session_id)
                 try:
                     live, rebuilt = await self._rebuild(
-                        session_id, seq, start_key, trace_path, trace_format, extra_vars, limits
+                        session_id, seq, start_key, trace_path, trace_format, extra_vars, limits, inherit
                     )
                 except _RebuildFailed as exc:
                     return CellResult(ok=False, error_kind="crash", error=str(exc), host_restarted=True)
                 result = await live.executor.run_cell(code)
             assert live is not None
             return await self._after(session_id, seq, code, live, result, rebuilt)
+
+    async def export_namespace(
+        self,
+        session_id: str,
+        seq: int,
+        *,
+        trace_path: str | None,
+        trace_format: str,
+        extra_vars: dict[str, Any],
+        limits: SandboxLimits,
+        inherit: Inherit | None = None,
+    ) -> tuple[bytes, list[str]]:
+        """Export the session's state after cell `seq` for a child session: (bytes, skipped names).
+
+        `seq` is the last cell the session completed (0: the starting state); the start arguments
+        (including the session's own `inherit`, if it is itself a child) are those of its `run_cell`.
+        Uses the live host if it is exactly at `seq`, else rebuilds it from the journal entries
+        <= seq (snapshot + replay, as `run_cell` does); runs no cell, and writes or removes no
+        journal entry. The bytes hold the non-callable user variables (by value), `history` and the
+        registered helpers (by source); `skipped` names the user variables not carried (functions
+        and classes defined in cells, modules, unpicklable values; `history` if some of its items
+        were dropped). The scaffolding (`traces`, extra variables, preloaded functions) is never
+        exported. Raises `SandboxExportError` if the state cannot be rebuilt or the host fails.
+        """
+        if not _SESSION_ID.match(session_id):
+            raise ValueError(f"invalid session id {session_id!r}")
+        if seq < 0:
+            raise ValueError("seq must be >= 0")
+        async with self._lock(session_id):
+            start_key = _start_key(trace_path, trace_format, extra_vars, limits, inherit)
+            rebuilt = False
+            while True:
+                live = self._live.get(session_id)
+                if not (
+                    live is not None
+                    and live.last_seq == seq
+                    and live.start_key == start_key
+                    and live.executor.alive
+                ):
+                    await self._drop(session_id)
+                    rebuilt = True
+                    try:
+                        live, _ = await self._rebuild(
+                            session_id,
+                            seq + 1,
+                            start_key,
+                            trace_path,
+                            trace_format,
+                            extra_vars,
+                            limits,
+                            inherit,
+                            forget=False,
+                        )
+                    except _RebuildFailed as exc:
+                        raise SandboxExportError(str(exc)) from None
+                export = getattr(live.executor, "export_namespace", None)
+                if export is None:
+                    raise SandboxExportError("this executor cannot export a namespace")
+                blob, resp = await export()
+                if blob is not None:
+                    self._live.move_to_end(session_id)
+                    return blob, [str(n) for n in resp.get("skipped") or []]
+                # Never keep a host whose export failed; a live host that had died gets one rebuild.
+                await self._drop(session_id)
+                if rebuilt or not resp.get("died"):
+                    break
+            raise SandboxExportError(f"the namespace could not be exported: {resp.get('error')}")
 
     async def close_session(self, session_id: str, *, delete_journal: bool = False) -> None:
         """Stop the session's host; optionally delete its journal (the session is over)."""
@@ -226,17 +343,26 @@ class SessionManager:
         trace_format: str,
         extra_vars: dict[str, Any],
         limits: SandboxLimits,
+        inherit: Inherit | None = None,
+        *,
+        forget: bool = True,
     ) -> tuple[_Live, dict[str, Any]]:
+        """A fresh host at the state after the journal entries < seq (registered as live).
+
+        `forget`: remove the entries >= seq first (they are about to be re-run); exports keep them.
+        """
         t0 = time.perf_counter()
-        self._forget(session_id, seq, only_this=False)
+        if forget:
+            self._forget(session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
-        executor = await self._fresh(trace_path, trace_format, extra_vars, limits)
+        blob = await _load_inherit(inherit)
+        executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
         snap_seq = 0
         snapshot = self._latest_snapshot(session_id, seq, start_key) if entries else None
         if snapshot is not None:
-            snap_seq, blob = snapshot
+            snap_seq, snap_blob = snapshot
             restore = getattr(executor, "restore", None)
-            resp = await restore(blob) if restore is not None else {"ok": False}
+            resp = await restore(snap_blob) if restore is not None else {"ok": False}
             if resp.get("ok"):
                 self.stats.snapshots_restored += 1
                 entries = [(s, c) for s, c in entries if s > snap_seq]
@@ -244,7 +370,7 @@ class SessionManager:
                 self.stats.snapshot_restore_failures += 1
                 snap_seq = 0
                 await executor.close()
-                executor = await self._fresh(trace_path, trace_format, extra_vars, limits)
+                executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
         for entry_seq, code in entries:
             replay = await executor.run_cell(code)
             if replay.error_kind in _DISCARD_KINDS:
@@ -265,11 +391,20 @@ class SessionManager:
         return live, info
 
     async def _fresh(
-        self, trace_path: str | None, trace_format: str, extra_vars: dict[str, Any], limits: SandboxLimits
+        self,
+        trace_path: str | None,
+        trace_format: str,
+        extra_vars: dict[str, Any],
+        limits: SandboxLimits,
+        inherit: bytes | None = None,
     ) -> Executor:
         executor = self._factory(limits)
         try:
-            await executor.start(trace_path, trace_format, extra_vars)
+            if inherit is None:
+                await executor.start(trace_path, trace_format, extra_vars)
+            else:  # an Executor that takes an inherited namespace (SubprocessExecutor does)
+                start: Any = executor.start
+                await start(trace_path, trace_format, extra_vars, inherit=inherit)
         except Exception as exc:
             await executor.close()
             raise _RebuildFailed(f"the sandbox could not be started: {exc}") from None
@@ -358,11 +493,15 @@ class SessionManager:
 
     def _write_entry(self, session_id: str, seq: int, code: str) -> None:
         directory = self._session_dir(session_id)
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            if self._fsync:
+                _fsync_dir(self.journal_root)
         data = json.dumps({"seq": seq, "code": code}, ensure_ascii=False).encode("utf-8")
         self._write_atomic(directory / f"{seq:08d}.json", data)
 
     def _write_atomic(self, final: Path, data: bytes) -> None:
+        """Temp file + rename (never torn); with `fsync` the file and its directory reach the disk."""
         tmp = final.with_name(f".{final.name}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -370,6 +509,8 @@ class SessionManager:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, final)
+        if self._fsync:
+            _fsync_dir(final.parent)
 
     def _forget(self, session_id: str, seq: int, *, only_this: bool) -> None:
         """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
@@ -411,8 +552,42 @@ class _RebuildFailed(Exception):
     pass
 
 
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _inherit_digest(inherit: Inherit) -> str:
+    """sha256 of an export; for a path, its content-addressed file name (no read) or the path."""
+    if isinstance(inherit, bytes | bytearray | memoryview):
+        return hashlib.sha256(inherit).hexdigest()
+    path = Path(inherit)
+    return path.name if _HEX64.match(path.name) else f"path:{path.resolve()}"
+
+
+async def _load_inherit(inherit: Inherit | None) -> bytes | None:
+    if inherit is None or isinstance(inherit, bytes):
+        return inherit
+    if isinstance(inherit, bytearray | memoryview):
+        return bytes(inherit)
+    try:
+        return await asyncio.to_thread(Path(inherit).read_bytes)
+    except OSError as exc:
+        raise _RebuildFailed(f"the inherited namespace could not be read: {exc}") from None
+
+
 def _start_key(
-    trace_path: str | None, trace_format: str, extra_vars: dict[str, Any], limits: SandboxLimits
+    trace_path: str | None,
+    trace_format: str,
+    extra_vars: dict[str, Any],
+    limits: SandboxLimits,
+    inherit: Inherit | None = None,
 ) -> str:
     """Identity of a host's starting point: a live host started differently cannot take the fast path."""
-    return json.dumps([trace_path, trace_format, extra_vars, repr(limits)], sort_keys=True, default=repr)
+    parts: list[Any] = [trace_path, trace_format, extra_vars, repr(limits)]
+    if inherit is not None:  # sessions without one keep the key (and the snapshots) they had
+        parts.append({"inherit": _inherit_digest(inherit)})
+    return json.dumps(parts, sort_keys=True, default=repr)

@@ -20,8 +20,21 @@ otherwise `SnapshotRefused` and the session manager keeps replaying the journal 
     every dict/list and the identity of every item), it is pickled together with the variables;
   * every set must come back with the same iteration order and table size (a set that shrank, or
     whose elements collided, can iterate differently when rebuilt from its elements).
+`history` (the archived transcripts, a scaffold list that cells extend) is user state: it is pickled
+by value in the same pickle as the variables (aliases such as `h = history` are kept) and becomes
+the restored host's `history`.
 Loading only accepts globals from a short module allowlist; the pickle is written by this host from
 cell-reachable objects and only ever loaded by a fresh host from the session's own journal dir.
+
+Namespace *exports* (`take_export` / `restore_export`) seed a child session with a copy of the
+parent's state. They reuse the pickler but never refuse: what cannot be carried is skipped and
+named. Exported: every non-callable variable whose value pickles without session-defined code
+(by value, also when it aliases `traces` or the extra variables: the child has its own data),
+`history` (by value; unpicklable items dropped) and the registered helpers (by source). Skipped:
+functions, classes and other callables defined in cells, module proxies, values that hold them,
+generators and other unpicklable values. References to preloaded callables, module attributes and
+helpers inside exported values resolve to the child's own. An export is self-contained (no
+reference into the parent's data), so a child can never reach or change the parent's objects.
 """
 
 from __future__ import annotations
@@ -36,9 +49,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sandbox.namespace import SandboxNamespace
 
-__all__ = ["DataIndex", "SnapshotRefused", "take_snapshot", "restore_snapshot", "SNAPSHOT_VERSION"]
+__all__ = [
+    "DataIndex",
+    "SnapshotRefused",
+    "take_snapshot",
+    "restore_snapshot",
+    "take_export",
+    "restore_export",
+    "SNAPSHOT_VERSION",
+    "EXPORT_VERSION",
+]
 
 SNAPSHOT_VERSION = 1
+EXPORT_VERSION = 1
+_EXPORT_KIND = "rr-namespace-export"
+_HISTORY = "history"  # sandbox.namespace.HISTORY (not imported: keep this module free of the namespace)
 PROTOCOL = 5
 _ATOMIC: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes})
 _PLAIN: frozenset[type] = frozenset({dict, list, tuple, set, frozenset, bytearray})
@@ -126,16 +151,17 @@ def _trusted_global(obj: Any) -> bool:
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, refs: dict[int, tuple[Any, ...]]) -> None:
+    def __init__(self, file: io.BytesIO, refs: dict[int, tuple[Any, ...]], *, check_sets: bool = True) -> None:
         super().__init__(file, protocol=PROTOCOL)
         self._refs = refs
+        self._check_sets = check_sets
 
     def persistent_id(self, obj: Any) -> Any:
         # Called for every object (reducer_override is skipped for exact builtin containers).
         kind = type(obj)
         if kind in _ATOMIC:
             return None
-        if kind is set or kind is frozenset:
+        if (kind is set or kind is frozenset) and self._check_sets:
             _check_set(obj)
         return self._refs.get(id(obj))
 
@@ -188,7 +214,7 @@ def _refs(ns: SandboxNamespace, index: DataIndex | None, data_unchanged: bool) -
         refs[id(fn)] = ("h", name)
     data_names = set(ns._data_names)
     for name, value in ns._scaffold.items():
-        if type(value) in _ATOMIC or (name in data_names and not data_unchanged):
+        if type(value) in _ATOMIC or name == _HISTORY or (name in data_names and not data_unchanged):
             continue
         refs[id(value)] = ("s", name)
     return refs
@@ -223,6 +249,7 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None) -> bytes:
     state = {
         "vars": {k: v for k, v in ns.ns.items() if k not in skip},
         "data": None if data_unchanged else {n: ns._scaffold[n] for n in ns._data_names},
+        "history": ns._scaffold.get(_HISTORY),
         "decimal": decimal.getcontext(),
     }
     return _dump(meta, state, _refs(ns, index, data_unchanged))
@@ -277,6 +304,8 @@ def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes)
     if state["data"] is not None:
         for name, value in state["data"].items():
             ns._scaffold[name] = value
+    if isinstance(state.get("history"), list) and _HISTORY in ns._scaffold:
+        ns._scaffold[_HISTORY] = state["history"]
     values = dict(ns.ns)
     values.update(state["vars"])
     values.update(ns._scaffold)
@@ -289,3 +318,129 @@ def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes)
     ns._cell_no = int(meta["cell_no"])
     return len(state["vars"])
 
+
+
+# -- exports (child sessions) ----------------------------------------------------------------------
+def _export_refs(ns: SandboxNamespace) -> dict[int, tuple[Any, ...]]:
+    """References that resolve to the same thing in any host: modules, their attributes, helpers,
+    preloaded callables. Never the data (`traces`, extra variables, `history`): that is copied."""
+    refs: dict[int, tuple[Any, ...]] = {}
+    for modname, proxy in ns.importer._cache.items():
+        for key, value in object.__getattribute__(proxy, "_rr_attrs").items():
+            if type(value) not in _ATOMIC:
+                refs[id(value)] = ("a", modname, key)
+        refs[id(proxy)] = ("m", modname)
+    data_names = {*ns._data_names, _HISTORY}
+    for name, value in ns._scaffold.items():
+        if name not in data_names and callable(value) and not isinstance(value, type):
+            refs[id(value)] = ("s", name)
+    for name, (fn, _src) in ns._helpers.items():
+        refs[id(fn)] = ("h", name)
+    return refs
+
+
+def _pickles(value: Any, refs: dict[int, tuple[Any, ...]]) -> bool:
+    try:
+        _Pickler(io.BytesIO(), refs, check_sets=False).dump(value)
+    except Exception:  # noqa: BLE001 - SnapshotRefused, PicklingError, RecursionError, MemoryError, ...
+        return False
+    return True
+
+
+def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
+    """Serialise what a child session inherits; returns (bytes, names of the user variables skipped).
+
+    Never refuses (see the module doc). Skipped names are user variables in namespace order, plus
+    `history` if some of its items could not be carried; the scaffolding is never exported nor listed.
+    """
+    from sandbox.safe_modules import ModuleProxy  # lazy: keep snapshot imports light
+
+    refs = _export_refs(ns)
+    hidden = set(ns._scaffold) | set(ns._helpers)
+    skipped: list[str] = []
+    candidates: dict[str, Any] = {}
+    for name, value in ns.ns.items():
+        if name in hidden or name.startswith("__"):
+            continue
+        if isinstance(value, ModuleProxy) or (callable(value) and id(value) not in refs):
+            skipped.append(name)
+            continue
+        candidates[name] = value
+    history = ns._scaffold.get(_HISTORY)
+    if not isinstance(history, list):
+        history = []
+    meta = {"version": EXPORT_VERSION, "kind": _EXPORT_KIND, "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()]}
+    try:
+        return _dump_export(meta, {"vars": candidates, "history": history}, refs), skipped
+    except Exception:  # noqa: BLE001 - find what cannot be carried, one value at a time
+        pass
+    history_dropped = False
+    if not _pickles(history, refs):
+        original, history = history, [item for item in history if _pickles(item, refs)]
+        history_dropped = True
+        for name, value in candidates.items():  # aliases such as `h = history` follow the filtered list
+            if value is original:
+                candidates[name] = history
+    kept = {}
+    for name, value in candidates.items():
+        if _pickles(value, refs):
+            kept[name] = value
+        else:
+            skipped.append(name)
+    order = {name: i for i, name in enumerate(ns.ns)}
+    skipped.sort(key=lambda n: order.get(n, len(order)))
+    if history_dropped:
+        skipped.append(_HISTORY)
+    return _dump_export(meta, {"vars": kept, "history": history}, refs), skipped
+
+
+def _dump_export(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any, ...]]) -> bytes:
+    buf = io.BytesIO()
+    pickle.dump(meta, buf, protocol=PROTOCOL)
+    _Pickler(buf, refs, check_sets=False).dump(state)
+    return buf.getvalue()
+
+
+def _resolve_export(ns: SandboxNamespace, pid: tuple[Any, ...]) -> Any:
+    if pid[0] not in ("s", "m", "a", "h"):
+        raise ValueError(f"an export cannot refer to {pid!r}")
+    return _resolve_here(ns, None, pid)
+
+
+def restore_export(ns: SandboxNamespace, blob: bytes) -> dict[str, Any]:
+    """Load an export into a freshly started namespace (before any cell).
+
+    The child's own scaffolding wins: an exported name that is preloaded in the child (an extra
+    variable, a preloaded function) is not restored and is reported as `shadowed`. Raises on a
+    malformed export (the caller discards the host).
+    """
+    buf = io.BytesIO(blob)
+    meta = _Unpickler(buf, lambda pid: _resolve_export(ns, pid)).load()
+    if not isinstance(meta, dict) or meta.get("kind") != _EXPORT_KIND or meta.get("version") != EXPORT_VERSION:
+        raise ValueError("not a namespace export of this version")
+    shadowed: list[str] = []
+    helpers = 0
+    for name, source in meta["helpers"]:
+        if name in ns._scaffold:
+            shadowed.append(name)
+            continue
+        ns.define_helper(str(name), str(source))
+        helpers += 1
+    state = _Unpickler(buf, lambda pid: _resolve_export(ns, pid)).load()
+    count = 0
+    for name, value in state["vars"].items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+            continue
+        if name in ns._scaffold or name in ns._helpers:
+            shadowed.append(name)
+            continue
+        ns.ns[name] = value
+        count += 1
+    history = state.get("history")
+    if isinstance(history, list) and history and _HISTORY in ns._scaffold:
+        current = ns._scaffold[_HISTORY]
+        # The exported list object itself (keeps aliases such as `h = history` in the child).
+        ns._scaffold[_HISTORY] = history
+        if isinstance(current, list) and current:
+            history.extend(current)
+    return {"vars": count, "helpers": helpers, "history": len(history) if isinstance(history, list) else 0, "shadowed": shadowed}

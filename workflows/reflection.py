@@ -1,9 +1,10 @@
-"""`ReflectionWorkflow`: one durable reflection session.
+"""`ReflectionWorkflow`: one durable reflection session (the root, or a child started by `recurse`).
 
-Deterministic orchestration only: the prefill, every sandbox cell and every model request are
-activities recorded in history; this code decides, counts and assembles the output. Whatever
-happens inside the agent loop (budget spent, a model that never answers properly), the workflow
-returns a `ReflectorOutput` with a typed stop reason instead of failing.
+Deterministic orchestration only: the prefill, every sandbox cell, every model request and every
+summary are activities recorded in history; this code decides, counts and assembles the output.
+Whatever happens inside the agent loop (budget spent, too many compactions, a model that never
+answers properly), the workflow returns a `ReflectorOutput` with a typed stop reason instead of
+failing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai import capture_run_messages
     from pydantic_ai.exceptions import AgentRunError, UnexpectedModelBehavior, UsageLimitExceeded
-    from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturnPart
+    from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolReturnPart
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
@@ -30,21 +31,27 @@ with workflow.unsafe.imports_passed_through():
         PrepareSessionResult,
     )
     from reflector.types import (
+        WORKFLOW_NAME,
         Progress,
         ReflectionDraft,
         ReflectionInput,
         ReflectorOutput,
         RunTrace,
         StopReason,
-        UsageSummary,
+        UsageRecord,
     )
-    from workflows.agent import ReflectorDeps, reflector_agent
-    from workflows.session import CELL_RETRY, REBUILD_ALLOWANCE_S, SessionEnded, SessionState
+    from workflows.agent import ReflectorDeps, reflector_agent, synthesis_agent
+    from workflows.session import (
+        CELL_RETRY,
+        REBUILD_ALLOWANCE_S,
+        SessionEnded,
+        SessionState,
+    )
 
 __all__ = ["ReflectionWorkflow", "WORKFLOW_NAME"]
 
-WORKFLOW_NAME = "ReflectionWorkflow"
 PREVIEW_CHARS = 4_000
+SYNTHESIS_FINDINGS_CHARS = 12_000
 
 
 @workflow.defn(name=WORKFLOW_NAME, sandboxed=False)
@@ -60,24 +67,69 @@ class ReflectionWorkflow(PydanticAIWorkflow):
     is side-effect free at import time.
     """
 
-    __pydantic_ai_agents__ = [reflector_agent]
+    __pydantic_ai_agents__ = [reflector_agent, synthesis_agent]
 
     @workflow.init
     def __init__(self, inp: ReflectionInput) -> None:
-        self.state = SessionState(inp=inp, session_id=workflow.info().workflow_id)
+        self.state = SessionState.create(inp, workflow.info().workflow_id)
 
     @workflow.query
     def progress(self) -> Progress:
-        usage = self.state.usage
-        return self.state.progress(
-            requests=getattr(usage, "requests", 0),
-            total_tokens=getattr(usage, "total_tokens", 0),
-            iterations=self.state.iterations,
-        )
+        return self.state.progress()
 
     @workflow.run
     async def run(self, inp: ReflectionInput) -> ReflectorOutput:
-        cfg = inp.config
+        state = self.state
+        messages_in: list[ModelMessage] | None = None
+        prompt: str | None = None
+        if inp.continuation is not None:
+            messages_in = ModelMessagesTypeAdapter.validate_json(inp.continuation.messages_json)
+        else:
+            prep = await self._prepare(inp)
+            if prep.context_error is not None:
+                return self._output(None, [], "error", f"context_code failed: {prep.context_error}",
+                                    context_error=prep.context_error)
+            prompt = self._task_prompt(prep)
+
+        deps = ReflectorDeps(
+            workflow_id=state.session_id,
+            depth=inp.depth,
+            max_depth=inp.config.max_depth,
+            max_tokens=inp.config.max_tokens,
+            max_requests=inp.config.max_requests,
+            has_skillbook=bool(inp.skillbook.strip()),
+        )
+        draft: ReflectionDraft | None = None
+        stop_reason: StopReason = "completed"
+        error = ""
+        with capture_run_messages() as messages:
+            try:
+                result = await reflector_agent.run(
+                    prompt,
+                    message_history=messages_in,
+                    deps=deps,
+                    model=inp.config.model,
+                    model_settings=_model_settings(inp.config.model_settings),
+                    # the ledger (SessionControl) enforces the tree-wide budget; this is a backstop
+                    usage_limits=UsageLimits(request_limit=inp.config.max_requests + 1),
+                )
+                draft = result.output
+            except SessionEnded as e:
+                draft = e.draft
+                if draft is None:
+                    stop_reason, error = e.stop_reason, e.detail  # type: ignore[assignment]
+            except UsageLimitExceeded as e:
+                stop_reason, error = "request_budget", str(e)
+            except (UnexpectedModelBehavior, AgentRunError) as e:
+                stop_reason, error = "error", f"{type(e).__name__}: {e}"
+        if draft is None and stop_reason in ("token_budget", "request_budget", "max_compactions"):
+            draft = await self._synthesise(list(messages))
+        state.phase = "finishing"
+        await self._close()
+        state.phase = "done"
+        return self._output(draft, list(messages), stop_reason, error)
+
+    async def _prepare(self, inp: ReflectionInput) -> PrepareSessionResult:
         state = self.state
         state.phase = "preparing sandbox"
         prep: PrepareSessionResult = await workflow.execute_local_activity(
@@ -90,59 +142,81 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 feedback=inp.feedback,
                 skillbook=inp.skillbook,
                 limits=state.limits,
+                inherit_ref=inp.inherit_ref,
+                context_code=inp.context_code,
             ),
             result_type=PrepareSessionResult,
-            start_to_close_timeout=timedelta(seconds=cfg.cell_timeout_s + REBUILD_ALLOWANCE_S),
+            start_to_close_timeout=timedelta(seconds=inp.config.cell_timeout_s * 2 + REBUILD_ALLOWANCE_S),
             retry_policy=CELL_RETRY,
             summary="prefill",
         )
-        state.init_ref = prep.init_ref
+        state.init_ref, state.seq, state.facts = prep.init_ref, prep.next_seq - 1, prep.facts
         state.phase = "thinking"
+        return prep
 
-        deps = ReflectorDeps(
-            workflow_id=state.session_id, depth=inp.depth, max_tokens=cfg.max_tokens, max_requests=cfg.max_requests
-        )
-        draft: ReflectionDraft | None = None
-        stop_reason: StopReason = "completed"
-        error = ""
-        with capture_run_messages() as messages:
-            try:
-                result = await reflector_agent.run(
-                    self._task_prompt(prep),
-                    deps=deps,
-                    model=cfg.model,
-                    model_settings=_model_settings(cfg.model_settings),
-                    usage_limits=UsageLimits(request_limit=cfg.max_requests, total_tokens_limit=cfg.max_tokens),
-                )
-                draft = result.output
-            except SessionEnded as e:
-                draft = e.draft
-                if draft is None:
-                    stop_reason, error = e.stop_reason, e.detail  # type: ignore[assignment]
-            except UsageLimitExceeded as e:
-                stop_reason = "request_budget" if "request" in str(e).lower() else "token_budget"
-                error = str(e)
-            except (UnexpectedModelBehavior, AgentRunError) as e:
-                stop_reason, error = "error", f"{type(e).__name__}: {e}"
-        state.phase = "finishing"
+    async def _close(self) -> None:
         await workflow.execute_local_activity(
             CLOSE_ACTIVITY,
-            CloseSessionInput(session_id=state.session_id),
+            CloseSessionInput(session_id=self.state.session_id),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=CELL_RETRY,
             summary="close sandbox",
         )
-        state.phase = "done"
-        return self._output(draft, list(messages), stop_reason, error)
+
+    async def _synthesise(self, messages: list[ModelMessage]) -> ReflectionDraft | None:
+        """One last, budgeted request that turns the findings so far into a reflection."""
+        state = self.state
+        if state.ledger.remaining_requests() < 1 or state.ledger.remaining_tokens() <= 0:
+            return None
+        outputs = [
+            str(p.content)
+            for m in messages
+            for p in m.parts
+            if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code"
+        ]
+        findings = "\n---\n".join(outputs)[-SYNTHESIS_FINDINGS_CHARS:] or "(no cell output)"
+        notes = "\n".join(t["thought"] for t in state.thoughts)[-2_000:]
+        prompt = (
+            f"Question: {state.inp.question or '(see trace)'}\nGround truth: {state.inp.ground_truth}\n"
+            f"Cell outputs so far:\n{findings}\nNotes:\n{notes}"
+        )
+        state.phase = "synthesising"
+        draft: ReflectionDraft | None = None
+        with capture_run_messages() as synth_messages:
+            try:
+                result = await synthesis_agent.run(
+                    prompt,
+                    model=state.inp.config.model,
+                    model_settings=_model_settings(state.inp.config.model_settings),
+                    usage_limits=UsageLimits(request_limit=1),
+                )
+                draft = result.output.model_copy(
+                    update={"reasoning": f"PARTIAL (synthesised after the budget ran out): {result.output.reasoning}"}
+                )
+            except (UnexpectedModelBehavior, AgentRunError):
+                draft = None
+        # charged whether or not the answer was usable: the request was made
+        for response in synth_messages:
+            if isinstance(response, ModelResponse):
+                state.ledger.charge(
+                    UsageRecord(
+                        kind="synthesis", model=response.model_name or state.inp.config.model,
+                        input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
+                        depth=state.inp.depth, workflow_id=state.session_id,
+                    )
+                )
+        return draft
 
     def _task_prompt(self, prep: PrepareSessionResult) -> str:
         inp = self.state.inp
         preview = prep.preview
         if len(preview) > PREVIEW_CHARS:
             preview = preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
-        skillbook_line = (
-            f"A skillbook ({len(inp.skillbook)} chars) is in the variable `skillbook`.\n" if inp.skillbook else ""
-        )
+        skillbook_line = ""
+        if inp.skillbook.strip():
+            skillbook_line = f"A skillbook ({len(inp.skillbook)} chars) is in the variable `skillbook`.\n"
+            if inp.mode == "online":
+                skillbook_line += prompts.ONLINE
         return prompts.render(
             prompts.TASK,
             format=inp.trace.format,
@@ -156,43 +230,47 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         )
 
     def _output(
-        self, draft: ReflectionDraft | None, messages: list[ModelMessage], stop_reason: StopReason, error: str
+        self,
+        draft: ReflectionDraft | None,
+        messages: list[ModelMessage],
+        stop_reason: StopReason,
+        error: str,
+        context_error: str | None = None,
     ) -> ReflectorOutput:
         state = self.state
-        usage = _usage(messages)
         if draft is None:
             draft = _fallback(state, messages, stop_reason, error)
         raw: dict[str, Any] = {
             "rr_trace": RunTrace(
-                total_iterations=usage.requests,
-                subagent_calls=[],
+                total_iterations=state.iterations,
+                subagent_calls=list(state.subagent_calls),
                 timed_out=stop_reason != "completed",
-                compactions=0,
+                compactions=state.compactions,
+                microcompactions=state.microcompactions,
                 depth=state.inp.depth,
                 stop_reason=stop_reason,
                 cells=state.cells,
                 failed_cells=state.failed_cells,
+                continued_as_new=state.runs - 1,
             ).model_dump(),
-            "usage": usage.model_dump(),
+            "usage": state.ledger.spent().model_dump(),
+            "usage_records": [r.model_dump() for r in state.ledger.records],
             "thoughts": list(state.thoughts),
             "workflow_id": state.session_id,
             "model": state.inp.config.model,
         }
+        if state.facts.answer_correct is not None:
+            raw["answer_correct"] = state.facts.answer_correct
         if error:
             raw["error"] = error
+        if context_error is not None:
+            raw["context_error"] = context_error
         return ReflectorOutput(**draft.model_dump(), raw=raw)
 
 
 def _model_settings(given: dict[str, Any] | None) -> ModelSettings:
     """Temperature 0.0 unless the caller passed settings (then theirs, untouched)."""
     return ModelSettings(**given) if given else ModelSettings(temperature=0.0)  # type: ignore[typeddict-item]
-
-
-def _usage(messages: list[ModelMessage]) -> UsageSummary:
-    responses = [m for m in messages if isinstance(m, ModelResponse)]
-    inp = sum(r.usage.input_tokens for r in responses)
-    out = sum(r.usage.output_tokens for r in responses)
-    return UsageSummary(input_tokens=inp, output_tokens=out, total_tokens=inp + out, requests=len(responses))
 
 
 def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: StopReason, error: str) -> ReflectionDraft:
@@ -211,12 +289,23 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
         "error": "the model did not produce a valid reflection",
         "completed": "the session ended",
     }[stop_reason]
+    facts = state.facts
+    verdict = ""
+    if facts.answer_correct is not None:
+        verdict = (
+            f" The agent's final answer ({(facts.final_answer or '')[:200]!r}) "
+            f"{'matches' if facts.answer_correct else 'does NOT match'} the ground truth "
+            f"({(facts.ground_truth or '')[:200]!r}) under a normalised comparison."
+        )
     return ReflectionDraft(
         reasoning=(
             f"INCOMPLETE: the reflection stopped early because {why} ({error}). "
             f"{state.cells} cells ran ({state.failed_cells} failed). This is not a finding that nothing went wrong."
+            + verdict
         ),
-        error_identification=f"Not determined: the session stopped early ({stop_reason}). Last cell output: {seen}",
+        error_identification=(
+            f"Not determined: the session stopped early ({stop_reason}).{verdict} Last cell output: {seen}"
+        ),
         root_cause_analysis="Not determined: the session stopped before an analysis was complete.",
         correct_approach="Re-run the reflection with a larger budget (--max-requests / --max-tokens).",
         key_insight="Incomplete reflection; see raw.rr_trace.stop_reason.",

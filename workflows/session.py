@@ -1,7 +1,8 @@
 """Workflow-side state of one reflection session (deterministic, no I/O).
 
-Tools that run in workflow code (`execute_code`, `think`) reach this object through
-`workflow.instance().state`; it is never serialised into activity payloads.
+Tools and capability hooks that run in workflow code reach this object through
+`workflow.instance().state`; it is never serialised into activity payloads (continue-as-new
+carries a `Continuation` built from it).
 """
 
 from __future__ import annotations
@@ -16,20 +17,30 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from reflector.cells import RUN_CELL_ACTIVITY, CellInput, CellOutcome, LimitsInput
-    from reflector.types import Progress, ReflectionDraft, ReflectionInput
+    from reflector.cells import (
+        EXPORT_ACTIVITY,
+        RUN_CELL_ACTIVITY,
+        CellInput,
+        CellOutcome,
+        ExportInput,
+        ExportResult,
+        LimitsInput,
+        TraceFacts,
+    )
+    from reflector.types import Continuation, Ledger, Progress, ReflectionDraft, ReflectionInput
 
-__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe"]
+__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe", "CELL_RETRY"]
 
 T = TypeVar("T")
 
 CELL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
 # Rebuilding a namespace after a crash replays the journal: allow time for it beyond the cell's own limit.
 REBUILD_ALLOWANCE_S = 120.0
+DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
 class SessionEnded(Exception):
-    """Raised by a tool to end the agent run from workflow code (caught by the workflow).
+    """Raised from workflow-side tools or hooks to end the agent run (caught by the workflow).
 
     `draft` is set when the model submitted a valid final answer from code (`FINAL_ANSWER(...)`);
     otherwise `stop_reason` says why the session stops early.
@@ -46,26 +57,73 @@ class SessionEnded(Exception):
 class SessionState:
     inp: ReflectionInput
     session_id: str
+    ledger: Ledger
     init_ref: str = ""
-    seq: int = 1  # seq 1 is the prefill cell
+    seq: int = 1  # the last cell sequence number used (1 = prefill)
     cells: int = 0
     ok_cells: int = 0
     failed_cells: int = 0
     consecutive_failures: int = 0
     last_failed_code: str | None = None
     same_failure_repeats: int = 0
-    thoughts: list[dict[str, Any]] = field(default_factory=list)
-    cell_log: list[dict[str, Any]] = field(default_factory=list)
-    submitted: Any | None = None
-    phase: str = "starting"
     iterations: int = 0
-    usage: Any = None  # the run's live RunUsage, set by SessionMeter
+    compactions: int = 0
+    microcompactions: int = 0
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+    last_request_chars: int = 0
+    recursions: int = 0
+    runs: int = 1
+    thoughts: list[dict[str, Any]] = field(default_factory=list)
+    subagent_calls: list[dict[str, Any]] = field(default_factory=list)
+    facts: TraceFacts = field(default_factory=TraceFacts)
+    phase: str = "starting"
     last_event: str = ""
+    continue_after_summary: bool = False
+    recurse_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def create(cls, inp: ReflectionInput, session_id: str) -> SessionState:
+        c = inp.continuation
+        ledger = Ledger(max_tokens=inp.config.max_tokens, max_requests=inp.config.max_requests)
+        state = cls(inp=inp, session_id=session_id, ledger=c.ledger if c else ledger)
+        if c is not None:
+            state.init_ref, state.seq = c.init_ref, c.seq
+            state.cells, state.ok_cells, state.failed_cells = c.cells, c.ok_cells, c.failed_cells
+            state.iterations, state.compactions, state.microcompactions = c.iterations, c.compactions, c.microcompactions
+            state.chars_per_token, state.recursions, state.runs = c.chars_per_token, c.recursions, c.runs + 1
+            state.thoughts, state.subagent_calls = list(c.thoughts), list(c.subagent_calls)
+            state.facts = TraceFacts.model_validate(c.facts)
+        return state
+
+    def continuation(self, messages_json: str) -> Continuation:
+        return Continuation(
+            messages_json=messages_json,
+            ledger=self.ledger,
+            init_ref=self.init_ref,
+            seq=self.seq,
+            cells=self.cells,
+            ok_cells=self.ok_cells,
+            failed_cells=self.failed_cells,
+            iterations=self.iterations,
+            compactions=self.compactions,
+            microcompactions=self.microcompactions,
+            chars_per_token=self.chars_per_token,
+            recursions=self.recursions,
+            runs=self.runs,
+            thoughts=self.thoughts,
+            subagent_calls=self.subagent_calls,
+            facts=self.facts.model_dump(),
+        )
 
     @property
     def limits(self) -> LimitsInput:
         c = self.inp.config
         return LimitsInput(cell_timeout_s=c.cell_timeout_s, max_output_chars=c.max_output_chars)
+
+    @property
+    def reserve_requests(self) -> int:
+        """One request is kept back for the final synthesis when the budget allows it."""
+        return 1 if self.inp.config.max_requests >= 3 else 0
 
     def loop_guard(self, code: str) -> str | None:
         """Refuse the same failing cell repeated `max_failed_repeats` times (a model stuck in a loop)."""
@@ -78,25 +136,35 @@ class SessionState:
             )
         return None
 
-    async def run_cell(self, code: str) -> CellOutcome:
+    def _activity_timeout(self) -> timedelta:
+        return timedelta(seconds=self.inp.config.cell_timeout_s + REBUILD_ALLOWANCE_S)
+
+    async def run_cell(self, code: str, *, internal: bool = False) -> CellOutcome:
+        """Run a cell as a local activity; `internal` cells (workflow-written) are not counted."""
         self.seq += 1
         self.phase = "running cell"
         self.last_event = f"cell {self.seq}"
-        outcome: CellOutcome = await await_cancel_safe(workflow.start_local_activity(
-            RUN_CELL_ACTIVITY,
-            CellInput(
-                session_id=self.session_id,
-                seq=self.seq,
-                code=code,
-                trace=self.inp.trace,
-                init_ref=self.init_ref,
-                limits=self.limits,
-            ),
-            result_type=CellOutcome,
-            start_to_close_timeout=timedelta(seconds=self.inp.config.cell_timeout_s + REBUILD_ALLOWANCE_S),
-            retry_policy=CELL_RETRY,
-            summary=f"cell {self.seq}",
-        ))
+        outcome: CellOutcome = await await_cancel_safe(
+            workflow.start_local_activity(
+                RUN_CELL_ACTIVITY,
+                CellInput(
+                    session_id=self.session_id,
+                    seq=self.seq,
+                    code=code,
+                    trace=self.inp.trace,
+                    init_ref=self.init_ref,
+                    limits=self.limits,
+                    inherit_ref=self.inp.inherit_ref,
+                ),
+                result_type=CellOutcome,
+                start_to_close_timeout=self._activity_timeout(),
+                retry_policy=CELL_RETRY,
+                summary=f"cell {self.seq}",
+            )
+        )
+        self.phase = "thinking"
+        if internal:
+            return outcome
         self.cells += 1
         if outcome.ok:
             self.ok_cells += 1
@@ -110,26 +178,44 @@ class SessionState:
                 self.same_failure_repeats += 1
             else:
                 self.last_failed_code, self.same_failure_repeats = code, 1
-        self.cell_log.append(
-            {"seq": self.seq, "ok": outcome.ok, "error_kind": outcome.error_kind, "chars": len(outcome.output)}
-        )
-        self.phase = "thinking"
         return outcome
 
-    def progress(self, requests: int, total_tokens: int, iterations: int) -> Progress:
+    async def export_namespace(self) -> ExportResult:
+        """Export the namespace as it is after the last cell, for a child session."""
+        result: ExportResult = await await_cancel_safe(
+            workflow.start_local_activity(
+                EXPORT_ACTIVITY,
+                ExportInput(
+                    session_id=self.session_id,
+                    seq=self.seq,
+                    trace=self.inp.trace,
+                    init_ref=self.init_ref,
+                    limits=self.limits,
+                    inherit_ref=self.inp.inherit_ref,
+                ),
+                result_type=ExportResult,
+                start_to_close_timeout=self._activity_timeout(),
+                retry_policy=CELL_RETRY,
+                summary="export namespace",
+            )
+        )
+        return result
+
+    def progress(self) -> Progress:
+        spent = self.ledger.spent()
         return Progress(
             phase=self.phase,
-            iterations=iterations,
+            iterations=self.iterations,
             cells=self.cells,
             failed_cells=self.failed_cells,
-            requests=requests,
-            total_tokens=total_tokens,
+            requests=spent.requests,
+            total_tokens=spent.total_tokens,
             last_event=self.last_event,
         )
 
 
 async def await_cancel_safe(handle: asyncio.Future[T]) -> T:
-    """Await an activity handle from inside the agent graph's anyio cancel scopes without livelock.
+    """Await an activity or child-workflow handle from inside the agent graph's anyio cancel scopes.
 
     Same technique as pydantic-ai's own activity executor (`_activity_execution.py`): a cancelled
     anyio scope re-delivers `task.cancel()` every loop turn, and a bare activity handle swallows it

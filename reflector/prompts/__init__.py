@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["SYSTEM", "TASK", "render"]
+__all__ = ["SYSTEM", "TASK", "ONLINE", "render"]
 
 
 def _load(name: str) -> str:
@@ -24,3 +24,4 @@ def render(template: str, **values: object) -> str:
     for key, value in values.items():
         out = out.replace("{{" + key + "}}", str(value))
     return out
+ONLINE = _load("online.md")

@@ -20,16 +20,14 @@ from reflector import client as rr
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput
 from reflector.worker import connect
-from tests.support.fixtures import write_trace
+from tests.support.fixtures import comparable, write_trace
 from tests.support.procs import WorkerProcess, read_model_log
 
 pytestmark = pytest.mark.slow
 
 
 def _comparable(out: ReflectorOutput) -> dict[str, object]:
-    d = out.model_dump()
-    d["raw"].pop("workflow_id")
-    return d
+    return comparable(out)
 
 
 async def _wait_for(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -111,15 +109,15 @@ async def test_kill_during_slow_cell(crash_env, tmp_path) -> None:
     log_path = Path(crash_env["RR_TEST_MODEL_LOG"])
 
     def slow_cell_running(_wf_id: str) -> bool:
-        # the model answered with the slow cell (5 messages seen) and cell 3's journal entry (seq 3) exists
+        # the model answered with the slow cell (5 messages seen) after the second model cell (seq 4)
         entries = read_model_log(log_path)
-        return any(e["n"] == 5 for e in entries) and _journal(crash_env, _wf_id, 3).exists()
+        return any(e["n"] == 5 for e in entries) and _journal(crash_env, _wf_id, 4).exists()
 
     def trigger(wf_id: str) -> bool:
         if not slow_cell_running(wf_id):
             return False
         time.sleep(0.4)  # well inside the ~2 s slow cell
-        assert not _journal(crash_env, wf_id, 4).exists(), "slow cell finished before the kill; raise RR_TEST_SLOW_LOOP"
+        assert not _journal(crash_env, wf_id, 5).exists(), "slow cell finished before the kill; raise RR_TEST_SLOW_LOOP"
         return True
 
     out, hist, recovery, pid1 = await _run(crash_env, tmp_path, trigger, "slowcell")
@@ -134,9 +132,9 @@ async def test_kill_between_model_requests(crash_env, tmp_path) -> None:
     log_path.unlink()
 
     def trigger(wf_id: str) -> bool:
-        # the second model cell (seq 3) completed in the host: its result is not yet recorded and the next
+        # the second model cell (seq 4; 1-2 are prefill and facts) completed in the host: its result is not yet recorded and the next
         # model request has not been issued (it needs the workflow task that records the cell first)
-        return _journal(crash_env, wf_id, 3).exists()
+        return _journal(crash_env, wf_id, 4).exists()
 
     out, hist, recovery, pid1 = await _run(crash_env, tmp_path, trigger, "between")
     assert _comparable(out) == _comparable(base_out)

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,10 +56,10 @@ async def test_syntax_error(executor: SubprocessExecutor) -> None:
 async def test_timeout_kills_host_and_session_continues(tmp_path: Path) -> None:
     sessions = SessionManager(tmp_path / "journal")
     limits = dataclasses.replace(TEST_LIMITS, cell_timeout_s=1.0)
-    kw = {"trace_path": None, "trace_format": "auto", "extra_vars": {}, "limits": limits}
+    kw: dict[str, Any] = {"trace_path": None, "trace_format": "auto", "extra_vars": {}, "limits": limits}
     assert (await sessions.run_cell("s", 1, "data = {'n': 41}", **kw)).ok
     ex = sessions.executor_for("s")
-    assert ex is not None
+    assert isinstance(ex, SubprocessExecutor)
     old_pid = ex.pid
     r = await sessions.run_cell("s", 2, "data['n'] = 0\nwhile True:\n    pass", **kw)
     assert r.error_kind == "timeout" and "was killed" in (r.error or "") and "restored" in (r.error or "")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.executor import SubprocessExecutor
 from sandbox.protocol import CellResult
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import TEST_LIMITS
@@ -57,7 +58,7 @@ async def test_sigkill_host_then_next_cell_sees_same_state(tmp_path: Path, trace
     sessions = SessionManager(tmp_path / "j")
     probe = await _build(sessions, "a", trace_file)
     ex = sessions.executor_for("a")
-    assert ex is not None and ex.pid is not None
+    assert isinstance(ex, SubprocessExecutor) and ex.pid is not None
     os.killpg(ex.pid, signal.SIGKILL)
     r = await sessions.run_cell("a", 6, PROBE, **_kw(trace_file))
     assert r.ok and r.stdout == probe.stdout
@@ -69,7 +70,7 @@ async def test_new_manager_continues_session(tmp_path: Path, trace_file: str) ->
     first = SessionManager(tmp_path / "j")
     probe = await _build(first, "a", trace_file)
     ex = first.executor_for("a")
-    assert ex is not None and ex.pid is not None
+    assert isinstance(ex, SubprocessExecutor) and ex.pid is not None
     os.killpg(ex.pid, signal.SIGKILL)  # the worker crashed and took its host with it
     second = SessionManager(tmp_path / "j")  # a new worker on the same journal
     r = await second.run_cell("a", 6, PROBE + "\nnew = 1", **_kw(trace_file))
@@ -88,7 +89,7 @@ async def test_retry_same_seq_is_not_applied_twice(tmp_path: Path, trace_file: s
     assert r.stdout == "1\n"
     # The activity completed but the worker died before reporting: Temporal retries seq 2.
     ex = sessions.executor_for("c")
-    assert ex is not None and ex.pid is not None
+    assert isinstance(ex, SubprocessExecutor) and ex.pid is not None
     os.killpg(ex.pid, signal.SIGKILL)
     r = await sessions.run_cell("c", 2, "counter += 1\nprint(counter)", **kw)
     assert r.stdout == "1\n" and r.meta["cells_replayed"] == 1

@@ -24,3 +24,17 @@ def write_trace(directory: Path, data: object = None, name: str = "trace.json") 
     path = directory / name
     path.write_text(json.dumps(ACE_TRACE if data is None else data))
     return path
+
+
+def comparable(out: object, *, drop_model: bool = False) -> dict:  # type: ignore[type-arg]
+    """A ReflectorOutput as a dict without what legitimately differs between two runs: ids (and model)."""
+    d = out.model_dump()  # type: ignore[attr-defined]
+    raw = d["raw"]
+    raw.pop("workflow_id", None)
+    for rec in raw.get("usage_records", []):
+        rec.pop("workflow_id", None)
+        if drop_model:
+            rec.pop("model", None)
+    if drop_model:
+        raw.pop("model", None)
+    return d

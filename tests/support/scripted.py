@@ -38,6 +38,23 @@ def _log(messages: list[ModelMessage], name: str) -> None:
                                 "pid": os.getpid(), "t": time.time()}) + "\n")
 
 
+def synthesis_aware(fn):  # type: ignore[no-untyped-def]
+    """Scripts answer the workflow's synthesis request (no tools offered) and summarise requests too."""
+
+    def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+        if first.startswith("SUMMARISE_TRANSCRIPT"):
+            _log(messages, "summary")
+            n = first.count("[ToolReturnPart execute_code]")
+            return ModelResponse(parts=[TextPart(f"scripted summary: {n} cell outputs so far")])
+        if info.output_tools and "execute_code" not in {t.name for t in info.function_tools}:
+            _log(messages, "synthesis")
+            return _final(info, [first[-300:]])
+        return fn(messages, info)
+
+    return wrapped
+
+
 def _final(info: AgentInfo, outputs: list[str]) -> ModelResponse:
     evidence = " | ".join(o.strip()[:200] for o in outputs)
     args = {
@@ -103,11 +120,11 @@ def text_only(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart("I refuse to use tools.")])
 
 
-register_model("scripted-stateful", lambda: FunctionModel(stateful_script, model_name="scripted-stateful"))
-register_model("scripted-eager", lambda: FunctionModel(answer_without_code, model_name="scripted-eager"))
-register_model("scripted-text", lambda: FunctionModel(text_only, model_name="scripted-text"))
+register_model("scripted-stateful", lambda: FunctionModel(synthesis_aware(stateful_script), model_name="scripted-stateful"))
+register_model("scripted-eager", lambda: FunctionModel(synthesis_aware(answer_without_code), model_name="scripted-eager"))
+register_model("scripted-text", lambda: FunctionModel(synthesis_aware(text_only), model_name="scripted-text"))
 for _n in (3, 20):
-    register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(steps_script(n), model_name=f"scripted-steps-{n}"))
+    register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(synthesis_aware(steps_script(n)), model_name=f"scripted-steps-{n}"))
 
 
 FULL_ANSWER = {
@@ -153,6 +170,6 @@ def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return stateful_script(messages, info)
 
 
-register_model("scripted-submit", lambda: FunctionModel(submit_from_code, model_name="scripted-submit"))
-register_model("scripted-loop", lambda: FunctionModel(same_failing_cell, model_name="scripted-loop"))
-register_model("scripted-hostkill", lambda: FunctionModel(host_killer, model_name="scripted-hostkill"))
+register_model("scripted-submit", lambda: FunctionModel(synthesis_aware(submit_from_code), model_name="scripted-submit"))
+register_model("scripted-loop", lambda: FunctionModel(synthesis_aware(same_failing_cell), model_name="scripted-loop"))
+register_model("scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill"))

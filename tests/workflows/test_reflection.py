@@ -75,8 +75,21 @@ async def test_text_only_model_ends_gracefully(client, task_queue, settings, tmp
 async def test_request_budget_stops_with_typed_reason(client, task_queue, settings, tmp_path) -> None:
     out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=3)
     assert out.raw["rr_trace"]["stop_reason"] == "request_budget"
+    assert out.raw["rr_trace"]["timed_out"] is True
+    # two turns, then the one request kept back for the final synthesis; never more than the limit
     assert out.raw["usage"]["requests"] == 3
+    assert [r["kind"] for r in out.raw["usage_records"]] == ["turn", "turn", "synthesis"]
+    assert out.reasoning.startswith("PARTIAL")
+
+
+async def test_request_budget_too_small_for_synthesis_gives_fallback(client, task_queue, settings, tmp_path) -> None:
+    out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=2)
+    assert out.raw["rr_trace"]["stop_reason"] == "request_budget"
+    assert out.raw["usage"]["requests"] == 2
     assert out.reasoning.startswith("INCOMPLETE")
+    # the trace's final answer (398) against the ground truth (408): the fallback says it is wrong
+    assert out.raw["answer_correct"] is False
+    assert "does NOT match" in out.error_identification
 
 
 async def test_heuristic_on_tau_bench_run(client, task_queue, settings, tmp_path, shared_traces) -> None:
