@@ -95,7 +95,7 @@ def microcompact(messages: list[ModelMessage], keep_recent: int) -> tuple[list[M
         parts = list(msg.parts)
         part = parts[j]
         assert isinstance(part, ToolReturnPart)
-        parts[j] = replace(part, content=PLACEHOLDER)
+        parts[j] = replace(part, content=PLACEHOLDER)  # type: ignore[arg-type]
         out[i] = replace(msg, parts=parts)
     return out, len(victims)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -173,3 +174,65 @@ def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 register_model("scripted-submit", lambda: FunctionModel(synthesis_aware(submit_from_code), model_name="scripted-submit"))
 register_model("scripted-loop", lambda: FunctionModel(synthesis_aware(same_failing_cell), model_name="scripted-loop"))
 register_model("scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Plan-driven recursion: the session's task prompt carries `PLAN:{json}`; a plan node is
+# {"code": [cells before children], "children": [child plans], "after": [cells after], "ctx": str}
+# and each child is started with `recurse(prompt="PLAN:{child}", context_code=child["ctx"])`.
+# ------------------------------------------------------------------------------------------------
+
+_PLAN_RE = re.compile(r"PLAN:(\{.*\})")
+
+
+def _plan(messages: list[ModelMessage]) -> dict:  # type: ignore[type-arg]
+    for m in messages:
+        for p in m.parts:
+            if type(p).__name__ == "UserPromptPart":
+                found = _PLAN_RE.search(str(p.content))
+                if found:
+                    return json.loads(found.group(1))
+    return {"code": ["print('no plan')"]}
+
+
+def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _log(messages, "scripted-plan")
+    plan = _plan(messages)
+    cells = _returns(messages)
+    recursed = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "recurse"]
+    # a failing context_code comes back as the tool's (failed) return, which the model can correct
+    retries = [p for p in recursed if "context_code failed" in str(p.content)]
+    children = [p for p in recursed if p not in retries]
+    before, kids, after = plan.get("code", []), plan.get("children", []), plan.get("after", [])
+    offered = "recurse" in {t.name for t in info.function_tools}
+    if len(cells) < len(before):
+        code = before[len(cells)]
+    elif len(children) < len(kids) and offered:
+        k = len(children)
+        kid = kids[k]
+        ctx = kid.get("ctx", "")
+        if retries and kid.get("fixed_ctx") is not None and len(retries) > k:
+            ctx = kid["fixed_ctx"]
+        args = {"prompt": "PLAN:" + json.dumps(kid), "context_code": ctx}
+        return ModelResponse(parts=[ToolCallPart("recurse", args, tool_call_id=f"r{k}-{len(retries)}")])
+    elif len(cells) < len(before) + len(after):
+        code = after[len(cells) - len(before)]
+    else:
+        outs = cells + [str(c.content) for c in children] + [f"recurse offered: {offered}"]
+        return _final(info, outs)
+    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{len(cells)}")])
+
+
+def big_outputs(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Cells that print a lot (forces compaction with a small context window), then an answer."""
+    _log(messages, "scripted-big")
+    cells = _returns(messages)
+    n = int(os.environ.get("RR_TEST_BIG_CELLS", "8"))
+    if len(cells) < n:
+        code = f"v{len(cells)} = 'y' * 1500\nprint('cell {len(cells)}', v{len(cells)})"
+        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"b{len(cells)}")])
+    return _final(info, [c[:40] for c in cells])
+
+
+register_model("scripted-plan", lambda: FunctionModel(synthesis_aware(plan_script), model_name="scripted-plan"))
+register_model("scripted-big", lambda: FunctionModel(synthesis_aware(big_outputs), model_name="scripted-big"))
