@@ -46,7 +46,8 @@ def synthesis_aware(fn):  # type: ignore[no-untyped-def]
         first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
         if first.startswith("SUMMARISE_TRANSCRIPT"):
             _log(messages, "summary")
-            n = first.count("[ToolReturnPart execute_code]")
+            earlier = re.findall(r"scripted summary: (\d+) cell outputs", first)
+            n = first.count("[ToolReturnPart execute_code]") + (int(earlier[-1]) if earlier else 0)
             return ModelResponse(parts=[TextPart(f"scripted summary: {n} cell outputs so far")])
         if info.output_tools and "execute_code" not in {t.name for t in info.function_tools}:
             _log(messages, "synthesis")
@@ -223,14 +224,25 @@ def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{len(cells)}")])
 
 
+def _summarised_cells(messages: list[ModelMessage]) -> int:
+    """Cells done before the last compaction, as the summary says (scripts resume from there)."""
+    found = [int(x) for m in messages for p in m.parts if isinstance(p, TextPart)
+             for x in re.findall(r"scripted summary: (\d+) cell outputs", p.content)]
+    return found[-1] if found else 0
+
+
 def big_outputs(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """Cells that print a lot (forces compaction with a small context window), then an answer."""
     _log(messages, "scripted-big")
-    cells = _returns(messages)
+    cells = [f"(summarised {i})" for i in range(_summarised_cells(messages))] + _returns(messages)
     n = int(os.environ.get("RR_TEST_BIG_CELLS", "8"))
     if len(cells) < n:
-        code = f"v{len(cells)} = 'y' * 1500\nprint('cell {len(cells)}', v{len(cells)})"
+        # ~3,000 characters (1,000 words) of word-like text (the FunctionModel counts tokens by words)
+        code = f"v{len(cells)} = ' '.join(['yy'] * 1000)\nprint('cell {len(cells)}', v{len(cells)})"
         return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"b{len(cells)}")])
+    if len(cells) == n:  # the archived transcripts are readable in the sandbox
+        code = "print('history items', len(history), 'v0 still', len(v0))"
+        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id="hist")])
     return _final(info, [c[:40] for c in cells])
 
 

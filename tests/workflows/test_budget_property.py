@@ -1,0 +1,74 @@
+"""Conservation of the budget over random recursion trees (hypothesis), checked two ways:
+from the root's ledger and from the real histories of every workflow in the tree.
+
+Invariant: over all sessions of a tree, requests <= the root's max_requests, and tokens <= the root's
+max_tokens plus the overshoot of one request (the single in-flight request that crossed the limit:
+a tree has one request in flight at a time, and limits are checked before each request).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from temporalio.api.history.v1 import HistoryEvent
+
+from tests.workflows.test_recursion import histories, run_plan
+
+MODEL_ACTIVITY_HINT = "request"
+SUMMARISE = "rr.summarise"
+
+
+def _tree(depth: int) -> st.SearchStrategy[dict[str, Any]]:
+    cells = st.lists(st.integers(0, 99).map(lambda i: f"v{i} = {i}\nprint(v{i})"), max_size=4)
+    if depth == 0:
+        return st.builds(lambda c: {"code": c, "children": [], "after": []}, cells)
+    return st.builds(
+        lambda c, kids, a: {"code": c, "children": kids, "after": a},
+        cells, st.lists(_tree(depth - 1), max_size=2), st.lists(st.just("print('after')"), max_size=2),
+    )
+
+
+def _usage_from_history(events: list[HistoryEvent]) -> tuple[int, int, int]:
+    """(requests, input tokens, output tokens) of the model requests and summaries recorded in a history."""
+    kinds = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name for e in events
+             if e.HasField("activity_task_scheduled_event_attributes")}
+    requests = inp = out = 0
+    for e in events:
+        if not e.HasField("activity_task_completed_event_attributes"):
+            continue
+        attrs = e.activity_task_completed_event_attributes
+        name = kinds[attrs.scheduled_event_id]
+        data = json.loads(attrs.result.payloads[0].data)
+        if name == SUMMARISE:
+            requests, inp, out = requests + 1, inp + data["input_tokens"], out + data["output_tokens"]
+        elif MODEL_ACTIVITY_HINT in name:
+            usage = data["usage"]
+            requests, inp, out = requests + 1, inp + usage["input_tokens"], out + usage["output_tokens"]
+    return requests, inp, out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(root=_tree(2), max_requests=st.integers(2, 16), max_tokens=st.integers(1_500, 40_000))
+async def test_tree_usage_never_exceeds_root_limits(
+    client, task_queue, settings, tmp_path_factory, root, max_requests, max_tokens
+) -> None:
+    out, root_id = await run_plan(client, task_queue, settings, tmp_path_factory.mktemp("prop"), root,
+                                  max_requests=max_requests, max_tokens=max_tokens)
+    usage, records = out.raw["usage"], out.raw["usage_records"]
+    largest = max((r["input_tokens"] + r["output_tokens"] for r in records), default=0)
+    assert usage["requests"] <= max_requests
+    assert usage["total_tokens"] <= max_tokens + largest
+    assert usage["requests"] == len(records)
+
+    # the same totals from the recorded histories of every workflow in the tree
+    tree = await histories(client, out, root_id)
+    totals = [_usage_from_history(list(h.events)) for h in tree.values()]
+    assert sum(t[0] for t in totals) == usage["requests"]
+    assert sum(t[1] for t in totals) == usage["input_tokens"]
+    assert sum(t[2] for t in totals) == usage["output_tokens"]
+    # every session stayed within what it was allocated
+    for call in out.raw["rr_trace"]["subagent_calls"]:
+        assert call["usage"]["requests"] <= call["allocation"]["requests"]
