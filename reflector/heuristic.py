@@ -19,7 +19,6 @@ must then make exactly the same request. The plan:
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -37,6 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.answers import ANSWER_RULES_SOURCE
 from reflector.compaction import SUMMARY_MARKER
+from reflector.skillbook import ids_from_prompt
 from reflector.types import ExtractedLearning, ReflectionDraft, SkillTag
 
 __all__ = [
@@ -55,7 +55,6 @@ FINDINGS_MARKER = "RR_FINDINGS "
 EXECUTE_CODE = "execute_code"
 _CELL_CALL_IDS = ("rr-heuristic-cell-1", "rr-heuristic-cell-2")
 _FINAL_CALL_ID = "rr-heuristic-final"
-_SKILL_ID_RE = re.compile(r"\[([A-Za-z][A-Za-z0-9_]*-\d{3,})\]")
 
 # The inspection cell. It runs in the sandbox (imports limited to json/re/math/collections/
 # itertools/functools/statistics, no dunder attribute access, no open()), so it is plain code
@@ -271,7 +270,7 @@ def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
         findings = parse_findings([prompt])
         if findings is None:
             return _final(info, _draft_no_tool())
-        skill_ids = _SKILL_ID_RE.findall(prompt)
+        skill_ids = ids_from_prompt(prompt)
         return _final(info, build_draft(findings, skillbook_ids=skill_ids, cell_errors=[]))
     results = _cell_results(messages)
     findings = parse_findings(results)
@@ -279,7 +278,7 @@ def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
         code = FINDINGS_CELL if not results else SIMPLE_CELL
         call = ToolCallPart(EXECUTE_CODE, {"code": code}, tool_call_id=_CELL_CALL_IDS[len(results)])
         return ModelResponse(parts=[call])
-    skill_ids = _SKILL_ID_RE.findall(_first_prompt(messages))
+    skill_ids = ids_from_prompt(_first_prompt(messages))
     draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results])
     return _final(info, draft)
 

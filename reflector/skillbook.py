@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Skill", "parse_skillbook", "SKILL_ID_RE"]
+__all__ = ["Skill", "parse_skillbook", "SKILL_ID_RE", "IDS_LINE", "ids_from_prompt"]
+
+# The task prompt lists the skillbook's ids on one line that starts with this (online mode only).
+IDS_LINE = "Skill ids in the skillbook:"
 
 SKILL_ID_RE = re.compile(r"\[([A-Za-z][A-Za-z0-9_]*-\d{3,})\]")
 _HEADING_RE = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*$")
@@ -48,3 +51,11 @@ def parse_skillbook(text: str) -> list[Skill]:
                 current[1].append(piece.strip())
     flush()
     return skills
+
+
+def ids_from_prompt(prompt: str) -> list[str]:
+    """The skillbook ids listed in a task prompt's IDS_LINE (never ids quoted from the trace)."""
+    for line in prompt.splitlines():
+        if line.startswith(IDS_LINE):
+            return SKILL_ID_RE.findall(line)
+    return []

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         PrepareSessionInput,
         PrepareSessionResult,
     )
+    from reflector.skillbook import IDS_LINE, parse_skillbook
     from reflector.types import (
         WORKFLOW_NAME,
         Progress,
@@ -216,7 +217,9 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         if inp.skillbook.strip():
             skillbook_line = f"A skillbook ({len(inp.skillbook)} chars) is in the variable `skillbook`.\n"
             if inp.mode == "online":
-                skillbook_line += prompts.ONLINE
+                ids = [f"[{skill.id}]" for skill in parse_skillbook(inp.skillbook)]
+                shown = ", ".join(ids[:200]) + (f" (+{len(ids) - 200} more)" if len(ids) > 200 else "")
+                skillbook_line += prompts.ONLINE + f"{IDS_LINE} {shown or '(none found)'}\n"
         return prompts.render(
             prompts.TASK,
             format=inp.trace.format,

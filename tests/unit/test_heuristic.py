@@ -255,7 +255,7 @@ def test_skill_tags_only_for_cited_skillbook_ids() -> None:
             "skill_ids": ["math-00002"],
         }
     )
-    prompt = "Skillbook:\n[math-00001] multiply carefully\n[math-00003] unused\n[math-00002] check"
+    prompt = "Task...\nSkill ids in the skillbook: [math-00001], [math-00003], [math-00002]\n"
     draft, _, _ = reflect(view, prompt=prompt)
     assert [(t.id, t.tag) for t in draft.skill_tags] == [("math-00001", "harmful"), ("math-00002", "harmful")]
     no_book, _, _ = reflect(view)

@@ -100,3 +100,38 @@ async def test_budget_exhaustion_in_child_and_parent(client, task_queue, setting
     assert call["usage"]["requests"] == 5
     assert out.raw["rr_trace"]["stop_reason"] == "request_budget"
     assert out.raw["usage"]["requests"] == 12  # never more than the root's limit, tree-wide
+
+
+async def test_cancelling_a_reflection_cancels_its_children(client, task_queue, settings, tmp_path) -> None:
+    import asyncio
+
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    slow = "t = 0\nfor i in range(300000000):\n    t += 1\nprint(t)"
+    root = plan(code=["print('root')"], children=[plan(code=[slow])])
+    ref = rr.upload_trace(write_trace(tmp_path), settings)
+    inp = rr.build_input(ref, question="PLAN:" + json.dumps(root), config=ReflectionConfig(model="scripted-plan",
+                                                                                          cell_timeout_s=30))
+    handle = await rr.start_reflection(client, inp, task_queue, f"cancel-{uuid.uuid4().hex[:8]}")
+    child = client.get_workflow_handle(f"{handle.id}.r1")
+    for _ in range(200):  # wait until the child runs its slow cell
+        try:
+            if (await child.describe()).status == WorkflowExecutionStatus.RUNNING:
+                break
+        except Exception:
+            pass
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    await handle.cancel()
+    try:
+        await handle.result()
+        raise AssertionError("the cancelled reflection returned a result")
+    except WorkflowFailureError:
+        pass
+    assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+    for _ in range(100):
+        status = (await child.describe()).status
+        if status != WorkflowExecutionStatus.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert status == WorkflowExecutionStatus.CANCELED

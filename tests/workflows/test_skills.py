@@ -1,0 +1,61 @@
+"""Online-mode skill evaluation: cited skill ids are checked against the skillbook by exact id."""
+
+from __future__ import annotations
+
+import uuid
+
+from reflector import client as rr
+from reflector.types import ReflectionConfig, ReflectorOutput
+from tests.support.fixtures import write_trace
+
+SKILLBOOK = """## Booking
+[booking-00001] Confirm the reservation id before cancelling.
+[booking-00002] Check the cabin class rules before a change.
+"""
+
+TRACE = {
+    "question": "Cancel my trip",
+    "ground_truth": "cancel_reservation(reservation_id=Z7GOZK)",
+    "steps": [
+        {"role": "assistant", "content": "Following [booking-00001] I ask for the id. Also [booking-000011] and [booking-99999]."},
+        {"role": "tool", "tool_name": "cancel_reservation", "content": "Error: reservation not found"},
+        {"role": "assistant", "content": "I could not cancel it."},
+    ],
+    "final_answer": "I could not cancel it.",
+}
+
+
+async def _reflect(client, tq, settings, tmp_path, *, mode: str, skillbook: str) -> ReflectorOutput:  # type: ignore[no-untyped-def]
+    ref = rr.upload_trace(write_trace(tmp_path, TRACE), settings)
+    inp = rr.build_input(ref, skillbook=skillbook, mode=mode, config=ReflectionConfig(model="heuristic"))
+    return await (await rr.start_reflection(client, inp, tq, f"skills-{uuid.uuid4().hex[:8]}")).result()
+
+
+async def test_online_mode_tags_cited_skills_by_exact_id(client, task_queue, settings, tmp_path) -> None:
+    out = await _reflect(client, task_queue, settings, tmp_path, mode="online", skillbook=SKILLBOOK)
+    # booking-000011 (a superstring) and booking-99999 (absent) are not skillbook skills; 00002 was not cited
+    assert [(t.id, t.tag) for t in out.skill_tags] == [("booking-00001", "harmful")]
+
+
+async def test_offline_mode_and_empty_skillbook_never_tag(client, task_queue, settings, tmp_path) -> None:
+    offline = await _reflect(client, task_queue, settings, tmp_path, mode="offline", skillbook=SKILLBOOK)
+    assert offline.skill_tags == []
+    empty = await _reflect(client, task_queue, settings, tmp_path, mode="online", skillbook="")
+    assert empty.skill_tags == []
+
+
+async def test_skillbook_tools_offered_only_with_a_skillbook(client, task_queue, settings, tmp_path) -> None:
+    from reflector.skillbook import parse_skillbook
+
+    assert [s.id for s in parse_skillbook(SKILLBOOK)] == ["booking-00001", "booking-00002"]
+    hist_ids: list[str] = []
+    for skillbook in (SKILLBOOK, ""):
+        ref = rr.upload_trace(write_trace(tmp_path, TRACE), settings)
+        inp = rr.build_input(ref, skillbook=skillbook, mode="online", config=ReflectionConfig(model="heuristic"))
+        handle = await rr.start_reflection(client, inp, task_queue, f"skills-{uuid.uuid4().hex[:8]}")
+        await handle.result()
+        history = await handle.fetch_history()
+        first_request = next(e for e in history.events if e.HasField("activity_task_scheduled_event_attributes"))
+        hist_ids.append(first_request.activity_task_scheduled_event_attributes.input.payloads[0].data.decode())
+    assert all(name in hist_ids[0] for name in ('"get_skill"', '"list_skill_sections"', '"search_skills"'))
+    assert '"get_skill"' not in hist_ids[1]
