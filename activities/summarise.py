@@ -6,6 +6,8 @@ the content-addressed blob store first, so the raw history is kept even if the r
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic_ai.direct import model_request
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, TextPart
 from pydantic_ai.settings import ModelSettings
@@ -41,16 +43,27 @@ def render_transcript(transcript_json: str, limit: int = MAX_TRANSCRIPT_CHARS) -
     return text if len(text) <= limit else text[: limit // 2] + "\n[...]\n" + text[-limit // 2 :]
 
 
+async def _heartbeat(every_s: float = 1.0) -> None:
+    """Heartbeat while the provider answers, so a dead worker is noticed within the heartbeat timeout."""
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(every_s)
+
+
 @activity.defn(name=SUMMARISE_ACTIVITY)
 async def summarise(inp: SummariseInput) -> SummariseResult:
     store = BlobStore(Settings.from_env().blob_dir)
     archive_ref = store.put_bytes(inp.transcript_json.encode())
     prompt = f"{SUMMARY_MARKER}\n{INSTRUCTIONS}\n\n{render_transcript(inp.transcript_json)}"
-    response = await model_request(
-        resolve_model(inp.model),
-        [ModelRequest.user_text_prompt(prompt)],
-        model_settings=ModelSettings(max_tokens=inp.max_output_tokens, temperature=0.0),
-    )
+    beat = asyncio.create_task(_heartbeat())
+    try:
+        response = await model_request(
+            resolve_model(inp.model),
+            [ModelRequest.user_text_prompt(prompt)],
+            model_settings=ModelSettings(max_tokens=inp.max_output_tokens, temperature=0.0),
+        )
+    finally:
+        beat.cancel()
     summary = "".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
     return SummariseResult(
         summary=summary or "(the summariser returned no text)",

@@ -18,10 +18,12 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import DataConverter
 from temporalio.worker import Replayer
 
 from reflector.blobstore import BlobStore, blob_uri
 from reflector.models import check_model_name
+from reflector.payload_storage import blob_dir_of, data_converter, external_storage
 from reflector.settings import Settings
 from reflector.traces import detect_format, read_trace_file
 from reflector.types import Progress, ReflectionConfig, ReflectionInput, ReflectorOutput, TraceRef
@@ -136,12 +138,18 @@ async def fetch_result(client: Client, workflow_id: str) -> ReflectorOutput:
     return out
 
 
-async def replay_workflow(client: Client, workflow_id: str) -> int:
-    """Replay a workflow's history against the current code; returns the number of events replayed."""
+async def replay_workflow(client: Client, workflow_id: str, settings: Settings | None = None) -> int:
+    """Replay a workflow's history against the current code; returns the number of events replayed.
+
+    Externally stored payloads are read from the client's blob store (else that of `settings`, else
+    the environment's) through a read-only driver: a replay never adds a blob.
+    """
     from workflows.reflection import ReflectionWorkflow
 
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    replayer = Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()])
+    blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
+    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
+    replayer = Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
     await replayer.replay_workflow(history)
     return len(history.events)
 
@@ -200,7 +208,10 @@ async def runtime(
         announce(f"embedded server on {address}, Web UI {server.ui_url}")
     try:
         try:
-            client = await Client.connect(address, namespace=settings.namespace, plugins=[PydanticAIPlugin()])
+            client = await Client.connect(
+                address, namespace=settings.namespace, data_converter=data_converter(settings),
+                plugins=[PydanticAIPlugin()],
+            )
         except Exception as e:
             raise ReflectError(f"cannot connect to Temporal at {address}: {e}") from e
         local = want_worker if want_worker is not None else (server is not None or not await has_pollers(

@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 from activities import sandbox_cells
 from activities.summarise import summarise
 from reflector.models import load_plugins
+from reflector.payload_storage import data_converter
 from reflector.settings import Settings
 from workflows.reflection import ReflectionWorkflow
 
@@ -30,11 +31,18 @@ log = logging.getLogger("rr.worker")
 WORKFLOWS = [ReflectionWorkflow]
 # After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
 # a short value is what makes recovery fast.
-DEFAULT_STICKY_TIMEOUT_S = 2.0
+DEFAULT_STICKY_TIMEOUT_S = 1.0
 
 
-async def connect(address: str, namespace: str = "default") -> Client:
-    return await Client.connect(address, namespace=namespace, plugins=[PydanticAIPlugin()])
+async def connect(
+    address: str, namespace: str = "default", *, settings: Settings | None = None, read_only: bool = False
+) -> Client:
+    """A client whose large payloads go to the blob store of `settings` (default: from the environment).
+
+    `read_only=True` never writes a blob (for clients that only inspect or replay workflows).
+    """
+    dc = data_converter(settings or Settings.from_env(), read_only=read_only)
+    return await Client.connect(address, namespace=namespace, data_converter=dc, plugins=[PydanticAIPlugin()])
 
 
 def build_worker(
@@ -71,7 +79,7 @@ def build_worker(
 async def run_worker(settings: Settings | None = None) -> None:
     """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
     settings = settings or Settings.from_env()
-    client = await connect(settings.address, settings.namespace)
+    client = await connect(settings.address, settings.namespace, settings=settings)
     worker = build_worker(client, settings.task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -59,9 +59,14 @@ OUTPUT_TOOL = "final_result"
 COMPACT_THRESHOLD = 0.85
 
 MODEL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
+    initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
     maximum_attempts=6,
 )
+# pydantic-ai heartbeats model requests in the background; a dead worker's in-flight request is retried
+# elsewhere once this expires (its default, 30 s, dominated recovery time).
+MODEL_HEARTBEAT = timedelta(seconds=2)
+MODEL_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT)
+BASE_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY)
 
 
 class ReflectorDeps(BaseModel):
@@ -353,7 +358,7 @@ async def _compact(state: SessionState, messages: list[ModelMessage]) -> list[Mo
             ),
             result_type=SummariseResult,
             start_to_close_timeout=timedelta(minutes=5),
-            heartbeat_timeout=None,
+            heartbeat_timeout=MODEL_HEARTBEAT,
             retry_policy=MODEL_RETRY,
             summary="summarise",
         )
@@ -412,10 +417,8 @@ reflector_agent: Agent[ReflectorDeps, ReflectionDraft] = Agent(
         model_resolver(),
         SessionControl(),
         TemporalDurability(
-            activity_config=ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY),
-            model_activity_config=ActivityConfig(
-                start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=5)
-            ),
+            activity_config=BASE_ACTIVITY,
+            model_activity_config=MODEL_ACTIVITY,
             continue_as_new=continue_as_new,
         ),
     ],
@@ -444,10 +447,8 @@ synthesis_agent: Agent[None, ReflectionDraft] = Agent(
     capabilities=[
         model_resolver(),
         TemporalDurability(
-            activity_config=ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY),
-            model_activity_config=ActivityConfig(
-                start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=5)
-            ),
+            activity_config=BASE_ACTIVITY,
+            model_activity_config=MODEL_ACTIVITY,
         ),
     ],
 )

@@ -1,0 +1,210 @@
+"""Temporal external payload storage on the content-addressed blob store.
+
+Every model request resends the whole message history, so a reflection whose cells print a lot makes
+its Temporal history grow quadratically. With temporalio's `ExternalStorage`, payloads at or above a
+threshold (default 16 KiB, env `RR_PAYLOAD_THRESHOLD_BYTES`; 0 keeps every new payload inline) go to the blob store and the
+history carries only a small reference (`{"sha256": <hex>, "size": <n>}` under the driver name
+`rr-blobs`). The serialized `Payload` proto is the blob, so storing is idempotent: retries, other
+workers and replays that produce the same bytes write nothing new.
+
+Replay (`rr replay`) re-runs the workflow code, and the SDK encodes the commands it produces exactly as
+a worker would, including a *store* of every large payload. pydantic-ai re-encodes each model-request
+input with a fresh timestamp, so those payloads are new bytes under new hashes: a writing driver would
+grow the store on every replay. The read-only converter (`data_converter(..., read_only=True)`)
+retrieves normally but offloads only payloads whose blob already exists; any other large payload stays
+inline in the replayer's memory (nothing is sent to the server during a replay, so this is harmless)
+and nothing is ever written. Its `store()` refuses (raises `ReadOnlyBlobStore`) if called for a
+payload that is not already stored, which the selector prevents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import (
+    DataConverter,
+    ExternalStorage,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverSelectContext,
+    StorageDriverStoreContext,
+)
+
+from reflector.blobstore import BlobNotFound, BlobStore
+from reflector.settings import Settings
+
+__all__ = [
+    "DRIVER_NAME",
+    "DEFAULT_THRESHOLD_BYTES",
+    "THRESHOLD_ENV",
+    "BlobStorageDriver",
+    "ReadOnlyBlobStorageDriver",
+    "ReadOnlyBlobStore",
+    "payload_threshold",
+    "external_storage",
+    "data_converter",
+    "blob_dir_of",
+]
+
+# Written into every reference in the history: never rename (old histories must stay readable).
+DRIVER_NAME = "rr-blobs"
+DEFAULT_THRESHOLD_BYTES = 16 * 1024
+THRESHOLD_ENV = "RR_PAYLOAD_THRESHOLD_BYTES"
+
+
+class ReadOnlyBlobStore(PermissionError):
+    """A read-only driver was asked to store a payload that is not in the blob store."""
+
+
+def _payload_bytes(payload: Payload) -> bytes:
+    # deterministic: map fields (metadata) serialize in a stable order, so equal payloads share a blob
+    return payload.SerializeToString(deterministic=True)
+
+
+def _claim(digest: str, size: int) -> StorageDriverClaim:
+    return StorageDriverClaim(claim_data={"sha256": digest, "size": str(size)})
+
+
+class BlobStorageDriver(StorageDriver):
+    """Stores each payload as the blob of its serialized proto (`<root>/sha256/<2 hex>/<hex>`)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.blobs = BlobStore(root)
+
+    @property
+    def root(self) -> Path:
+        return self.blobs.root
+
+    def name(self) -> str:
+        return DRIVER_NAME
+
+    def type(self) -> str:
+        return "rr.blobstore"
+
+    def _put(self, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        claims = []
+        for p in payloads:
+            data = _payload_bytes(p)
+            claims.append(_claim(self.blobs.put_bytes(data), len(data)))
+        return claims
+
+    def _get(self, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+        out = []
+        for c in claims:
+            digest = c.claim_data.get("sha256", "")
+            if len(digest) != 64:
+                raise ValueError(f"{DRIVER_NAME}: malformed claim {dict(c.claim_data)!r}")
+            try:
+                data = self.blobs.get_bytes(digest)
+            except BlobNotFound as e:
+                raise BlobNotFound(
+                    f"{DRIVER_NAME}: payload blob sha256:{digest} is missing from {self.root} "
+                    "(is RR_BLOB_DIR the store this workflow was run with?)"
+                ) from e
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise ValueError(f"{DRIVER_NAME}: blob sha256:{digest} in {self.root} is corrupt")
+            p = Payload()
+            p.ParseFromString(data)
+            out.append(p)
+        return out
+
+    async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        return await asyncio.to_thread(self._put, payloads)
+
+    async def retrieve(self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+        return await asyncio.to_thread(self._get, claims)
+
+
+class ReadOnlyBlobStorageDriver(BlobStorageDriver):
+    """Retrieves like `BlobStorageDriver`; stores nothing: claims only for blobs that already exist.
+
+    Same driver name, so it reads the references written by the writing driver.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        super().__init__(root)
+        self.refused = 0  # payloads the selector kept inline because their blob did not exist
+
+    def has(self, payload: Payload) -> bool:
+        return self.blobs.exists(hashlib.sha256(_payload_bytes(payload)).hexdigest())
+
+    def _put(self, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        claims = []
+        for p in payloads:
+            data = _payload_bytes(p)
+            digest = hashlib.sha256(data).hexdigest()
+            if not self.blobs.exists(digest):
+                raise ReadOnlyBlobStore(
+                    f"{DRIVER_NAME} is read-only here: refusing to store a new {len(data)}-byte payload "
+                    f"(sha256:{digest}) in {self.root}"
+                )
+            claims.append(_claim(digest, len(data)))
+        return claims
+
+    def select(self, _context: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
+        """`ExternalStorage.driver_selector`: offload only payloads that are already stored."""
+        if self.has(payload):
+            return self
+        self.refused += 1
+        return None
+
+
+def payload_threshold(default: int = DEFAULT_THRESHOLD_BYTES) -> int:
+    """Bytes from `RR_PAYLOAD_THRESHOLD_BYTES` (0 = keep new payloads inline)."""
+    raw = os.environ.get(THRESHOLD_ENV, "").strip()
+    if not raw:
+        return default
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"{THRESHOLD_ENV} must be >= 0, got {value}")
+    return value
+
+
+def _never(_context: StorageDriverSelectContext, _payload: Payload) -> StorageDriver | None:
+    return None
+
+
+def external_storage(
+    blob_dir: Path | str, *, read_only: bool = False, threshold: int | None = None
+) -> ExternalStorage:
+    """The `ExternalStorage` on `blob_dir`.
+
+    With a threshold of 0 nothing new is offloaded (every payload stays inline), but references
+    already in histories still resolve: turning the feature off never strands a running workflow.
+    """
+    limit = payload_threshold() if threshold is None else threshold
+    if limit < 0:
+        raise ValueError(f"payload threshold must be >= 0, got {limit}")
+    if read_only:
+        ro = ReadOnlyBlobStorageDriver(blob_dir)
+        selector = ro.select if limit > 0 else _never
+        return ExternalStorage(drivers=[ro], driver_selector=selector, payload_size_threshold=limit)
+    driver = BlobStorageDriver(blob_dir)
+    if limit == 0:
+        return ExternalStorage(drivers=[driver], driver_selector=_never)
+    return ExternalStorage(drivers=[driver], payload_size_threshold=limit)
+
+
+def data_converter(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> DataConverter:
+    """The data converter for clients, workers (`read_only=False`) and replayers (`read_only=True`).
+
+    The payload converter is the default one: `PydanticAIPlugin` swaps in its pydantic converter and
+    keeps `external_storage` (it uses `dataclasses.replace`).
+    """
+    storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
+    return DataConverter(external_storage=storage)
+
+
+def blob_dir_of(converter: DataConverter) -> Path | None:
+    """The blob store a converter built here offloads to (None for any other converter)."""
+    storage = converter.external_storage
+    for driver in storage.drivers if storage else ():
+        if isinstance(driver, BlobStorageDriver):
+            return driver.root
+    return None
