@@ -144,14 +144,18 @@ async def replay_workflow(client: Client, workflow_id: str, settings: Settings |
     Externally stored payloads are read from the client's blob store (else that of `settings`, else
     the environment's) through a read-only driver: a replay never adds a blob.
     """
-    from workflows.reflection import ReflectionWorkflow
-
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
-    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
-    replayer = Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
-    await replayer.replay_workflow(history)
+    await make_replayer(blob_dir).replay_workflow(history)
     return len(history.events)
+
+
+def make_replayer(blob_dir: Path | str) -> Replayer:
+    """A `Replayer` for reflections that reads external payloads from `blob_dir` and never writes."""
+    from workflows.reflection import ReflectionWorkflow
+
+    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
+    return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
 
 
 async def has_pollers(client: Client, task_queue: str) -> bool:

@@ -25,7 +25,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload
+from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 from temporalio.converter import (
     DataConverter,
     ExternalStorage,
@@ -50,12 +52,14 @@ __all__ = [
     "external_storage",
     "data_converter",
     "blob_dir_of",
+    "resolve",
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
 DRIVER_NAME = "rr-blobs"
 DEFAULT_THRESHOLD_BYTES = 16 * 1024
 THRESHOLD_ENV = "RR_PAYLOAD_THRESHOLD_BYTES"
+_REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
 
 
 class ReadOnlyBlobStore(PermissionError):
@@ -199,6 +203,23 @@ def data_converter(settings: Settings, *, read_only: bool = False, threshold: in
     """
     storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
     return DataConverter(external_storage=storage)
+
+
+def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
+    """The stored payload if `payload` is a reference written by this driver, else `payload` itself.
+
+    For tools and tests that read raw histories (the SDK resolves references itself).
+    """
+    if (
+        payload.metadata.get("encoding") != b"json/protobuf"
+        or payload.metadata.get("messageType") != _REFERENCE_TYPE
+    ):
+        return payload
+    ref = json_format.Parse(payload.data, ExternalStorageReference())
+    if ref.driver_name != DRIVER_NAME:
+        raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {DRIVER_NAME!r}")
+    [stored] = BlobStorageDriver(blob_dir)._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
+    return stored
 
 
 def blob_dir_of(converter: DataConverter) -> Path | None:

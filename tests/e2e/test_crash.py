@@ -20,6 +20,7 @@ from reflector import client as rr
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput
 from reflector.worker import connect
+from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import comparable, write_trace
 from tests.support.procs import WorkerProcess, read_model_log
 
@@ -51,6 +52,7 @@ def crash_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    EXTRA_BLOB_DIRS.append(home / "blobs")
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
     return env
 

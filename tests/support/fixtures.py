@@ -38,3 +38,11 @@ def comparable(out: object, *, drop_model: bool = False) -> dict:  # type: ignor
     if drop_model:
         raw.pop("model", None)
     return d
+
+
+def payload_text(payload: object) -> str:
+    """A history payload's JSON text, following an external-storage reference into the blob store."""
+    from reflector.payload_storage import resolve
+    from reflector.settings import Settings
+
+    return resolve(payload, Settings.from_env().blob_dir).data.decode(errors="replace")  # type: ignore[arg-type]

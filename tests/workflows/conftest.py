@@ -27,10 +27,11 @@ def settings(session_home: Path) -> Settings:
 
 
 @pytest.fixture(scope="session")
-async def client(temporal_server):  # type: ignore[no-untyped-def]
+async def client(temporal_server, settings: Settings):  # type: ignore[no-untyped-def]
     from reflector.worker import connect
 
-    return await connect(temporal_server.address)
+    # large payloads go to the session home's blob store (never the user's ~/.rr)
+    return await connect(temporal_server.address, settings=settings)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.api.history.v1 import HistoryEvent
 
+from tests.support.fixtures import payload_text
 from tests.workflows.test_recursion import histories, run_plan
 
 MODEL_ACTIVITY_HINT = "request"
@@ -41,7 +42,7 @@ def _usage_from_history(events: list[HistoryEvent]) -> tuple[int, int, int]:
             continue
         attrs = e.activity_task_completed_event_attributes
         name = kinds[attrs.scheduled_event_id]
-        data = json.loads(attrs.result.payloads[0].data)
+        data = json.loads(payload_text(attrs.result.payloads[0]))
         if name == SUMMARISE:
             requests, inp, out = requests + 1, inp + data["input_tokens"], out + data["output_tokens"]
         elif MODEL_ACTIVITY_HINT in name:

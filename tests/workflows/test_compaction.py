@@ -14,7 +14,7 @@ from reflector import client as rr
 from reflector.compaction import PLACEHOLDER, SUMMARISE_ACTIVITY
 from reflector.types import ReflectionConfig, ReflectorOutput
 from reflector.worker import build_worker, connect
-from tests.support.fixtures import comparable, write_trace
+from tests.support.fixtures import comparable, payload_text, write_trace
 
 
 async def _run(client: Client, tq: str, settings, tmp_path, model: str, **cfg) -> tuple[ReflectorOutput, str]:  # type: ignore[no-untyped-def]
@@ -36,7 +36,7 @@ def _activity_names(histories: list[WorkflowHistory]) -> list[str]:
 
 
 def _model_inputs(histories: list[WorkflowHistory]) -> list[str]:
-    return [e.activity_task_scheduled_event_attributes.input.payloads[0].data.decode(errors="replace")
+    return [payload_text(e.activity_task_scheduled_event_attributes.input.payloads[0])
             for h in histories for e in h.events
             if e.HasField("activity_task_scheduled_event_attributes")
             and "request" in e.activity_task_scheduled_event_attributes.activity_type.name]

@@ -220,10 +220,7 @@ async def test_sdk_retries_are_off_and_temporal_retries_the_activity(
 async def test_history_replays_without_credentials(
     client, task_queue, settings, tmp_path, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, prefix: str
 ) -> None:
-    from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
-    from temporalio.worker import Replayer
 
-    from workflows.reflection import ReflectionWorkflow
 
     model = _model_name(prefix)
     out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
@@ -239,7 +236,7 @@ async def test_history_replays_without_credentials(
     with pytest.raises(models.UnknownModelError):  # proof: a live client cannot be built now
         models.resolve_model(model)
 
-    replayer = Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()])
+    replayer = rr.make_replayer(Settings.from_env().blob_dir)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, repr(result.replay_failure)
     assert len(openai_server.requests) == n_http, "replay must not send model requests"

@@ -109,13 +109,10 @@ async def test_heuristic_on_tau_bench_run(client, task_queue, settings, tmp_path
 
 
 async def test_all_histories_replay_cleanly() -> None:
-    from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
-    from temporalio.worker import Replayer
 
-    from workflows.reflection import ReflectionWorkflow
 
     assert len(HISTORIES) >= 5
-    replayer = Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()])
+    replayer = rr.make_replayer(Settings.from_env().blob_dir)
     for hist in HISTORIES:
         await replayer.replay_workflow(hist)
 

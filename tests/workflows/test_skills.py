@@ -6,7 +6,7 @@ import uuid
 
 from reflector import client as rr
 from reflector.types import ReflectionConfig, ReflectorOutput
-from tests.support.fixtures import write_trace
+from tests.support.fixtures import payload_text, write_trace
 
 SKILLBOOK = """## Booking
 [booking-00001] Confirm the reservation id before cancelling.
@@ -56,6 +56,6 @@ async def test_skillbook_tools_offered_only_with_a_skillbook(client, task_queue,
         await handle.result()
         history = await handle.fetch_history()
         first_request = next(e for e in history.events if e.HasField("activity_task_scheduled_event_attributes"))
-        hist_ids.append(first_request.activity_task_scheduled_event_attributes.input.payloads[0].data.decode())
+        hist_ids.append(payload_text(first_request.activity_task_scheduled_event_attributes.input.payloads[0]))
     assert all(name in hist_ids[0] for name in ('"get_skill"', '"list_skill_sections"', '"search_skills"'))
     assert '"get_skill"' not in hist_ids[1]
