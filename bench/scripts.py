@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.models import register_model
@@ -51,3 +51,35 @@ def model_name(steps: int, latency_ms: int) -> str:
 for _s in STEPS:
     for _l in LATENCIES_MS:
         register_model(model_name(_s, _l), lambda s=_s, latency=_l: FunctionModel(script(s, latency), model_name=model_name(s, latency)))
+
+
+# A long reflection for the history-size benchmark: `cells` cells printing `chars` characters each, then
+# the answer. It survives compaction: the summary it writes says how many cells ran, and it resumes
+# from that count when its context was replaced by [task, summary, continuation].
+_DONE_RE = __import__("re").compile(r"bench summary: (\d+) cells")
+
+
+def long_script(cells: int, chars: int):  # type: ignore[no-untyped-def]
+    async def fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+        if first.startswith("SUMMARISE_TRANSCRIPT"):
+            before = [int(x) for x in _DONE_RE.findall(first)]
+            n = first.count("[ToolReturnPart execute_code]") + (before[-1] if before else 0)
+            return ModelResponse(parts=[TextPart(f"bench summary: {n} cells ran")])
+        summarised = [int(x) for m in messages for p in m.parts if isinstance(p, TextPart)
+                      for x in _DONE_RE.findall(p.content)]
+        k = _n_returns(messages) + (summarised[-1] if summarised else 0)
+        if k < cells and info.function_tools:
+            words = chars // 5
+            code = f"w{k} = ' '.join(['word'] * {words})\nprint({k}, w{k})"
+            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{k}")])
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, _ANSWER, tool_call_id="final")])
+
+    return fn
+
+
+_ANSWER = {
+    "reasoning": "bench", "error_identification": "none", "root_cause_analysis": "none",
+    "correct_approach": "none", "key_insight": "none", "extracted_learnings": [], "skill_tags": [],
+}
+register_model("bench-long-59", lambda: FunctionModel(long_script(59, 2_000), model_name="bench-long-59"))
