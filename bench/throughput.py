@@ -28,15 +28,31 @@ from reflector.worker import connect
 REPO = Path(__file__).resolve().parents[1]
 
 
-async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> float:  # type: ignore[no-untyped-def]
+async def _retried_attempts(client, handles) -> int:  # type: ignore[no-untyped-def]
+    """Activity attempts beyond the first across the batch (a retried model request is paid twice)."""
+    extra = 0
+    for h in handles:
+        async for e in client.get_workflow_handle(h.id).fetch_history_events():
+            if e.HasField("activity_task_started_event_attributes"):
+                extra += max(0, e.activity_task_started_event_attributes.attempt - 1)
+    return extra
+
+
+async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> tuple[float, list]:  # type: ignore[no-untyped-def,type-arg]
     t = time.perf_counter()
     if kind == "rr":
         handles = [await start(client, trace, model, tq, prefix=f"tp{n}") for _ in range(n)]
     else:
         handles = [await client.start_workflow(AnchorWorkflow.run, model, id=f"anchor{n}-{uuid.uuid4().hex[:8]}",
                                                task_queue=tq) for _ in range(n)]
-    await asyncio.gather(*(h.result() for h in handles))
-    return time.perf_counter() - t
+    results = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        cause = getattr(failed[0], "cause", None)
+        inner = getattr(cause, "cause", None)
+        detail = f"{cause!r} / {inner!r} type={getattr(cause, 'activity_type', None)} retry={getattr(cause, 'retry_state', None)}"
+        raise RuntimeError(f"{len(failed)}/{n} {kind} runs failed; first: {failed[0]!r}: {detail}")
+    return time.perf_counter() - t, handles
 
 
 async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str]) -> None:
@@ -65,21 +81,24 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
         for n in concurrency:
             for kind in kinds:
                 w0, s0 = children_cpu(worker.pid), children_cpu(server.pid or 0)
-                wall = await _batch(kind, n, client, trace, model, tq)
+                wall, handles = await _batch(kind, n, client, trace, model, tq)
                 w1, s1 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                retried = await _retried_attempts(client, handles)
                 total_steps = n * (steps + 1)  # model requests per reflection
                 lower_bound = (steps + 1) * latency / 1000
                 rows.append([kind, n, wall, total_steps / wall, (w1 - w0) / total_steps * 1000,
-                             (s1 - s0) / total_steps * 1000, wall / lower_bound])
+                             (s1 - s0) / total_steps * 1000, wall / lower_bound, retried])
         print(f"{steps}-step scripted reflections, {latency} ms model latency, one worker + dev server, 2 cores")
         print(table(["agent", "concurrent", "wall s", "steps/s", "worker CPU ms/step", "server CPU ms/step",
-                     "wall / latency bound"], rows))
+                     "wall / latency bound", "retried attempts"], rows))
         if spy is not None:
             spy.send_signal(2)
             spy.wait(30)
     finally:
         worker.terminate()
         worker.wait(30)
+        if os.environ.get("RR_BENCH_INSPECT"):
+            subprocess.run([sys.executable, os.environ["RR_BENCH_INSPECT"], address], check=False)
         server.stop()
 
 

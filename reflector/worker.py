@@ -32,6 +32,7 @@ WORKFLOWS = [ReflectionWorkflow]
 # After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
 # a short value is what makes recovery fast.
 DEFAULT_STICKY_TIMEOUT_S = 1.0
+DEFAULT_MAX_ACTIVITIES = 32
 
 
 async def connect(
@@ -51,12 +52,18 @@ def build_worker(
     *,
     max_cached_workflows: int | None = None,
     sticky_timeout_s: float | None = None,
-    max_concurrent_activities: int = 200,
+    max_concurrent_activities: int | None = None,
     max_live_sandboxes: int | None = None,
     extra_workflows: Sequence[type] = (),
 ) -> Worker:
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
     load_plugins()
+    if max_concurrent_activities is None:
+        # Admission control. A worker that accepts more activities than it can run promptly lets them sit
+        # "started" past their heartbeat timeout, and Temporal retries them: a model request paid twice.
+        # Measured with 200 concurrent reflections on 2 cores (bench/throughput.py): 200 slots -> hundreds
+        # of retried attempts, 64 -> 7, 40 -> 0, at the same steps/s. Waiting in the server's queue is free.
+        max_concurrent_activities = int(os.environ.get("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
     sandbox_cells.configure(max_live=max_live_sandboxes or int(os.environ.get("RR_MAX_LIVE_SANDBOXES", "256")))
     sticky = sticky_timeout_s if sticky_timeout_s is not None else float(
         os.environ.get("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S)
@@ -70,6 +77,9 @@ def build_worker(
         workflows=[*WORKFLOWS, *extra_workflows],
         activities=[*sandbox_cells.ACTIVITIES, summarise],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
+        # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
+        # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
+        max_heartbeat_throttle_interval=timedelta(seconds=1),
         max_concurrent_activities=max_concurrent_activities,
         max_concurrent_local_activities=max_concurrent_activities,
         **kwargs,  # type: ignore[arg-type]

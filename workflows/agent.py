@@ -64,7 +64,7 @@ MODEL_RETRY = RetryPolicy(
 )
 # pydantic-ai heartbeats model requests in the background; a dead worker's in-flight request is retried
 # elsewhere once this expires (its default, 30 s, dominated recovery time).
-MODEL_HEARTBEAT = timedelta(seconds=2)
+MODEL_HEARTBEAT = timedelta(seconds=3)
 MODEL_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT)
 BASE_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY)
 

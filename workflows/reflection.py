@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic_ai.durable_exec.temporal import PydanticAIWorkflow
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai import capture_run_messages
@@ -123,6 +124,10 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 stop_reason, error = "request_budget", str(e)
             except (UnexpectedModelBehavior, AgentRunError) as e:
                 stop_reason, error = "error", f"{type(e).__name__}: {e}"
+            except (ActivityError, ChildWorkflowError) as e:
+                # an activity or child that failed for good (retries exhausted, non-retryable error)
+                cause = e.cause if e.cause is not None else e
+                stop_reason, error = "error", f"{type(e).__name__}: {e} ({type(cause).__name__}: {cause})"
         if draft is None and stop_reason in ("token_budget", "request_budget", "max_compactions"):
             draft = await self._synthesise(list(messages))
         state.phase = "finishing"
