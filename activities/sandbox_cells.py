@@ -40,6 +40,7 @@ from reflector.cells import (
 )
 from reflector.settings import Settings
 from reflector.types import TraceRef
+from sandbox.executor import sweep_stale_workdirs
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 
@@ -82,6 +83,7 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
     """
     global _runtime
     settings = settings or Settings.from_env()
+    sweep_stale_workdirs()
     store = BlobStore(settings.blob_dir)
     sessions = SessionManager(
         Path(settings.blob_dir) / "sessions",

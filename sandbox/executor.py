@@ -74,12 +74,33 @@ class _HostProc:
     stderr_path: str
 
 
+WORKDIR_PREFIX = "rr-sandbox-"
+
+
+def sweep_stale_workdirs(root: str | None = None) -> int:
+    """Remove host work dirs left by worker processes that died (SIGKILL skips every cleanup).
+
+    A work dir is named `rr-sandbox-<worker pid>-<random>`; it is stale when that pid is gone.
+    Returns how many were removed.
+    """
+    root = root or tempfile.gettempdir()
+    removed = 0
+    for entry in os.scandir(root):
+        parts = entry.name[len(WORKDIR_PREFIX) :].split("-", 1) if entry.name.startswith(WORKDIR_PREFIX) else []
+        if len(parts) != 2 or not parts[0].isdigit() or not entry.is_dir(follow_symlinks=False):
+            continue
+        if not os.path.exists(f"/proc/{parts[0]}"):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 async def _launch(python: str, limits_arg: str | None) -> _HostProc:
     """Spawn `python -m sandbox.host` in a fresh empty directory with a scrubbed environment.
 
     Without `limits_arg` (pooled hosts) the host applies the OS limits from its `start` request.
     """
-    workdir = tempfile.mkdtemp(prefix="rr-sandbox-")
+    workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
     stderr_path = os.path.join(workdir, "host.stderr")
     args = [python, "-s", "-B", "-m", "sandbox.host"] + ([limits_arg] if limits_arg is not None else [])
     try:

@@ -222,3 +222,20 @@ async def test_close_terminates_host(executor: SubprocessExecutor) -> None:
     pid = executor.pid
     await executor.close()
     assert not executor.alive and pid is not None and not Path(f"/proc/{pid}").exists()
+
+
+def test_stale_host_workdirs_of_dead_workers_are_swept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+
+    from sandbox.executor import WORKDIR_PREFIX, sweep_stale_workdirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{WORKDIR_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{WORKDIR_PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "rr-sandbox-notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+    assert sweep_stale_workdirs(str(tmp_path)) == 1
+    assert not stale.exists() and live.exists() and other.exists()
