@@ -54,7 +54,7 @@ class CellsWorkflow:
         for i in range(n):
             out: CellOutcome = await workflow.execute_local_activity(
                 RUN_CELL_ACTIVITY,
-                CellInput(session_id=session_id, seq=i + 2, code=CELL, trace=trace, init_ref=prep.init_ref),
+                CellInput(session_id=session_id, seq=prep.next_seq + i, code=CELL, trace=trace, init_ref=prep.init_ref),
                 result_type=CellOutcome,
                 start_to_close_timeout=_LA_TIMEOUT,
             )

@@ -152,10 +152,21 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _result(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.client import WorkflowExecutionStatus
+
     from reflector import client as c
-    from reflector.render import render_reflection
+    from reflector.render import render_progress, render_reflection
+    from reflector.types import Progress
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
+        handle = rt.client.get_workflow_handle(args.id)
+        status = (await handle.describe()).status
+        if status == WorkflowExecutionStatus.RUNNING:
+            try:
+                line = render_progress(await handle.query("progress", result_type=Progress))
+            except Exception:  # no worker holds it right now: progress is unknown, the state is not
+                line = "  (no worker is running it right now)"
+            return _err(f"reflection {args.id} is still running:{line}", 3)
         out = await c.fetch_result(rt.client, args.id)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
     return 0

@@ -234,6 +234,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             feedback=inp.feedback if inp.feedback is not None else "(not given)",
             mode=inp.mode,
             skillbook_line=skillbook_line,
+            strategy=prompts.strategy(inp.trace.size, inp.depth < inp.config.max_depth),
             preview=preview,
         )
 

@@ -99,3 +99,36 @@ def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
 def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
     p = rr("result", "no-such-reflection", env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
     _one_line_error(p, "no-such-reflection")
+
+
+def test_result_of_a_running_reflection_says_so(  # type: ignore[no-untyped-def]
+    home_env: dict[str, str], temporal_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import uuid
+
+    from reflector import client as c
+    from reflector.settings import Settings
+    from reflector.types import ReflectionConfig
+    from reflector.worker import connect
+
+    async def start() -> str:
+        client = await connect(temporal_server.address)
+        ref = c.upload_trace(EXAMPLE, Settings.from_env())
+        # no worker polls this queue: the reflection stays running
+        handle = await c.start_reflection(client, c.build_input(ref, config=ReflectionConfig()),
+                                          f"nobody-{uuid.uuid4().hex[:6]}", f"running-{uuid.uuid4().hex[:6]}")
+        return handle.id
+
+    async def terminate(wf_id: str) -> None:
+        client = await connect(temporal_server.address)
+        await client.get_workflow_handle(wf_id).terminate("test cleanup")
+
+    monkeypatch.setenv("RR_HOME", home_env["RR_HOME"])
+    wf_id = asyncio.run(start())
+    try:
+        p = rr("result", wf_id, env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
+        assert p.returncode == 3
+        assert "still running" in p.stderr and "Traceback" not in p.stderr
+    finally:
+        asyncio.run(terminate(wf_id))
