@@ -304,16 +304,7 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
             state = current_state()
             state.iterations += 1
             state.last_event = f"model response {state.iterations}"
-            state.ledger.charge(
-                UsageRecord(
-                    kind="turn",
-                    model=response.model_name or state.inp.config.model,
-                    input_tokens=response.usage.input_tokens,
-                    output_tokens=response.usage.output_tokens,
-                    depth=state.inp.depth,
-                    workflow_id=state.session_id,
-                )
-            )
+            state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
             if response.usage.input_tokens > 0 and state.last_request_chars > 0:
                 state.chars_per_token = max(0.5, state.last_request_chars / response.usage.input_tokens)
         return response
@@ -363,12 +354,7 @@ async def _compact(state: SessionState, messages: list[ModelMessage]) -> list[Mo
             summary="summarise",
         )
     )
-    state.ledger.charge(
-        UsageRecord(
-            kind="summary", model=result.model, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
-            depth=state.inp.depth, workflow_id=state.session_id,
-        )
-    )
+    state.charge("summary", result.model, result.input_tokens, result.output_tokens)
     await state.run_cell(f'history.extend(ARCHIVE("{result.archive_ref}"))', internal=True)
     state.compactions += 1
     state.continue_after_summary = True

@@ -40,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
         ReflectorOutput,
         RunTrace,
         StopReason,
-        UsageRecord,
     )
     from workflows.agent import ReflectorDeps, reflector_agent, synthesis_agent
     from workflows.session import (
@@ -204,13 +203,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         # charged whether or not the answer was usable: the request was made
         for response in synth_messages:
             if isinstance(response, ModelResponse):
-                state.ledger.charge(
-                    UsageRecord(
-                        kind="synthesis", model=response.model_name or state.inp.config.model,
-                        input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
-                        depth=state.inp.depth, workflow_id=state.session_id,
-                    )
-                )
+                state.charge("synthesis", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
         return draft
 
     def _task_prompt(self, prep: PrepareSessionResult) -> str:

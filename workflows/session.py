@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         LimitsInput,
         TraceFacts,
     )
-    from reflector.types import Continuation, Ledger, Progress, ReflectionDraft, ReflectionInput
+    from reflector.types import Continuation, Ledger, Progress, ReflectionDraft, ReflectionInput, UsageRecord
 
 __all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe", "CELL_RETRY"]
 
@@ -124,6 +124,19 @@ class SessionState:
     def reserve_requests(self) -> int:
         """One request is kept back for the final synthesis when the budget allows it."""
         return 1 if self.inp.config.max_requests >= 3 else 0
+
+    def charge(self, kind: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
+        """Charge one model request of this session (a turn, a summary or the synthesis) to the ledger."""
+        self.ledger.charge(
+            UsageRecord(
+                kind=kind,  # type: ignore[arg-type]
+                model=model or self.inp.config.model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                depth=self.inp.depth,
+                workflow_id=self.session_id,
+            )
+        )
 
     def loop_guard(self, code: str) -> str | None:
         """Refuse the same failing cell repeated `max_failed_repeats` times (a model stuck in a loop)."""
