@@ -4,7 +4,9 @@ The worker and the dev server run in their own processes so their CPU is measure
 (/proc utime+stime, sandbox hosts included for the worker). The anchor (a plain pydantic-ai
 `TemporalDurability` agent with the same script) runs in the same session on the same worker.
 
-    python -m bench.throughput [--concurrency 50 200] [--steps 20] [--latency 200]
+    python -m bench.throughput [--concurrency 50 200] [--steps 20] [--latency 200] [--kinds anchor rr]
+
+Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the worker while the batches run.
 """
 
 from __future__ import annotations
@@ -97,8 +99,6 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
     finally:
         worker.terminate()
         worker.wait(30)
-        if os.environ.get("RR_BENCH_INSPECT"):
-            subprocess.run([sys.executable, os.environ["RR_BENCH_INSPECT"], address], check=False)
         server.stop()
 
 
