@@ -6,9 +6,11 @@ import os
 import statistics
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from reflector import client as rr
+from reflector.devserver import DevServer
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, TraceRef
 
@@ -25,6 +27,26 @@ def bench_home() -> Path:
     os.environ["RR_HOME"] = str(home)
     os.environ.pop("RR_BLOB_DIR", None)
     return home
+
+
+@dataclass
+class BenchEnv:
+    home: Path
+    settings: Settings
+    trace: TraceRef
+    address: str
+    server: DevServer
+
+
+async def start_bench_env() -> BenchEnv:
+    """A fresh rr home, the bench trace in its blob store, and a started embedded dev server
+    (the caller stops `server`)."""
+    home = bench_home()
+    settings = Settings.from_env()
+    trace = upload_bench_trace(settings)
+    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
+    address = await server.astart()
+    return BenchEnv(home, settings, trace, address, server)
 
 
 def upload_bench_trace(settings: Settings) -> TraceRef:

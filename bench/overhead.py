@@ -17,20 +17,15 @@ import uuid
 
 import bench.scripts as scripts
 from bench.anchor import AnchorWorkflow, plain_agent
-from bench.common import bench_home, median, start, table, upload_bench_trace
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from bench.common import median, start, start_bench_env, table
 from reflector.worker import build_worker, connect
 
 STEPS = 20
 
 
 async def main(reps: int) -> None:
-    home = bench_home()
-    settings = Settings.from_env()
-    trace = upload_bench_trace(settings)
-    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
-    address = await server.astart()
+    env = await start_bench_env()
+    trace, address, server = env.trace, env.address, env.server
     try:
         client = await connect(address)
         tq = f"bench-{uuid.uuid4().hex[:6]}"

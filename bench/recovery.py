@@ -23,9 +23,7 @@ import uuid
 from pathlib import Path
 
 import bench.scripts as scripts
-from bench.common import bench_home, median, start, table, upload_bench_trace
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from bench.common import median, start, start_bench_env, table
 from reflector.worker import connect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +43,8 @@ async def ready(home: Path, tag: str) -> None:
 
 
 async def main(reps: int) -> None:
-    home = bench_home()
-    settings = Settings.from_env()
-    trace = upload_bench_trace(settings)
-    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
-    address = await server.astart()
+    env = await start_bench_env()
+    home, trace, address, server = env.home, env.trace, env.address, env.server
     client = await connect(address)
     model = scripts.model_name(STEPS, 200)
     rng = random.Random(7)

@@ -16,10 +16,8 @@ import uuid
 
 import bench.scripts  # noqa: F401
 import tests.support.scripted  # noqa: F401  (the plan-driven scripted model `scripted-plan`)
-from bench.common import bench_home, table, upload_bench_trace
+from bench.common import start_bench_env, table
 from reflector import client as rr
-from reflector.devserver import DevServer
-from reflector.settings import Settings
 from reflector.types import ReflectionConfig
 from reflector.worker import build_worker, connect
 
@@ -28,11 +26,8 @@ ROOT = {"code": ["print('root')"], "children": [CHILD] * 8, "after": []}
 
 
 async def main() -> None:
-    home = bench_home()
-    settings = Settings.from_env()
-    trace = upload_bench_trace(settings)
-    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
-    address = await server.astart()
+    env = await start_bench_env()
+    settings, trace, address, server = env.settings, env.trace, env.address, env.server
     try:
         client = await connect(address, settings=settings)
         tq = f"rec-{uuid.uuid4().hex[:6]}"

@@ -22,9 +22,7 @@ from pathlib import Path
 
 import bench.scripts as scripts
 from bench.anchor import AnchorWorkflow
-from bench.common import bench_home, children_cpu, start, table, upload_bench_trace
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from bench.common import children_cpu, start, start_bench_env, table
 from reflector.worker import connect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,11 +56,8 @@ async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> tuple
 
 
 async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str]) -> None:
-    home = bench_home()
-    settings = Settings.from_env()
-    trace = upload_bench_trace(settings)
-    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
-    address = await server.astart()
+    env = await start_bench_env()
+    home, trace, address, server = env.home, env.trace, env.address, env.server
     tq = f"tp-{uuid.uuid4().hex[:6]}"
     log = open(home / "worker.log", "w")
     worker = subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,

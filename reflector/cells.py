@@ -68,28 +68,28 @@ class PrepareSessionResult(BaseModel):
     next_seq: int = 2
 
 
-class CellInput(_In):
+class _SessionAt(_In):
+    """A session's sandbox at cell `seq`, with what a fresh host needs to rebuild it."""
+
     session_id: str
     seq: int
-    code: str
     trace: TraceRef
     init_ref: str
     limits: LimitsInput = LimitsInput()
     inherit_ref: str | None = None
+
+
+class CellInput(_SessionAt):
+    """Run `code` as cell `seq`."""
+
+    code: str
 
 
 EXPORT_ACTIVITY = "rr.sandbox.export_session"
 
 
-class ExportInput(_In):
-    """Export the namespace after cell `seq` for a child session (same fields as a cell)."""
-
-    session_id: str
-    seq: int
-    trace: TraceRef
-    init_ref: str
-    limits: LimitsInput = LimitsInput()
-    inherit_ref: str | None = None
+class ExportInput(_SessionAt):
+    """Export the namespace after cell `seq` for a child session."""
 
 
 class ExportResult(BaseModel):
