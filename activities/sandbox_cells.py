@@ -9,10 +9,8 @@ cell sees exactly the state an uncrashed run would have.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from reflector.cells import (
     PrepareSessionInput,
     PrepareSessionResult,
     TraceFacts,
+    session_key,
 )
 from reflector.settings import Settings
 from reflector.types import TraceRef
@@ -61,7 +60,6 @@ FACTS_CODE = (
     'else None, "ground_truth": task.get("ground_truth") or (traces.get("ground_truth") '
     'if isinstance(traces, dict) else None)}, default=str)[:50000])'
 )
-_SAFE_SESSION = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
 
 
 @dataclass
@@ -92,13 +90,6 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
         archive_root=settings.blob_dir,
     )
     _runtime = _Runtime(store=store, sessions=sessions)
-
-
-def session_key(workflow_id: str) -> str:
-    """The sandbox session key of a workflow id (ids with other characters are hashed)."""
-    if _SAFE_SESSION.match(workflow_id):
-        return workflow_id
-    return "h-" + hashlib.sha256(workflow_id.encode()).hexdigest()[:40]
 
 
 async def shutdown() -> None:

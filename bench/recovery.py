@@ -4,7 +4,9 @@ A 20-step scripted reflection (200 ms model latency) runs on a worker subprocess
 sandbox hosts) is SIGKILLed at a random moment after step 5, during a model request or a cell, and a
 new worker starts at once. Reported per run: kill -> completion, and the *recovery cost*: that time
 minus the time the same reflection needed from the same step when nothing crashed (its median step
-time × the steps left). Medians over `--reps` runs.
+time × the steps left). Medians over `--reps` runs. "extra model calls" counts the provider calls beyond
+the 21 the reflection needs: the request in flight at the kill has to be sent again (at most 1), a
+completed one never is.
 
     python -m bench.recovery [--reps 5]
 """
@@ -49,6 +51,7 @@ async def main(reps: int) -> None:
     model = scripts.model_name(STEPS, 200)
     rng = random.Random(7)
     rows, costs = [], []
+    os.environ[scripts.CALLS_FILE_ENV] = str(home / "model-calls")
     try:
         tq = f"rec-{uuid.uuid4().hex[:6]}"
         w = spawn(home, address, tq, "base")
@@ -63,6 +66,7 @@ async def main(reps: int) -> None:
             tq = f"rec-{uuid.uuid4().hex[:6]}"
             w1 = spawn(home, address, tq, f"{rep}a")
             await ready(home, f"{rep}a")
+            calls0 = scripts.calls_so_far()
             handle = await start(client, trace, model, tq)
             t_start = time.perf_counter()
             kill_after = per_step * rng.uniform(5, 15)
@@ -76,11 +80,13 @@ async def main(reps: int) -> None:
             left = max(0.0, base - (t_kill - t_start))
             cost = (t_done - t_kill) - left
             costs.append(cost)
-            rows.append([rep, t_kill - t_start, t_done - t_kill, left, cost])
+            extra = scripts.calls_so_far() - calls0 - (STEPS + 1)
+            rows.append([rep, t_kill - t_start, t_done - t_kill, left, cost, extra])
             w2.terminate()
             w2.wait(30)
         print(f"{STEPS}-step scripted reflection, 200 ms model latency; uncrashed run {base:.2f} s")
-        print(table(["run", "killed at s", "kill -> done s", "uncrashed time left s", "recovery cost s"], rows))
+        print(table(["run", "killed at s", "kill -> done s", "uncrashed time left s", "recovery cost s",
+                     "extra model calls"], rows))
         print(f"median recovery cost: {median(costs):.2f} s over {reps} runs")
     finally:
         await server.astop()

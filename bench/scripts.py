@@ -8,6 +8,7 @@ to register the models.
 from __future__ import annotations
 
 import asyncio
+import os
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -22,8 +23,28 @@ def _n_returns(messages: list[ModelMessage]) -> int:
     return sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code")
 
 
+CALLS_FILE_ENV = "RR_BENCH_CALLS_FILE"
+
+
+def count_call() -> None:
+    """Append one byte to `$RR_BENCH_CALLS_FILE` per model call (a request paid twice shows up)."""
+    path = os.environ.get(CALLS_FILE_ENV)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+
+
+def calls_so_far() -> int:
+    path = os.environ.get(CALLS_FILE_ENV)
+    return os.path.getsize(path) if path and os.path.exists(path) else 0
+
+
 def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
     async def fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        count_call()
         if latency_ms:
             await asyncio.sleep(latency_ms / 1000)
         k = _n_returns(messages)

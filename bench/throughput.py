@@ -28,16 +28,6 @@ from reflector.worker import connect
 REPO = Path(__file__).resolve().parents[1]
 
 
-async def _retried_attempts(client, handles) -> int:  # type: ignore[no-untyped-def]
-    """Activity attempts beyond the first across the batch (a retried model request is paid twice)."""
-    extra = 0
-    for h in handles:
-        async for e in client.get_workflow_handle(h.id).fetch_history_events():
-            if e.HasField("activity_task_started_event_attributes"):
-                extra += max(0, e.activity_task_started_event_attributes.attempt - 1)
-    return extra
-
-
 async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> tuple[float, list]:  # type: ignore[no-untyped-def,type-arg]
     t = time.perf_counter()
     if kind == "rr":
@@ -59,6 +49,7 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
     env = await start_bench_env()
     home, trace, address, server = env.home, env.trace, env.address, env.server
     tq = f"tp-{uuid.uuid4().hex[:6]}"
+    os.environ[scripts.CALLS_FILE_ENV] = str(home / "model-calls")
     log = open(home / "worker.log", "w")
     worker = subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq})
@@ -78,16 +69,17 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
         for n in concurrency:
             for kind in kinds:
                 w0, s0 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                calls0 = scripts.calls_so_far()
                 wall, handles = await _batch(kind, n, client, trace, model, tq)
                 w1, s1 = children_cpu(worker.pid), children_cpu(server.pid or 0)
-                retried = await _retried_attempts(client, handles)
                 total_steps = n * (steps + 1)  # model requests per reflection
+                paid_twice = scripts.calls_so_far() - calls0 - total_steps
                 lower_bound = (steps + 1) * latency / 1000
                 rows.append([kind, n, wall, total_steps / wall, (w1 - w0) / total_steps * 1000,
-                             (s1 - s0) / total_steps * 1000, wall / lower_bound, retried])
+                             (s1 - s0) / total_steps * 1000, wall / lower_bound, paid_twice])
         print(f"{steps}-step scripted reflections, {latency} ms model latency, one worker + dev server, 2 cores")
         print(table(["agent", "concurrent", "wall s", "steps/s", "worker CPU ms/step", "server CPU ms/step",
-                     "wall / latency bound", "retried attempts"], rows))
+                     "wall / latency bound", "model calls paid twice"], rows))
         if spy is not None:
             spy.send_signal(2)
             spy.wait(30)

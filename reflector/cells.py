@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -23,11 +25,20 @@ __all__ = [
     "ExportResult",
     "TraceFacts",
     "CloseSessionInput",
+    "session_key",
 ]
 
 PREPARE_ACTIVITY = "rr.sandbox.prepare_session"
 RUN_CELL_ACTIVITY = "rr.sandbox.run_cell"
 PREFILL_CODE = "describe_traces()"
+_SAFE_SESSION = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
+
+
+def session_key(workflow_id: str) -> str:
+    """The on-disk key of a workflow's session (journal, response cache); unsafe ids are hashed."""
+    if _SAFE_SESSION.match(workflow_id):
+        return workflow_id
+    return "h-" + hashlib.sha256(workflow_id.encode()).hexdigest()[:40]
 
 
 class _In(BaseModel):

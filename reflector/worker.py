@@ -17,11 +17,12 @@ from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities import sandbox_cells
+from activities import model_requests, sandbox_cells
 from activities.summarise import summarise
 from reflector.models import load_plugins
 from reflector.payload_storage import data_converter
 from reflector.settings import Settings
+from workflows.agent import MODEL_ACTIVITIES
 from workflows.reflection import ReflectionWorkflow
 
 __all__ = ["connect", "build_worker", "run_worker", "WORKFLOWS"]
@@ -33,6 +34,12 @@ WORKFLOWS = [ReflectionWorkflow]
 # a short value is what makes recovery fast.
 DEFAULT_STICKY_TIMEOUT_S = 1.0
 DEFAULT_MAX_ACTIVITIES = 32
+# A reflection keeps its workflow task (one slot) while its model requests and cells run as local
+# activities, so this is how many reflections one worker advances at once; more wait, for free, in
+# the server's queue. Too many at once on a CPU-bound worker delays workflow activations past the
+# workflow-task timeout (then the task is retried elsewhere: a replay, and in-flight requests awaited
+# twice). Measured in bench/throughput.py.
+DEFAULT_MAX_WORKFLOW_TASKS = 50
 
 
 async def connect(
@@ -53,6 +60,7 @@ def build_worker(
     max_cached_workflows: int | None = None,
     sticky_timeout_s: float | None = None,
     max_concurrent_activities: int | None = None,
+    max_concurrent_workflow_tasks: int | None = None,
     max_live_sandboxes: int | None = None,
     extra_workflows: Sequence[type] = (),
 ) -> Worker:
@@ -64,7 +72,13 @@ def build_worker(
         # Measured with 200 concurrent reflections on 2 cores (bench/throughput.py): 200 slots -> hundreds
         # of retried attempts, 64 -> 7, 40 -> 0, at the same steps/s. Waiting in the server's queue is free.
         max_concurrent_activities = int(os.environ.get("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
+    if max_concurrent_workflow_tasks is None:
+        max_concurrent_workflow_tasks = int(
+            os.environ.get("RR_MAX_CONCURRENT_WORKFLOW_TASKS", DEFAULT_MAX_WORKFLOW_TASKS)
+        )
     sandbox_cells.configure(max_live=max_live_sandboxes or int(os.environ.get("RR_MAX_LIVE_SANDBOXES", "256")))
+    model_requests.configure()
+    model_requests.sweep()
     sticky = sticky_timeout_s if sticky_timeout_s is not None else float(
         os.environ.get("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S)
     )
@@ -75,13 +89,15 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=[*sandbox_cells.ACTIVITIES, summarise],
+        activities=[*sandbox_cells.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
         max_heartbeat_throttle_interval=timedelta(seconds=1),
         max_concurrent_activities=max_concurrent_activities,
-        max_concurrent_local_activities=max_concurrent_activities,
+        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        # each running reflection has at most one local activity (a model request or a cell) at a time
+        max_concurrent_local_activities=2 * max_concurrent_workflow_tasks,
         **kwargs,  # type: ignore[arg-type]
     )
 

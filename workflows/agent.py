@@ -7,8 +7,10 @@ synthesis agent is `rr_synthesizer`. Renaming any of them breaks in-flight workf
 
 All tools run in workflow code (`temporal: False`): `execute_code` schedules a local activity on
 the worker that owns the session's sandbox host, `recurse` starts a child workflow, the others are
-pure. Model requests are activities scheduled by `TemporalDurability`; the `SessionControl`
-capability enforces the budget ledger and compacts the context before each of them.
+pure. Model requests are local activities (`LocalModelDurability`, a `TemporalDurability` that
+schedules pydantic-ai's model request on the workflow's worker, with a response cache that keeps it
+paid once); the `SessionControl` capability enforces the budget ledger and compacts the context
+before each of them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from datetime import timedelta
 from pydantic import BaseModel, ValidationError
 from pydantic_ai import Agent, ModelRetry, RunContext, ToolOutput
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.durable_exec.temporal import TemporalDurability
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tools import ToolDefinition
@@ -40,6 +41,7 @@ from reflector.compaction import (
 from reflector.models import HEURISTIC, model_resolver
 from reflector.skillbook import parse_skillbook
 from reflector.types import WORKFLOW_NAME, ReflectionDraft, ReflectorOutput, UsageRecord
+from workflows.durability import LocalModelDurability, local_model_activities
 from workflows.session import SessionEnded, SessionState, await_cancel_safe, current_state
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "TOOLSET_ID",
     "OUTPUT_TOOL",
     "continue_as_new",
+    "MODEL_ACTIVITIES",
 ]
 
 AGENT_NAME = "rr_reflector"
@@ -402,7 +405,7 @@ reflector_agent: Agent[ReflectorDeps, ReflectionDraft] = Agent(
     capabilities=[
         model_resolver(),
         SessionControl(),
-        TemporalDurability(
+        LocalModelDurability(
             activity_config=BASE_ACTIVITY,
             model_activity_config=MODEL_ACTIVITY,
             continue_as_new=continue_as_new,
@@ -432,9 +435,13 @@ synthesis_agent: Agent[None, ReflectionDraft] = Agent(
     retries=0,
     capabilities=[
         model_resolver(),
-        TemporalDurability(
+        LocalModelDurability(
             activity_config=BASE_ACTIVITY,
             model_activity_config=MODEL_ACTIVITY,
         ),
     ],
 )
+
+
+MODEL_ACTIVITIES = local_model_activities(reflector_agent, synthesis_agent)
+"""The agents' local model-request activities (pydantic-ai's own are registered by its plugin)."""

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
+    from activities.model_requests import FORGET_ACTIVITY
     from reflector import prompts
     from reflector.cells import (
         CLOSE_ACTIVITY,
@@ -42,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         StopReason,
     )
     from workflows.agent import ReflectorDeps, reflector_agent, synthesis_agent
+    from workflows.durability import local_model_requests
     from workflows.session import (
         CELL_RETRY,
         REBUILD_ALLOWANCE_S,
@@ -167,6 +169,16 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             retry_policy=CELL_RETRY,
             summary="close sandbox",
         )
+        if local_model_requests():
+            # A regular activity: scheduling it ends the workflow task, which records every model
+            # response in the history before the response cache is deleted.
+            await workflow.execute_activity(
+                FORGET_ACTIVITY,
+                self.state.session_id,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=CELL_RETRY,
+                summary="forget cached model responses",
+            )
 
     async def _synthesise(self, messages: list[ModelMessage]) -> ReflectionDraft | None:
         """One last, budgeted request that turns the findings so far into a reflection."""

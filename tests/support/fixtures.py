@@ -46,3 +46,46 @@ def payload_text(payload: object) -> str:
     from reflector.settings import Settings
 
     return resolve(payload, Settings.from_env().blob_dir).data.decode(errors="replace")  # type: ignore[arg-type]
+
+
+class ActivityRecord:
+    """One completed activity as the history records it: a regular one (scheduled/started/completed
+    events) or a local one (a `core_local_activity` marker)."""
+
+    def __init__(self, name: str, attempt: int, result: object | None, local: bool) -> None:
+        self.name, self.attempt, self.result, self.local = name, attempt, result, local
+
+    @property
+    def is_model_request(self) -> bool:
+        return "model_request" in self.name
+
+    def result_json(self) -> object:
+        return None if self.result is None else json.loads(payload_text(self.result) or "null")
+
+
+def completed_activities(events: object) -> list[ActivityRecord]:
+    """Every completed activity of a history, regular and local, in history order."""
+    scheduled: dict[int, str] = {}
+    attempts: dict[int, int] = {}
+    out: list[ActivityRecord] = []
+    for e in events:  # type: ignore[attr-defined]
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+        elif e.HasField("activity_task_started_event_attributes"):
+            a = e.activity_task_started_event_attributes
+            attempts[a.scheduled_event_id] = a.attempt
+        elif e.HasField("activity_task_completed_event_attributes"):
+            a = e.activity_task_completed_event_attributes
+            result = a.result.payloads[0] if a.result.payloads else None
+            out.append(ActivityRecord(scheduled[a.scheduled_event_id], attempts.get(a.scheduled_event_id, 1),
+                                      result, local=False))
+        elif (e.HasField("marker_recorded_event_attributes")
+              and e.marker_recorded_event_attributes.marker_name == "core_local_activity"):
+            m = e.marker_recorded_event_attributes
+            data = json.loads(m.details["data"].payloads[0].data)
+            if "result" not in m.details:  # a failed local activity
+                continue
+            payloads = m.details["result"].payloads
+            out.append(ActivityRecord(data["activity_type"], int(data["attempt"]),
+                                      payloads[0] if payloads else None, local=True))
+    return out

@@ -2,11 +2,14 @@
 
 Import this module (or list it in `RR_PLUGINS` for a worker subprocess) to register the models.
 Every call appends one line to the file named by `RR_TEST_MODEL_LOG` (if set): the request's key,
-the process id and the worker's wall clock, so tests can count how often each request ran.
+the process id and the worker's wall clock, so tests can count how often each request ran. With
+`RR_TEST_MODEL_INPUTS` set, every call also appends what the model was sent (the tools offered and the
+text of every message part): model inputs are not in the history (they follow from it by replay).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -39,10 +42,28 @@ def _log(messages: list[ModelMessage], name: str) -> None:
                                 "pid": os.getpid(), "t": time.time()}) + "\n")
 
 
+INPUTS_ENV = "RR_TEST_MODEL_INPUTS"
+
+
+def _record_input(messages: list[ModelMessage], info: AgentInfo) -> None:
+    path = os.environ.get(INPUTS_ENV)
+    if path:
+        text = "\n".join(str(getattr(p, "content", getattr(p, "args", ""))) for m in messages for p in m.parts)
+        with open(path, "a") as f:
+            f.write(json.dumps({"tools": sorted(t.name for t in info.function_tools), "text": text}) + "\n")
+
+
+def recorded_inputs(path: str) -> list[dict]:  # type: ignore[type-arg]
+    """What `RR_TEST_MODEL_INPUTS` recorded, one dict per model call, in call order."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def synthesis_aware(fn):  # type: ignore[no-untyped-def]
     """Scripts answer the workflow's synthesis request (no tools offered) and summarise requests too."""
 
     def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        _record_input(messages, info)
         first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
         if first.startswith("SUMMARISE_TRANSCRIPT"):
             _log(messages, "summary")
@@ -127,6 +148,20 @@ register_model("scripted-eager", lambda: FunctionModel(synthesis_aware(answer_wi
 register_model("scripted-text", lambda: FunctionModel(synthesis_aware(text_only), model_name="scripted-text"))
 for _n in (3, 20):
     register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(synthesis_aware(steps_script(n)), model_name=f"scripted-steps-{n}"))
+
+
+def paced(fn, seconds: float):  # type: ignore[no-untyped-def]
+    """`fn` answering after `seconds` (a model with latency: the run spans several workflow tasks)."""
+
+    async def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await asyncio.sleep(seconds)
+        return fn(messages, info)  # type: ignore[no-any-return]
+
+    return wrapped
+
+
+register_model("scripted-paced-20", lambda: FunctionModel(paced(synthesis_aware(steps_script(20)), 0.25),
+                                                          model_name="scripted-paced-20"))
 
 
 FULL_ANSWER = {

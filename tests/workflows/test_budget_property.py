@@ -8,17 +8,15 @@ a tree has one request in flight at a time, and limits are checked before each r
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.api.history.v1 import HistoryEvent
 
-from tests.support.fixtures import payload_text
+from tests.support.fixtures import completed_activities
 from tests.workflows.test_recursion import histories, run_plan
 
-MODEL_ACTIVITY_HINT = "request"
 SUMMARISE = "rr.summarise"
 
 
@@ -34,19 +32,13 @@ def _tree(depth: int) -> st.SearchStrategy[dict[str, Any]]:
 
 def _usage_from_history(events: list[HistoryEvent]) -> tuple[int, int, int]:
     """(requests, input tokens, output tokens) of the model requests and summaries recorded in a history."""
-    kinds = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name for e in events
-             if e.HasField("activity_task_scheduled_event_attributes")}
     requests = inp = out = 0
-    for e in events:
-        if not e.HasField("activity_task_completed_event_attributes"):
-            continue
-        attrs = e.activity_task_completed_event_attributes
-        name = kinds[attrs.scheduled_event_id]
-        data = json.loads(payload_text(attrs.result.payloads[0]))
-        if name == SUMMARISE:
+    for rec in completed_activities(events):
+        if rec.name == SUMMARISE:
+            data = rec.result_json()
             requests, inp, out = requests + 1, inp + data["input_tokens"], out + data["output_tokens"]
-        elif MODEL_ACTIVITY_HINT in name:
-            usage = data["usage"]
+        elif rec.is_model_request:
+            usage = rec.result_json()["usage"]
             requests, inp, out = requests + 1, inp + usage["input_tokens"], out + usage["output_tokens"]
     return requests, inp, out
 

@@ -14,7 +14,8 @@ from reflector import client as rr
 from reflector.compaction import PLACEHOLDER, SUMMARISE_ACTIVITY
 from reflector.types import ReflectionConfig, ReflectorOutput
 from reflector.worker import build_worker, connect
-from tests.support.fixtures import comparable, payload_text, write_trace
+from tests.support.fixtures import comparable, completed_activities, write_trace
+from tests.support.scripted import INPUTS_ENV, recorded_inputs
 
 
 async def _run(client: Client, tq: str, settings, tmp_path, model: str, **cfg) -> tuple[ReflectorOutput, str]:  # type: ignore[no-untyped-def]
@@ -31,15 +32,17 @@ async def all_runs(client: Client, workflow_id: str) -> list[WorkflowHistory]:
 
 
 def _activity_names(histories: list[WorkflowHistory]) -> list[str]:
-    return [e.activity_task_scheduled_event_attributes.activity_type.name for h in histories for e in h.events
-            if e.HasField("activity_task_scheduled_event_attributes")]
+    return [r.name for h in histories for r in completed_activities(h.events)]
 
 
-def _model_inputs(histories: list[WorkflowHistory]) -> list[str]:
-    return [payload_text(e.activity_task_scheduled_event_attributes.input.payloads[0])
-            for h in histories for e in h.events
-            if e.HasField("activity_task_scheduled_event_attributes")
-            and "request" in e.activity_task_scheduled_event_attributes.activity_type.name]
+def _model_inputs(_runs: list[WorkflowHistory]) -> list[str]:
+    """The text the scripted model was sent, per call (inputs are not recorded in the history)."""
+    return [r["text"] for r in recorded_inputs(os.environ[INPUTS_ENV])]
+
+
+@pytest.fixture(autouse=True)
+def _record_model_inputs(tmp_path, monkeypatch):
+    monkeypatch.setenv(INPUTS_ENV, str(tmp_path / "model-inputs.jsonl"))
 
 
 @pytest.fixture(autouse=True)
@@ -91,12 +94,14 @@ async def test_max_compactions_stops_gracefully(client, task_queue, settings, tm
 
 async def test_continue_as_new_output_equals_uncontinued_run(client, task_queue, settings, tmp_path,
                                                              temporal_server_factory) -> None:
-    server = temporal_server_factory(dynamic_config={"limit.historyCount.suggestContinueAsNew": 40})
+    # Temporal's suggestion reaches the workflow with each new workflow task; model requests and cells
+    # run inside one task that is renewed every 0.8 x task timeout, so the model takes its time here.
+    server = temporal_server_factory(dynamic_config={"limit.historyCount.suggestContinueAsNew": 20})
     can_client = await connect(server.address)
     tq = f"can-{uuid.uuid4().hex[:6]}"
     async with build_worker(can_client, tq):
-        continued, _ = await _run(can_client, tq, settings, tmp_path, "scripted-steps-20")
-    plain, _ = await _run(client, task_queue, settings, tmp_path, "scripted-steps-20")
+        continued, _ = await _run(can_client, tq, settings, tmp_path, "scripted-paced-20")
+    plain, _ = await _run(client, task_queue, settings, tmp_path, "scripted-paced-20")
     assert continued.raw["rr_trace"]["continued_as_new"] >= 1
     assert plain.raw["rr_trace"]["continued_as_new"] == 0
     a, b = comparable(continued), comparable(plain)

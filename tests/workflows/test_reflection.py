@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
+from activities import model_requests
+from activities.model_requests import FORGET_ACTIVITY
 from reflector import client as rr
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput
-from tests.support.fixtures import write_trace
+from tests.support.fixtures import completed_activities, write_trace
 
 HISTORIES: list[WorkflowHistory] = []
 
@@ -39,16 +41,31 @@ async def test_scripted_reflection_runs_cells_and_fills_raw(client, task_queue, 
     assert "final check 8 6" in out.error_identification
 
 
-async def test_history_has_activities_for_model_requests_and_cells(client, task_queue, settings, tmp_path) -> None:
+async def test_history_records_model_requests_and_cells_as_local_activities(
+    client, task_queue, settings, tmp_path
+) -> None:
     await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-3")
     hist = HISTORIES[-1]
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in hist.events
-                 if e.HasField("activity_task_scheduled_event_attributes")]
-    markers = [e for e in hist.events if e.HasField("marker_recorded_event_attributes")
-               and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
-    assert len(scheduled) == 4 and all("request" in n for n in scheduled), scheduled
-    # prefill + 3 cells + close, each one local-activity marker
-    assert len(markers) == 5
+    records = completed_activities(hist.events)
+    local = [r.name for r in records if r.local]
+    regular = [r.name for r in records if not r.local]
+    # 4 model requests, prefill + 3 cells + close: each one marker with its result, no server round trip
+    assert sum(r.is_model_request for r in records if r.local) == 4, local
+    assert local.count("rr.sandbox.run_cell") == 3 and local.count("rr.sandbox.prepare_session") == 1
+    assert local.count("rr.sandbox.close_session") == 1
+    # the one regular activity deletes the response cache after every response reached the history
+    assert regular == [FORGET_ACTIVITY]
+    responses = [r.result_json() for r in records if r.is_model_request]
+    assert all(resp["parts"] for resp in responses)  # type: ignore[index]
+    # the model's inputs are not in the history (they follow from it): one small payload per step
+    assert not any(e.HasField("activity_task_scheduled_event_attributes")
+                   and "model_request" in e.activity_task_scheduled_event_attributes.activity_type.name
+                   for e in hist.events)
+
+
+async def test_response_cache_is_deleted_when_the_reflection_ends(client, task_queue, settings, tmp_path) -> None:
+    out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-3")
+    assert not model_requests.response_dir(out.raw["workflow_id"]).exists()
 
 
 async def test_workflow_input_holds_reference_not_trace(client, task_queue, settings, tmp_path) -> None:

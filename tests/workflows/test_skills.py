@@ -6,7 +6,8 @@ import uuid
 
 from reflector import client as rr
 from reflector.types import ReflectionConfig, ReflectorOutput
-from tests.support.fixtures import payload_text, write_trace
+from tests.support.fixtures import write_trace
+from tests.support.scripted import INPUTS_ENV, recorded_inputs
 
 SKILLBOOK = """## Booking
 [booking-00001] Confirm the reservation id before cancelling.
@@ -44,18 +45,20 @@ async def test_offline_mode_and_empty_skillbook_never_tag(client, task_queue, se
     assert empty.skill_tags == []
 
 
-async def test_skillbook_tools_offered_only_with_a_skillbook(client, task_queue, settings, tmp_path) -> None:
+async def test_skillbook_tools_offered_only_with_a_skillbook(
+    client, task_queue, settings, tmp_path, monkeypatch
+) -> None:
     from reflector.skillbook import parse_skillbook
 
     assert [s.id for s in parse_skillbook(SKILLBOOK)] == ["booking-00001", "booking-00002"]
-    hist_ids: list[str] = []
-    for skillbook in (SKILLBOOK, ""):
+    offered: list[list[str]] = []
+    for i, skillbook in enumerate((SKILLBOOK, "")):
+        log = tmp_path / f"inputs-{i}.jsonl"
+        monkeypatch.setenv(INPUTS_ENV, str(log))
         ref = rr.upload_trace(write_trace(tmp_path, TRACE), settings)
-        inp = rr.build_input(ref, skillbook=skillbook, mode="online", config=ReflectionConfig(model="heuristic"))
+        inp = rr.build_input(ref, skillbook=skillbook, mode="online", config=ReflectionConfig(model="scripted-steps-3"))
         handle = await rr.start_reflection(client, inp, task_queue, f"skills-{uuid.uuid4().hex[:8]}")
         await handle.result()
-        history = await handle.fetch_history()
-        first_request = next(e for e in history.events if e.HasField("activity_task_scheduled_event_attributes"))
-        hist_ids.append(payload_text(first_request.activity_task_scheduled_event_attributes.input.payloads[0]))
-    assert all(name in hist_ids[0] for name in ('"get_skill"', '"list_skill_sections"', '"search_skills"'))
-    assert '"get_skill"' not in hist_ids[1]
+        offered.append(recorded_inputs(str(log))[0]["tools"])
+    assert {"get_skill", "list_skill_sections", "search_skills"} <= set(offered[0])
+    assert "get_skill" not in offered[1] and "execute_code" in offered[1]

@@ -1,0 +1,140 @@
+"""Model requests as local activities, made idempotent by a response cache on the blob store.
+
+A local activity's result reaches the history (as a marker) only when its workflow task completes,
+and the workflow task of a reflection stays open while the session works through local activities
+(the SDK heartbeats it every 0.8 x task timeout, flushing the markers recorded so far). A worker
+that dies in between would lose those markers, and the new worker would re-run the requests: a model
+request paid twice. So the activity writes each response, before returning it, to
+`<blob dir>/responses/<session>/<run id>.<activity id>.json` and a re-executed attempt of the same
+request (same run, same deterministic local-activity id) returns the stored response instead of
+calling the provider; an attempt that finds the same request still in flight in this process (its
+workflow task timed out under overload and was replayed here) awaits it instead of sending another. Like the sandbox journals, the directory must be shared by the workers that can
+take over a workflow (it is, for the embedded default and the compose file); the workflow deletes its
+entries once they are all recorded in the history (`forget`).
+
+Writes are atomic (temp file + rename) but not fsynced: they must survive the death of the worker
+process, which the page cache does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai.messages import ModelResponse
+from temporalio import activity
+
+from reflector.cells import session_key
+from reflector.settings import Settings
+
+__all__ = [
+    "configure",
+    "cached_request_activity",
+    "forget",
+    "forget_responses",
+    "response_dir",
+    "sweep",
+    "STALE_AFTER_S",
+    "FORGET_ACTIVITY",
+]
+
+FORGET_ACTIVITY = "rr.model.forget_responses"
+
+STALE_AFTER_S = 7 * 24 * 3600.0
+_ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
+_root: Path | None = None
+_in_flight: dict[Path, asyncio.Future[ModelResponse]] = {}
+
+
+def configure(settings: Settings | None = None) -> None:
+    """Point the cache at the blob store of `settings` (called once at worker start)."""
+    global _root
+    _root = Path((settings or Settings.from_env()).blob_dir) / "responses"
+
+
+def _responses_root() -> Path:
+    if _root is None:
+        configure()
+    assert _root is not None
+    return _root
+
+
+def response_dir(workflow_id: str) -> Path:
+    return _responses_root() / session_key(workflow_id)
+
+
+def forget(workflow_id: str) -> None:
+    """Delete a workflow's cached responses (call only once they are all in its history)."""
+    shutil.rmtree(response_dir(workflow_id), ignore_errors=True)
+
+
+@activity.defn(name=FORGET_ACTIVITY)
+async def forget_responses(workflow_id: str) -> None:
+    """`forget` as a regular activity: scheduling it ends the workflow task, so by the time it runs
+    every model response of the workflow is recorded in the history."""
+    forget(workflow_id)
+
+
+def sweep(max_age_s: float = STALE_AFTER_S) -> int:
+    """Delete cache dirs untouched for `max_age_s` (workflows that were terminated); returns how many."""
+    root, removed = _responses_root(), 0
+    if not root.is_dir():
+        return 0
+    cutoff = time.time() - max_age_s
+    for d in root.iterdir():
+        try:
+            if d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+def cached_request_activity(
+    inner: Callable[[Any, Any], Awaitable[ModelResponse]], name: str, *, annotations: dict[str, Any]
+) -> Callable[..., Awaitable[ModelResponse]]:
+    """An activity named `name` running `inner(params, deps)` (a model request) at most once.
+
+    The key is (workflow id, run id, local-activity id): deterministic across a replay of the same
+    run, so a re-executed attempt finds the response its earlier execution stored.
+    """
+
+    async def send_and_store(path: Path, params: Any, deps: Any) -> ModelResponse:
+        try:
+            response = await inner(params, deps)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(_ADAPTER.dump_json(response))
+            os.replace(tmp, path)
+            return response
+        finally:
+            _in_flight.pop(path, None)
+
+    async def request(params: Any, deps: Any = None) -> ModelResponse:
+        info = activity.info()
+        if not info.workflow_id or not info.workflow_run_id:
+            raise RuntimeError(f"{name} runs only as a workflow's local activity")
+        path = response_dir(info.workflow_id) / f"{info.workflow_run_id}.{info.activity_id}.json"
+        try:
+            return _ADAPTER.validate_json(path.read_bytes())
+        except (FileNotFoundError, ValidationError):  # not yet requested, or an unreadable leftover
+            pass
+        # A request already on the wire (an earlier attempt whose workflow task timed out and was
+        # replayed here) is awaited, not sent again; shielded, so cancelling this attempt (eviction)
+        # does not abandon a request that is being paid for.
+        task = _in_flight.get(path)
+        if task is None:
+            task = _in_flight[path] = asyncio.ensure_future(send_and_store(path, params, deps))
+        return await asyncio.shield(task)
+
+    # The payload converter reads the parameter types from the annotations: pydantic-ai's activity's.
+    request.__annotations__ = annotations
+    request.__name__ = request.__qualname__ = name
+    return activity.defn(name=name)(request)

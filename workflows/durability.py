@@ -1,0 +1,131 @@
+"""`TemporalDurability` whose model requests run as local activities on the workflow's worker.
+
+Why: with pydantic-ai's regular model-request activity every step of a reflection costs two server
+round trips (schedule and dispatch the activity, then a new workflow task for its result), and the
+activity's input (the whole message history) is written to the history at every step. As a local
+activity the request runs inside the open workflow task: no server round trip per step, and only
+the response is recorded (as a marker). Measured in `bench/overhead.py` and `bench/throughput.py`.
+
+What keeps it durable: the markers are flushed to the history at least every 0.8 x workflow task
+timeout (the SDK's workflow-task heartbeat while local activities run), and every response is
+stored in the response cache (`activities.model_requests`) before the activity returns, so a worker
+dying between two flushes costs a replay, never a second payment. Everything else (activity name of
+the regular request, the run context, errors rebuilt as pydantic-ai's model errors, streaming, the
+continue-as-new handler) is pydantic-ai's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.durable_exec._operation import DurableOperation, ModelRequestId
+from pydantic_ai.durable_exec.temporal import TemporalDurability
+from pydantic_ai.durable_exec.temporal._model_errors import (
+    model_errors_as_application_errors,
+    rebuilt_model_errors,
+)
+from pydantic_ai.durable_exec.temporal._operation_backend import TemporalBoundOperation
+from pydantic_ai.durable_exec.temporal._toolset import (
+    model_response_payload_errors,
+    non_retryable_subclasses_as_application_errors,
+)
+from pydantic_ai.messages import ModelResponse
+from pydantic_ai.tools import AgentDepsT
+from temporalio import activity, workflow
+from temporalio.workflow import ActivityConfig
+
+from activities.model_requests import cached_request_activity
+from workflows.session import await_cancel_safe
+
+__all__ = ["LocalModelDurability", "LOCAL_SUFFIX", "LOCAL_MODEL_PATCH", "local_model_requests"]
+
+LOCAL_SUFFIX = "_local"
+LOCAL_MODEL_PATCH = "rr-local-model-requests"
+"""Workflows recorded before this change keep replaying their model requests as regular activities."""
+
+
+def local_model_requests() -> bool:
+    """Whether this workflow run schedules model requests as local activities (patch marker)."""
+    return workflow.patched(LOCAL_MODEL_PATCH)
+
+
+class _LocalModelRequest:
+    """The bound model-request operation, scheduled as a local activity instead of a regular one."""
+
+    def __init__(
+        self,
+        inner: TemporalBoundOperation[Any, Any, ModelResponse],
+        local: Callable[..., Awaitable[ModelResponse]],
+        config: ActivityConfig,
+    ) -> None:
+        self._inner = inner
+        self._local = local
+        self._config = config
+
+    @property
+    def operation(self) -> DurableOperation[Any, Any, ModelResponse]:
+        return self._inner.operation
+
+    async def __call__(self, params: Any, *, config: object | None = None) -> ModelResponse:
+        if not local_model_requests():
+            return await self._inner(params, config=config)
+        payload = self._inner.operation.parameter_transport.dump(params)
+        op_id = cast(ModelRequestId, self._inner.operation.operation_id)
+        model_name = getattr(params, "model_id", None) or op_id.model_name
+        cfg = self._config
+        with rebuilt_model_errors(), model_response_payload_errors(model_name):
+            response: ModelResponse = await await_cancel_safe(
+                workflow.start_local_activity(
+                    self._local,
+                    args=list(payload),
+                    start_to_close_timeout=cfg.get("start_to_close_timeout"),
+                    schedule_to_close_timeout=cfg.get("schedule_to_close_timeout"),
+                    retry_policy=cfg.get("retry_policy"),
+                    summary=f"request model: {model_name}",
+                )
+            )
+        return response
+
+
+class LocalModelDurability(TemporalDurability[AgentDepsT]):
+    """`TemporalDurability` with (non-streaming) model requests as cached local activities.
+
+    The local activity is named after pydantic-ai's model-request activity plus `_local`
+    (e.g. `rr_reflector__model_request_local`) and must be registered on the worker
+    (`local_model_activities`); pydantic-ai's own activities stay registered as before.
+    """
+
+    local_request_activity: Callable[..., Awaitable[ModelResponse]]
+
+    def _bind_to_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> None:
+        super()._bind_to_agent(agent)
+        ops = self._bound_model_operations
+        assert ops is not None
+        inner = cast(TemporalBoundOperation[Any, Any, ModelResponse], ops.request)
+        name = f"{activity._Definition.must_from_callable(inner.registration).name}{LOCAL_SUFFIX}"
+        op, runtime, non_retryable = inner.operation, self, self._non_retryable_model_errors
+
+        async def run(params: Any, deps: Any) -> ModelResponse:
+            # pydantic-ai's activity body minus its heartbeat loop (local activities do not heartbeat)
+            semantic = op.parameter_transport.load((params, deps), runtime=runtime)
+            with non_retryable_subclasses_as_application_errors(), model_errors_as_application_errors(non_retryable):
+                return await op.handler(semantic)
+
+        self.local_request_activity = cached_request_activity(
+            run, name, annotations=dict(inner.registration.__annotations__)
+        )
+        local = _LocalModelRequest(inner, self.local_request_activity, self._model_activity_config)
+        self._bound_model_operations = ops._replace(request=local)
+
+
+def local_model_activities(*agents: AbstractAgent[Any, Any]) -> list[Callable[..., Any]]:
+    """The local model-request activities of `agents`, for the worker's activity list."""
+    out: list[Callable[..., Any]] = []
+    for agent in agents:
+        durability = TemporalDurability.from_agent(agent)
+        if not isinstance(durability, LocalModelDurability):
+            raise TypeError(f"agent {agent.name!r} has no LocalModelDurability capability")
+        out.append(durability.local_request_activity)
+    return out
