@@ -1,7 +1,9 @@
 """Temporal external payload storage on the content-addressed blob store.
 
-Every model request resends the whole message history, so a reflection whose cells print a lot makes
-its Temporal history grow quadratically. With temporalio's `ExternalStorage`, payloads at or above a
+Cell outputs (up to `max_output_chars` each) and model responses are recorded in the history as
+local-activity markers, so a long reflection whose cells print a lot makes a large history (and
+histories recorded before model requests became local activities also carry the whole message
+history at every step). With temporalio's `ExternalStorage`, payloads at or above a
 threshold (default 16 KiB, env `RR_PAYLOAD_THRESHOLD_BYTES`; 0 keeps every new payload inline) go to the blob store and the
 history carries only a small reference (`{"sha256": <hex>, "size": <n>}` under the driver name
 `rr-blobs`). The serialized `Payload` proto is the blob, so storing is idempotent: retries, other
@@ -9,8 +11,9 @@ workers and replays that produce the same bytes write nothing new.
 
 Replay (`rr replay`) re-runs the workflow code, and the SDK encodes the commands it produces exactly as
 a worker would, including a *store* of every large payload. pydantic-ai re-encodes each model-request
-input with a fresh timestamp, so those payloads are new bytes under new hashes: a writing driver would
-grow the store on every replay. The read-only converter (`data_converter(..., read_only=True)`)
+input with a fresh timestamp (new bytes under new hashes); those inputs are local-activity inputs and
+never stored (see `is_model_request_input`), but a writing driver would grow the store with anything
+else a future workflow re-encodes differently. The read-only converter (`data_converter(..., read_only=True)`)
 retrieves normally but offloads only payloads whose blob already exists; any other large payload stays
 inline in the replayer's memory (nothing is sent to the server during a replay, so this is harmless)
 and nothing is ever written. Its `store()` refuses (raises `ReadOnlyBlobStore`) if called for a
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -52,6 +55,7 @@ __all__ = [
     "data_converter",
     "blob_dir_of",
     "resolve",
+    "is_model_request_input",
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
@@ -176,6 +180,25 @@ def _never(_context: StorageDriverSelectContext, _payload: Payload) -> StorageDr
     return None
 
 
+# A model request's input: pydantic-ai's `_RequestParams` (its fields serialize in declaration order,
+# `messages` first). Model requests are local activities, whose input never reaches the history:
+# storing it would write the whole message history to the blob store at every step for nothing.
+MODEL_REQUEST_INPUT_PREFIX = b'{"messages":['
+
+
+def is_model_request_input(payload: Payload) -> bool:
+    return payload.data.startswith(MODEL_REQUEST_INPUT_PREFIX)
+
+
+def _offload_unless_model_request(
+    driver: StorageDriver,
+) -> Callable[[StorageDriverSelectContext, Payload], StorageDriver | None]:
+    def select(_context: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
+        return None if is_model_request_input(payload) else driver
+
+    return select
+
+
 def external_storage(
     blob_dir: Path | str, *, read_only: bool = False, threshold: int | None = None
 ) -> ExternalStorage:
@@ -194,7 +217,9 @@ def external_storage(
     driver = BlobStorageDriver(blob_dir)
     if limit == 0:
         return ExternalStorage(drivers=[driver], driver_selector=_never)
-    return ExternalStorage(drivers=[driver], payload_size_threshold=limit)
+    return ExternalStorage(
+        drivers=[driver], driver_selector=_offload_unless_model_request(driver), payload_size_threshold=limit
+    )
 
 
 def data_converter(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> DataConverter:

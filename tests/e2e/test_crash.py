@@ -1,8 +1,9 @@
 """Crash recovery with real processes: SIGKILL a worker mid-reflection, a new worker finishes it.
 
 The output must equal an uncrashed run's, and no completed model request may run twice: the
-only request allowed to execute again is one whose activity attempt was cut short by the kill
-(visible in history as a retried attempt).
+only request allowed to execute again is the one in flight at the kill. Model requests are local
+activities whose responses reach the history only every few seconds, so the new worker re-executes
+the recent ones; the response cache is what keeps them from reaching the model again.
 """
 
 from __future__ import annotations
@@ -95,13 +96,14 @@ def _assert_no_completed_request_ran_twice(log: list[dict[str, object]], history
     twice = [k for k, c in counts.items() if c > 1]
     assert all(c <= 2 for c in counts.values()), counts
     killed_keys = [e["key"] for e in log if e["pid"] == killed_pid]
-    retried = [e.activity_task_started_event_attributes.attempt for e in history.events
-               if e.HasField("activity_task_started_event_attributes")]
-    # at most the request in flight at the kill ran again, and then history shows a retried attempt
+    # at most the request in flight at the kill (the last one the killed worker sent) ran again
     assert len(twice) <= 1, twice
     if twice:
         assert twice[0] == killed_keys[-1]
-        assert max(retried) >= 2
+    # every request the new worker sent came after the killed worker's last one
+    later = [e["key"] for e in log if e["pid"] != killed_pid]
+    assert not set(later) & set(killed_keys[:-1]), "a request completed before the kill was sent again"
+    assert history.events[-1].HasField("workflow_execution_completed_event_attributes")
 
 
 async def test_kill_during_slow_cell(crash_env, tmp_path) -> None:
