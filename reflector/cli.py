@@ -163,7 +163,9 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
         status = (await handle.describe()).status
         if status == WorkflowExecutionStatus.RUNNING:
             try:
-                line = render_progress(await handle.query("progress", result_type=Progress))
+                line = render_progress(
+                    await handle.query("progress", result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
+                )
             except Exception:  # no worker holds it right now: progress is unknown, the state is not
                 line = "  (no worker is running it right now)"
             return _err(f"reflection {args.id} is still running:{line}", 3)

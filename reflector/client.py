@@ -41,8 +41,10 @@ __all__ = [
 ]
 
 # A workflow task that is not completed in this time is handed to another worker: it bounds how long a
-# reflection waits after its worker died in the middle of a sandbox cell (a local activity).
+# reflection waits after its worker died (its model requests and cells are local activities that run
+# inside the task, which the SDK renews every 0.8 x this).
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
+QUERY_TIMEOUT = WORKFLOW_TASK_TIMEOUT + timedelta(seconds=2)
 
 
 class ReflectError(RuntimeError):
@@ -117,9 +119,11 @@ async def wait_for_result(
             if done or on_progress is None:
                 continue
             try:
+                # The server answers a query when the workflow task in progress ends: the session's
+                # task is renewed every 0.8 x task timeout, so allow a little more than one task.
                 prog: Progress = await handle.query(  # type: ignore[call-overload]
                     ReflectionWorkflow.progress,
-                    rpc_timeout=timedelta(seconds=2),
+                    rpc_timeout=QUERY_TIMEOUT,
                 )
             except Exception:  # a query can fail while no worker holds the workflow; progress is best effort
                 continue

@@ -144,3 +144,18 @@ async def test_suite_with_max_cached_workflows_zero(client, settings, tmp_path, 
         out = await _reflect(client, tq, settings, write_trace(tmp_path), model="scripted-stateful")
     assert out.raw["rr_trace"]["cells"] == 4
     assert "final check 8 6" in out.error_identification
+
+
+async def test_progress_is_reported_while_a_reflection_runs(client, task_queue, settings, tmp_path) -> None:
+    """The progress query is answered while model requests and cells run inside the held workflow task
+    (at its renewals), so a waiting client sees the reflection advance."""
+    ref = rr.upload_trace(write_trace(tmp_path), settings)
+    inp = rr.build_input(ref, config=ReflectionConfig(model="scripted-paced-20"))
+    handle = await rr.start_reflection(client, inp, task_queue, f"t-{uuid.uuid4().hex[:10]}")
+    seen: list[tuple[str, int, int]] = []
+    out = await rr.wait_for_result(handle, on_progress=lambda p: seen.append((p.phase, p.iterations, p.cells)),
+                                   poll_s=0.2)
+    assert out.raw["rr_trace"]["cells"] == 20
+    # ~5 s of work in a task renewed every 3.2 s: at least one report from the middle of the run
+    assert any(0 < cells < 20 for _, _, cells in seen), seen
+    assert [c for _, _, c in seen] == sorted(c for _, _, c in seen)
