@@ -12,6 +12,10 @@ workflow task timed out under overload and was replayed here) awaits it instead 
 take over a workflow (it is, for the embedded default and the compose file); the workflow deletes its
 entries once they are all recorded in the history (`forget`).
 
+A worker that is shutting down does not start new requests: the attempt fails with a retry delay
+above the local retry threshold, so the retry waits on a workflow timer, the workflow task ends and
+another worker continues the reflection (a graceful stop never waits for a whole reflection).
+
 Writes are atomic (temp file + rename) but not fsynced: they must survive the death of the worker
 process, which the page cache does.
 """
@@ -23,12 +27,14 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelResponse
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from reflector.cells import session_key
 from reflector.settings import Settings
@@ -42,9 +48,15 @@ __all__ = [
     "sweep",
     "STALE_AFTER_S",
     "FORGET_ACTIVITY",
+    "DRAINING_ERROR",
+    "LOCAL_RETRY_THRESHOLD",
 ]
 
 FORGET_ACTIVITY = "rr.model.forget_responses"
+DRAINING_ERROR = "WorkerDraining"
+DRAIN_RETRY_DELAY = timedelta(seconds=1)
+LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
+"""Local-activity retries that wait longer than this wait on a workflow timer (the workflow task ends)."""
 
 STALE_AFTER_S = 7 * 24 * 3600.0
 _ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
@@ -97,6 +109,11 @@ def sweep(max_age_s: float = STALE_AFTER_S) -> int:
     return removed
 
 
+def _consume(task: asyncio.Future[ModelResponse]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def cached_request_activity(
     inner: Callable[[Any, Any], Awaitable[ModelResponse]], name: str, *, annotations: dict[str, Any]
 ) -> Callable[..., Awaitable[ModelResponse]]:
@@ -130,8 +147,18 @@ def cached_request_activity(
         # replayed here) is awaited, not sent again; shielded, so cancelling this attempt (eviction)
         # does not abandon a request that is being paid for.
         task = _in_flight.get(path)
+        if task is None and activity.is_worker_shutdown():
+            # A stopping worker hands the session over instead of starting another request: the retry
+            # waits on a workflow timer (the delay is above the local retry threshold), which ends the
+            # workflow task, so this worker can exit and another one replays and sends the request.
+            raise ApplicationError(
+                "the worker is shutting down; the model request is handed to another worker",
+                type=DRAINING_ERROR,
+                next_retry_delay=DRAIN_RETRY_DELAY,
+            )
         if task is None:
             task = _in_flight[path] = asyncio.ensure_future(send_and_store(path, params, deps))
+            task.add_done_callback(_consume)  # nobody may be waiting any more (the attempt was cancelled)
         return await asyncio.shield(task)
 
     # The payload converter reads the parameter types from the annotations: pydantic-ai's activity's.

@@ -36,7 +36,7 @@ from pydantic_ai.tools import AgentDepsT
 from temporalio import activity, workflow
 from temporalio.workflow import ActivityConfig
 
-from activities.model_requests import cached_request_activity
+from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity
 from workflows.session import await_cancel_safe
 
 __all__ = ["LocalModelDurability", "LOCAL_SUFFIX", "LOCAL_MODEL_PATCH", "local_model_requests"]
@@ -83,6 +83,7 @@ class _LocalModelRequest:
                     start_to_close_timeout=cfg.get("start_to_close_timeout"),
                     schedule_to_close_timeout=cfg.get("schedule_to_close_timeout"),
                     retry_policy=cfg.get("retry_policy"),
+                    local_retry_threshold=LOCAL_RETRY_THRESHOLD,
                     summary=f"request model: {model_name}",
                 )
             )

@@ -144,3 +144,40 @@ async def test_kill_between_model_requests(crash_env, tmp_path) -> None:
     assert _comparable(out) == _comparable(base_out)
     _assert_no_completed_request_ran_twice(read_model_log(log_path), hist, pid1)
     print(f"recovery after kill between requests: {recovery:.2f}s")
+
+
+async def test_graceful_stop_mid_reflection_loses_and_repeats_nothing(crash_env, tmp_path) -> None:
+    """SIGTERM (a deploy) while model requests and cells run inside the worker's workflow task: the
+    worker finishes the request in flight and hands over; the next worker completes the reflection
+    and no model request is sent twice, not even the one in flight."""
+    settings = Settings.from_env()
+    client = await connect(crash_env["TEMPORAL_ADDRESS"])
+    trace = rr.upload_trace(write_trace(tmp_path), settings)
+    inp = rr.build_input(trace, config=ReflectionConfig(model="scripted-paced-20"))
+    log_path = Path(crash_env["RR_TEST_MODEL_LOG"])
+    w1 = WorkerProcess(crash_env, tmp_path / "graceful-w1.log")
+    w2: WorkerProcess | None = None
+    try:
+        w1.wait_ready()
+        handle = await rr.start_reflection(client, inp, crash_env["RR_TASK_QUEUE"], f"grace-{uuid.uuid4().hex[:8]}")
+        await _wait_for(lambda: len(read_model_log(log_path)) >= 5)
+        t_stop = time.monotonic()
+        w1.stop()
+        stopped_in = time.monotonic() - t_stop
+        assert w1.proc.returncode == 0, w1.log.read_text()[-2000:]
+        w2 = WorkerProcess(crash_env, tmp_path / "graceful-w2.log")
+        w2.wait_ready()
+        out = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        w1.stop()
+        if w2:
+            w2.stop()
+    assert out.raw["rr_trace"]["cells"] == 20 and out.raw["rr_trace"]["stop_reason"] == "completed"
+    log = read_model_log(log_path)
+    counts = collections.Counter(e["key"] for e in log)
+    assert len(counts) == 21 and max(counts.values()) == 1, counts
+    assert {e["pid"] for e in log} == {w1.proc.pid, w2.proc.pid}  # both workers did part of the work
+    # the stopping worker handed over instead of finishing the reflection (~5 s of model time)
+    assert stopped_in < 3.0, stopped_in
+    print(f"graceful stop took {stopped_in:.2f} s; requests per worker "
+          f"{collections.Counter(e['pid'] for e in log)}")
