@@ -6,7 +6,8 @@ The worker and the dev server run in their own processes so their CPU is measure
 
     python -m bench.throughput [--concurrency 50 200] [--steps 20] [--latency 200] [--kinds anchor rr]
 
-Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the worker while the batches run.
+Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the worker while the batches run (only
+threads holding the GIL, i.e. Python CPU).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
         model = scripts.model_name(steps, latency)
         spy = None
         if os.environ.get("RR_BENCH_PYSPY"):
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(worker.pid), "-r", "50", "-f", "raw", "--threads", "--nonblocking",
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(worker.pid), "-r", "100", "-f", "raw", "--threads", "--gil",
                                     "-o", os.environ["RR_BENCH_PYSPY"]], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         await _batch("rr", 2, client, trace, model, tq)  # warm-up
