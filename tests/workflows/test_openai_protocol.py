@@ -193,3 +193,17 @@ async def test_history_replays_without_credentials(
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, repr(result.replay_failure)
     assert len(openai_server.requests) == n_http, "replay must not send model requests"
+
+
+async def test_a_retry_after_a_longer_backoff_waits_on_a_workflow_timer(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer
+) -> None:
+    """Backoffs above the local retry threshold (0.5 s) wait on a workflow timer, which ends the
+    workflow task (the responses so far reach the history) before the request is sent again."""
+    openai_server.fail_next(2, status=500)
+    out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), _model_name("openai-chat"))
+    assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw
+    assert [r.status for r in openai_server.requests] == [500, 500, 200, 200]
+    timers = [e for e in history.events if e.HasField("timer_started_event_attributes")]
+    assert len(timers) == 1  # the 1 s backoff of the third attempt; the 0.5 s one stayed local
+    assert _model_attempts(history) == [3, 1]
