@@ -160,14 +160,17 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         handle = rt.client.get_workflow_handle(args.id)
-        status = (await handle.describe()).status
-        if status == WorkflowExecutionStatus.RUNNING:
+        desc = await handle.describe()
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            line = "  (no worker is running it right now)"
             try:
-                line = render_progress(
-                    await handle.query("progress", result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
-                )
-            except Exception:  # no worker holds it right now: progress is unknown, the state is not
-                line = "  (no worker is running it right now)"
+                # a query waits for a worker; with none polling it would only time out
+                if await c.has_pollers(rt.client, desc.task_queue):
+                    line = render_progress(
+                        await handle.query("progress", result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
+                    )
+            except Exception:  # progress is best effort; the state (running) is not
+                pass
             return _err(f"reflection {args.id} is still running:{line}", 3)
         out = await c.fetch_result(rt.client, args.id)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")

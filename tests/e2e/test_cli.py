@@ -128,7 +128,7 @@ def test_result_of_a_running_reflection_says_so(  # type: ignore[no-untyped-def]
     wf_id = asyncio.run(start())
     try:
         p = rr("result", wf_id, env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
-        assert p.returncode == 3
+        assert p.returncode == 3, p.stderr
         assert "still running" in p.stderr and "Traceback" not in p.stderr
     finally:
         asyncio.run(terminate(wf_id))
