@@ -37,8 +37,8 @@ DEFAULT_MAX_ACTIVITIES = 32
 # A reflection keeps its workflow task (one slot) while its model requests and cells run as local
 # activities, so this is how many reflections one worker advances at once; more wait, for free, in
 # the server's queue. Too many at once on a CPU-bound worker delays workflow activations past the
-# workflow-task timeout (then the task is retried elsewhere: a replay, and in-flight requests awaited
-# twice). Measured in bench/throughput.py.
+# workflow-task timeout; the task is then retried (a replay, wasted work; requests in flight are
+# awaited, not sent again). Measured in bench/throughput.py.
 DEFAULT_MAX_WORKFLOW_TASKS = 50
 
 
@@ -67,10 +67,11 @@ def build_worker(
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
     load_plugins()
     if max_concurrent_activities is None:
-        # Admission control. A worker that accepts more activities than it can run promptly lets them sit
-        # "started" past their heartbeat timeout, and Temporal retries them: a model request paid twice.
-        # Measured with 200 concurrent reflections on 2 cores (bench/throughput.py): 200 slots -> hundreds
-        # of retried attempts, 64 -> 7, 40 -> 0, at the same steps/s. Waiting in the server's queue is free.
+        # Regular activities: summaries (and the model requests of workflows recorded before model requests
+        # became local activities). A worker that accepts more than it can run promptly lets them sit
+        # "started" past their heartbeat timeout and Temporal retries them: a request paid twice. Measured
+        # with 200 concurrent reflections on 2 cores when every model request was a regular activity
+        # (bench/throughput.py): 200 slots -> hundreds of retried attempts, 40 -> 0, at the same steps/s.
         max_concurrent_activities = int(os.environ.get("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
     if max_concurrent_workflow_tasks is None:
         max_concurrent_workflow_tasks = int(
