@@ -63,9 +63,24 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
                    for e in hist.events)
 
 
-async def test_response_cache_is_deleted_when_the_reflection_ends(client, task_queue, settings, tmp_path) -> None:
-    out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-3")
-    assert not model_requests.response_dir(out.raw["workflow_id"]).exists()
+async def test_response_cache_holds_responses_while_running_and_is_deleted_at_the_end(
+    client, task_queue, settings, tmp_path
+) -> None:
+    import asyncio
+
+    ref = rr.upload_trace(write_trace(tmp_path), settings)
+    inp = rr.build_input(ref, config=ReflectionConfig(model="scripted-paced-20"))
+    handle = await rr.start_reflection(client, inp, task_queue, f"t-{uuid.uuid4().hex[:10]}")
+    cache = model_requests.response_dir(handle.id)
+    for _ in range(200):
+        if cache.is_dir() and len(list(cache.glob("*.json"))) >= 3:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"no responses were cached in {cache}")
+    out = await handle.result()
+    assert out.raw["rr_trace"]["cells"] == 20
+    assert not cache.exists()
 
 
 async def test_workflow_input_holds_reference_not_trace(client, task_queue, settings, tmp_path) -> None:
