@@ -18,15 +18,25 @@ another worker continues the reflection (a graceful stop never waits for a whole
 
 Writes are atomic (temp file + rename) but not fsynced: they must survive the death of the worker
 process, which the page cache does.
+
+The request itself is handed over in process (`handed_over`), not serialized: a local activity runs
+in the worker process whose workflow scheduled it, and its input is not recorded in the history (only
+its result is, in the marker). Encoding the whole message history into the local activity's input and
+decoding it again in the activity was ≈ 15% of the worker's Python time per step (py-spy,
+`bench/throughput.py`) and grows with the history. The model then receives the workflow's message
+objects, as it does in a plain (non-durable) pydantic-ai run; the response still goes through the
+payload converter into the marker, and the workflow reads it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,8 @@ from reflector.settings import Settings
 __all__ = [
     "configure",
     "cached_request_activity",
+    "handed_over",
+    "NOT_HANDED_OVER_ERROR",
     "forget",
     "forget_responses",
     "response_dir",
@@ -53,6 +65,7 @@ __all__ = [
 ]
 
 FORGET_ACTIVITY = "rr.model.forget_responses"
+NOT_HANDED_OVER_ERROR = "ModelRequestNotHandedOver"
 DRAINING_ERROR = "WorkerDraining"
 DRAIN_RETRY_DELAY = timedelta(seconds=1)
 LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
@@ -62,6 +75,37 @@ STALE_AFTER_S = 7 * 24 * 3600.0
 _ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
 _root: Path | None = None
 _in_flight: dict[Path, asyncio.Future[ModelResponse]] = {}
+_handed: dict[str, tuple[Any, Any]] = {}
+_keys = itertools.count()
+
+
+@contextmanager
+def handed_over(params: Any, deps: Any) -> Iterator[str]:
+    """Make `(params, deps)` available to the local activity of this process under the yielded key,
+    until the block ends (the workflow has its result: every attempt, retries included, is over).
+
+    Workflow-side: the key is the activity's input. It is not deterministic and need not be: a local
+    activity's input is never recorded nor compared on replay.
+    """
+    key = f"{os.getpid()}-{next(_keys)}"
+    _handed[key] = (params, deps)
+    try:
+        yield key
+    finally:
+        _handed.pop(key, None)
+
+
+def _take(key: str, name: str) -> tuple[Any, Any]:
+    try:
+        return _handed[key]
+    except KeyError:
+        # The workflow that scheduled it is gone from this process (evicted) before the attempt started;
+        # the attempt's result would be discarded anyway, and the replayed workflow schedules a new one.
+        raise ApplicationError(
+            f"{name}: no model request was handed over under {key!r} in this process (its workflow was evicted)",
+            type=NOT_HANDED_OVER_ERROR,
+            non_retryable=True,
+        ) from None
 
 
 def configure(settings: Settings | None = None) -> None:
@@ -115,12 +159,13 @@ def _consume(task: asyncio.Future[ModelResponse]) -> None:
 
 
 def cached_request_activity(
-    inner: Callable[[Any, Any], Awaitable[ModelResponse]], name: str, *, annotations: dict[str, Any]
-) -> Callable[..., Awaitable[ModelResponse]]:
-    """An activity named `name` running `inner(params, deps)` (a model request) at most once.
+    inner: Callable[[Any, Any], Awaitable[ModelResponse]], name: str
+) -> Callable[[str], Awaitable[ModelResponse]]:
+    """An activity named `name` running `inner(params, deps)` (a model request) at most once; its input
+    is the key under which the workflow `handed_over` `(params, deps)`.
 
-    The key is (workflow id, run id, local-activity id): deterministic across a replay of the same
-    run, so a re-executed attempt finds the response its earlier execution stored.
+    The cache key is (workflow id, run id, local-activity id): deterministic across a replay of the
+    same run, so a re-executed attempt finds the response its earlier execution stored.
     """
 
     async def send_and_store(path: Path, params: Any, deps: Any) -> ModelResponse:
@@ -134,7 +179,7 @@ def cached_request_activity(
         finally:
             _in_flight.pop(path, None)
 
-    async def request(params: Any, deps: Any = None) -> ModelResponse:
+    async def request(key: str) -> ModelResponse:
         info = activity.info()
         if not info.workflow_id or not info.workflow_run_id:
             raise RuntimeError(f"{name} runs only as a workflow's local activity")
@@ -157,11 +202,10 @@ def cached_request_activity(
                 next_retry_delay=DRAIN_RETRY_DELAY,
             )
         if task is None:
+            params, deps = _take(key, name)
             task = _in_flight[path] = asyncio.ensure_future(send_and_store(path, params, deps))
             task.add_done_callback(_consume)  # nobody may be waiting any more (the attempt was cancelled)
         return await asyncio.shield(task)
 
-    # The payload converter reads the parameter types from the annotations: pydantic-ai's activity's.
-    request.__annotations__ = annotations
     request.__name__ = request.__qualname__ = name
     return activity.defn(name=name)(request)

@@ -46,17 +46,22 @@ async def _batch(kind: str, n: int, client, trace, model: str, tq: str) -> tuple
     return time.perf_counter() - t, handles
 
 
-async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str]) -> None:
+async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str], procs: int = 1) -> None:
     env = await start_bench_env()
     home, trace, address, server = env.home, env.trace, env.address, env.server
     tq = f"tp-{uuid.uuid4().hex[:6]}"
     os.environ[scripts.CALLS_FILE_ENV] = str(home / "model-calls")
-    log = open(home / "worker.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq})
+    workers = []
+    for i in range(procs):
+        log = open(home / f"worker{i}.log", "w")
+        workers.append(subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log,
+                                        stderr=subprocess.STDOUT,
+                                        env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq}))
+    worker = workers[0]
     try:
-        while "ready" not in (home / "worker.log").read_text():
-            await asyncio.sleep(0.1)
+        for i in range(procs):
+            while "ready" not in (home / f"worker{i}.log").read_text():
+                await asyncio.sleep(0.1)
         client = await connect(address)
         model = scripts.model_name(steps, latency)
         spy = None
@@ -69,10 +74,10 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
         rows = []
         for n in concurrency:
             for kind in kinds:
-                w0, s0 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                w0, s0 = sum(children_cpu(w.pid) for w in workers), children_cpu(server.pid or 0)
                 calls0 = scripts.calls_so_far()
                 wall, handles = await _batch(kind, n, client, trace, model, tq)
-                w1, s1 = children_cpu(worker.pid), children_cpu(server.pid or 0)
+                w1, s1 = sum(children_cpu(w.pid) for w in workers), children_cpu(server.pid or 0)
                 total_steps = n * (steps + 1)  # model requests per reflection
                 paid_twice = scripts.calls_so_far() - calls0 - total_steps
                 lower_bound = (steps + 1) * latency / 1000
@@ -85,8 +90,10 @@ async def main(concurrency: list[int], steps: int, latency: int, kinds: list[str
             spy.send_signal(2)
             spy.wait(30)
     finally:
-        worker.terminate()
-        worker.wait(30)
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(30)
         server.stop()
 
 
@@ -96,5 +103,6 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--latency", type=int, default=200)
     ap.add_argument("--kinds", nargs="+", default=["anchor", "rr"], choices=["anchor", "rr"])
+    ap.add_argument("--worker-processes", type=int, default=1)
     a = ap.parse_args()
-    asyncio.run(main(a.concurrency, a.steps, a.latency, a.kinds))
+    asyncio.run(main(a.concurrency, a.steps, a.latency, a.kinds, a.worker_processes))

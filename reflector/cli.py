@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from reflector.settings import Settings
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 
 def _err(msg: str, code: int = 2) -> int:
@@ -49,6 +52,26 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a reflection's history against the current code")
     rp.add_argument("id")
     return p
+
+
+def run() -> NoReturn:
+    """The `rr` console script: `main`, then exit without interpreter finalization.
+
+    The Temporal client's native (Rust/tokio) threads can outlive `asyncio.run` and abort CPython's
+    finalization ("PyGILState_Release ... Python runtime state: finalizing", SIGABRT) after the command
+    has printed its result: seen once per few suite runs on `rr result`, known upstream
+    (temporalio/sdk-python#300). So the exit code must not depend on finalization: flush what was
+    written, stop any embedded server this process started, and `os._exit`.
+    """
+    code = main()
+    from reflector.devserver import stop_live_servers
+
+    stop_live_servers()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,4 +215,4 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -176,7 +176,8 @@ _LIVE: weakref.WeakSet[DevServer] = weakref.WeakSet()
 
 
 @atexit.register
-def _stop_live_servers() -> None:
+def stop_live_servers() -> None:
+    """Stop every server this process started and has not stopped (runs at interpreter exit)."""
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.stop()

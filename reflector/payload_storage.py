@@ -10,10 +10,10 @@ history carries only a small reference (`{"sha256": <hex>, "size": <n>}` under t
 workers and replays that produce the same bytes write nothing new.
 
 Replay (`rr replay`) re-runs the workflow code, and the SDK encodes the commands it produces exactly as
-a worker would, including a *store* of every large payload. pydantic-ai re-encodes each model-request
-input with a fresh timestamp (new bytes under new hashes); those inputs are local-activity inputs and
-never stored (see `is_model_request_input`), but a writing driver would grow the store with anything
-else a future workflow re-encodes differently. The read-only converter (`data_converter(..., read_only=True)`)
+a worker would, including a *store* of every large payload. Model-request inputs, which pydantic-ai
+would re-encode with a fresh timestamp (new bytes under new hashes), are never encoded (they are handed
+to the local activity in process, `activities.model_requests`), but a writing driver would grow the
+store with anything a future workflow re-encodes differently. The read-only converter (`data_converter(..., read_only=True)`)
 retrieves normally but offloads only payloads whose blob already exists; any other large payload stays
 inline in the replayer's memory (nothing is sent to the server during a replay, so this is harmless)
 and nothing is ever written. Its `store()` refuses (raises `ReadOnlyBlobStore`) if called for a
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -41,6 +41,7 @@ from temporalio.converter import (
 )
 
 from reflector.blobstore import BlobNotFound, BlobStore
+from reflector.payload_converter import SharedPayloadConverter
 from reflector.settings import Settings
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
     "data_converter",
     "blob_dir_of",
     "resolve",
-    "is_model_request_input",
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
@@ -180,25 +180,6 @@ def _never(_context: StorageDriverSelectContext, _payload: Payload) -> StorageDr
     return None
 
 
-# A model request's input: pydantic-ai's `_RequestParams` (its fields serialize in declaration order,
-# `messages` first). Model requests are local activities, whose input never reaches the history:
-# storing it would write the whole message history to the blob store at every step for nothing.
-MODEL_REQUEST_INPUT_PREFIX = b'{"messages":['
-
-
-def is_model_request_input(payload: Payload) -> bool:
-    return payload.data.startswith(MODEL_REQUEST_INPUT_PREFIX)
-
-
-def _offload_unless_model_request(
-    driver: StorageDriver,
-) -> Callable[[StorageDriverSelectContext, Payload], StorageDriver | None]:
-    def select(_context: StorageDriverSelectContext, payload: Payload) -> StorageDriver | None:
-        return None if is_model_request_input(payload) else driver
-
-    return select
-
-
 def external_storage(
     blob_dir: Path | str, *, read_only: bool = False, threshold: int | None = None
 ) -> ExternalStorage:
@@ -217,19 +198,17 @@ def external_storage(
     driver = BlobStorageDriver(blob_dir)
     if limit == 0:
         return ExternalStorage(drivers=[driver], driver_selector=_never)
-    return ExternalStorage(
-        drivers=[driver], driver_selector=_offload_unless_model_request(driver), payload_size_threshold=limit
-    )
+    return ExternalStorage(drivers=[driver], payload_size_threshold=limit)
 
 
 def data_converter(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> DataConverter:
     """The data converter for clients, workers (`read_only=False`) and replayers (`read_only=True`).
 
-    The payload converter is the default one: `PydanticAIPlugin` swaps in its pydantic converter and
-    keeps `external_storage` (it uses `dataclasses.replace`).
+    The payload converter is pydantic-ai's, instantiated once per process (`SharedPayloadConverter`);
+    `PydanticAIPlugin` keeps it (a subclass of its own) and keeps `external_storage`.
     """
     storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
-    return DataConverter(external_storage=storage)
+    return DataConverter(payload_converter_class=SharedPayloadConverter, external_storage=storage)
 
 
 def resolve(payload: Payload, blob_dir: Path | str) -> Payload:

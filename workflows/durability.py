@@ -9,7 +9,10 @@ the response is recorded (as a marker). Measured in `bench/overhead.py` and `ben
 What keeps it durable: the markers are flushed to the history at least every 0.8 x workflow task
 timeout (the SDK's workflow-task heartbeat while local activities run), and every response is
 stored in the response cache (`activities.model_requests`) before the activity returns, so a worker
-dying between two flushes costs a replay, never a second payment. Everything else (activity name of
+dying between two flushes costs a replay, never a second payment. The request (messages, settings,
+tool definitions) is handed to the activity in process rather than serialized into its input
+(`activities.model_requests.handed_over`): a local activity runs where its workflow runs, and its
+input is never recorded. Everything else (activity name of
 the regular request, the run context, errors rebuilt as pydantic-ai's model errors, streaming, the
 continue-as-new handler) is pydantic-ai's own.
 """
@@ -36,7 +39,7 @@ from pydantic_ai.tools import AgentDepsT
 from temporalio import activity, workflow
 from temporalio.workflow import ActivityConfig
 
-from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity
+from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
 from workflows.session import await_cancel_safe
 
 __all__ = ["LocalModelDurability", "LOCAL_SUFFIX", "LOCAL_MODEL_PATCH", "local_model_requests"]
@@ -75,11 +78,12 @@ class _LocalModelRequest:
         op_id = cast(ModelRequestId, self._inner.operation.operation_id)
         model_name = getattr(params, "model_id", None) or op_id.model_name
         cfg = self._config
-        with rebuilt_model_errors(), model_response_payload_errors(model_name):
+        params_wire, deps = payload
+        with rebuilt_model_errors(), model_response_payload_errors(model_name), handed_over(params_wire, deps) as key:
             response: ModelResponse = await await_cancel_safe(
                 workflow.start_local_activity(
                     self._local,
-                    args=list(payload),
+                    args=[key],
                     start_to_close_timeout=cfg.get("start_to_close_timeout"),
                     schedule_to_close_timeout=cfg.get("schedule_to_close_timeout"),
                     retry_policy=cfg.get("retry_policy"),
@@ -98,7 +102,7 @@ class LocalModelDurability(TemporalDurability[AgentDepsT]):
     (`local_model_activities`); pydantic-ai's own activities stay registered as before.
     """
 
-    local_request_activity: Callable[..., Awaitable[ModelResponse]]
+    local_request_activity: Callable[[str], Awaitable[ModelResponse]]
 
     def _bind_to_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> None:
         super()._bind_to_agent(agent)
@@ -114,9 +118,7 @@ class LocalModelDurability(TemporalDurability[AgentDepsT]):
             with non_retryable_subclasses_as_application_errors(), model_errors_as_application_errors(non_retryable):
                 return await op.handler(semantic)
 
-        self.local_request_activity = cached_request_activity(
-            run, name, annotations=dict(inner.registration.__annotations__)
-        )
+        self.local_request_activity = cached_request_activity(run, name)
         local = _LocalModelRequest(inner, self.local_request_activity, self._model_activity_config)
         self._bound_model_operations = ops._replace(request=local)
 

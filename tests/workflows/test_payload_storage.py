@@ -40,7 +40,6 @@ from reflector.payload_storage import (
     ReadOnlyBlobStore,
     blob_dir_of,
     external_storage,
-    is_model_request_input,
     resolve,
 )
 from reflector.settings import Settings
@@ -175,11 +174,11 @@ async def test_history_is_far_smaller_and_blobs_exist(runs: dict[str, Run]) -> N
     refs = _references(ext.history)
     assert len(refs) >= BIG_CELLS  # at least every cell result (a local-activity marker)
     store = BlobStorageDriver(ext.blob_dir).blobs
-    # model-request inputs (local-activity inputs, never in the history) are not written to the store
+    # model-request inputs (handed to the local activity in process, never encoded) are not in the store
     for blob in _files(ext.blob_dir):
         stored = Payload()
         stored.ParseFromString((ext.blob_dir / blob).read_bytes())
-        assert not is_model_request_input(stored), blob
+        assert b'"messages":[' not in stored.data, blob
     for ref in refs:
         assert ref["driverName"] == DRIVER_NAME
         digest = ref["claimData"]["sha256"]  # type: ignore[index]
@@ -221,10 +220,10 @@ async def test_replay_reads_blobs_and_writes_nothing(runs: dict[str, Run]) -> No
 
 
 async def test_a_writing_replayer_stores_nothing_new(runs: dict[str, Run], tmp_path: Path) -> None:
-    """Replay re-encodes every command the workflow makes. The ones that re-encode with new bytes
+    """Replay re-encodes every command the workflow makes. The ones that would re-encode with new bytes
     (pydantic-ai stamps each model-request input with a fresh timestamp) are model-request inputs,
-    which are local-activity inputs and never stored; the read-only driver of `rr replay` makes sure
-    of it whatever a future workflow encodes."""
+    which are handed to the local activity in process and never encoded; the read-only driver of
+    `rr replay` makes sure of it whatever a future workflow encodes."""
     import shutil
 
     ext = runs["external"]
@@ -249,10 +248,10 @@ async def test_fresh_process_reads_stored_payloads(runs: dict[str, Run], tempora
     print(f"replay on the driver: retrieve {driver.retrieved} claims (history: {len(_references(ext.history))} "
           f"references, {len(read_back)} outside activity inputs), store {driver.stored} (already stored), "
           f"{driver.refused} new payloads kept inline")
-    # the workflow reads back the cell results (local-activity markers), never the activity inputs; the
-    # model-request inputs it re-encodes are new bytes (fresh timestamps): kept inline, nothing written
+    # the workflow reads back the cell results (local-activity markers), never the activity inputs; it
+    # encodes no model-request input (handed over in process), so nothing new is kept inline either
     assert driver.retrieved == len(read_back) >= BIG_CELLS
-    assert driver.refused > 0
+    assert driver.refused == 0
     fresh_dc = DataConverter(external_storage=external_storage(ext.blob_dir, read_only=True))
     fresh = await Client.connect(temporal_server.address, data_converter=fresh_dc, plugins=[PydanticAIPlugin()])
     out = await fresh.get_workflow_handle(ext.workflow_id, result_type=ReflectorOutput).result()
