@@ -12,6 +12,7 @@ import os
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from reflector.models import register_model
 
@@ -42,6 +43,12 @@ def calls_so_far() -> int:
     return os.path.getsize(path) if path and os.path.exists(path) else 0
 
 
+def _usage(messages: list[ModelMessage]) -> RequestUsage:
+    """Token counts as a provider reports them (else `FunctionModel` estimates them by walking the whole
+    history at every request: CPU that no real model request costs the worker)."""
+    return RequestUsage(input_tokens=100 * len(messages), output_tokens=30)
+
+
 def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
     async def fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         count_call()
@@ -50,7 +57,8 @@ def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
         k = _n_returns(messages)
         if k < steps:
             code = f"v{k} = {k} * 2\nprint(v{k})"
-            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{k}")])
+            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{k}")],
+                                 usage=_usage(messages))
         args = {
             "reasoning": f"{steps} cells ran",
             "error_identification": "none",
@@ -60,7 +68,8 @@ def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
             "extracted_learnings": [],
             "skill_tags": [],
         }
-        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")])
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")],
+                             usage=_usage(messages))
 
     return fn
 

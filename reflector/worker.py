@@ -38,8 +38,11 @@ DEFAULT_MAX_ACTIVITIES = 32
 # activities, so this is how many reflections one worker advances at once; more wait, for free, in
 # the server's queue. Too many at once on a CPU-bound worker delays workflow activations past the
 # workflow-task timeout; the task is then retried (a replay, wasted work; requests in flight are
-# awaited, not sent again). Measured in bench/throughput.py.
-DEFAULT_MAX_WORKFLOW_TASKS = 50
+# awaited, not sent again). Measured in bench/throughput.py, 200 concurrent reflections with a 200 ms
+# model on 2 cores: 50 slots -> 35 steps/s and 220 task timeouts (a slower hour: 9 steps/s, 2,000
+# timeouts); 20 or 30 -> 59-61 steps/s, none. A reflection waiting on a slow model holds its slot
+# without using CPU: with multi-second models, raise it (RR_MAX_CONCURRENT_WORKFLOW_TASKS).
+DEFAULT_MAX_WORKFLOW_TASKS = 30
 
 
 async def connect(
