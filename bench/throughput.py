@@ -5,6 +5,10 @@ The worker and the dev server run in their own processes so their CPU is measure
 `TemporalDurability` agent with the same script) runs in the same session on the same worker.
 
     python -m bench.throughput [--concurrency 50 200] [--steps 20] [--latency 200] [--kinds anchor rr]
+                               [--worker-processes N]
+
+`--worker-processes N` runs N worker processes on the task queue (both agents on all of them; CPU is
+summed); each takes `RR_MAX_CONCURRENT_WORKFLOW_TASKS` reflections at once, so split the cap yourself.
 
 Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the worker while the batches run (only
 threads holding the GIL, i.e. Python CPU).

@@ -42,8 +42,11 @@ async def test_scripted_reflection_runs_cells_and_fills_raw(client, task_queue, 
 
 
 async def test_history_records_model_requests_and_cells_as_local_activities(
-    client, task_queue, settings, tmp_path
+    client, task_queue, settings, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    taken: list[str] = []
+    real_take = model_requests._take
+    monkeypatch.setattr(model_requests, "_take", lambda key, name: (taken.append(key), real_take(key, name))[1])
     await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-3")
     hist = HISTORIES[-1]
     records = completed_activities(hist.events)
@@ -61,6 +64,9 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
     assert not any(e.HasField("activity_task_scheduled_event_attributes")
                    and "model_request" in e.activity_task_scheduled_event_attributes.activity_type.name
                    for e in hist.events)
+    # they were handed to the local activity in process (this test's worker runs in this process), and
+    # every hand-over was released once the workflow had the response
+    assert len(taken) == 4 and len(set(taken)) == 4 and not model_requests._handed
 
 
 async def test_response_cache_holds_responses_while_running_and_is_deleted_at_the_end(
