@@ -85,7 +85,10 @@ def handed_over(params: Any, deps: Any) -> Iterator[str]:
     until the block ends (the workflow has its result: every attempt, retries included, is over).
 
     Workflow-side: the key is the activity's input. It is not deterministic and need not be: a local
-    activity's input is never recorded nor compared on replay.
+    activity's input is never recorded nor compared on replay. The entry lives as long as the
+    workflow's frame is inside the block: it is released when the block exits, also when the workflow
+    is evicted (its tasks are cancelled) or its coroutine is closed or collected. A workflow that a
+    stopped in-process worker leaves suspended keeps it, as it keeps the rest of its state.
     """
     key = f"{os.getpid()}-{next(_keys)}"
     _handed[key] = (params, deps)
