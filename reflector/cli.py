@@ -85,9 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.home.mkdir(parents=True, exist_ok=True)
             return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port)
         if args.cmd == "worker":
-            from reflector.worker import run_worker
+            from reflector.worker import WorkerConfigError, run_worker
 
-            asyncio.run(run_worker(settings))
+            try:
+                asyncio.run(run_worker(settings))
+            except WorkerConfigError as e:
+                return _err(str(e))
             return 0
         return asyncio.run(_dispatch(args, settings))
     except KeyboardInterrupt:
@@ -100,6 +103,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
     from reflector.client import ReflectError
     from reflector.traces import TraceError
+    from reflector.worker import WorkerConfigError
 
     try:
         if args.cmd == "reflect":
@@ -108,7 +112,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await _result(args, settings)
         if args.cmd == "replay":
             return await _replay(args, settings)
-    except (ReflectError, TraceError) as e:
+    except (ReflectError, TraceError, WorkerConfigError) as e:
         return _err(str(e))
     except WorkflowFailureError as e:
         cause = e.cause

@@ -96,6 +96,15 @@ def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
     _one_line_error(rr("reflect", str(EXAMPLE), env=env), "not reachable")
 
 
+def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+    _one_line_error(rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60), "not reachable")
+    live = {**home_env, "TEMPORAL_ADDRESS": temporal_server.address}
+    for name, value, msg in [("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
+                             ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
+                             ("RR_STICKY_TIMEOUT_S", "soon", "must be a number")]:
+        _one_line_error(rr("worker", env={**live, name: value}, timeout=60), f"{name} {msg}")
+
+
 def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
     p = rr("result", "no-such-reflection", env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
     _one_line_error(p, "no-such-reflection")
