@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from reflector.settings import Settings
+from reflector.settings import SettingError, Settings
 
 __all__ = ["main", "run"]
 
@@ -77,22 +77,21 @@ def run() -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
     try:
+        settings = Settings.from_env()
         if args.cmd == "server":
             from reflector.devserver import run_foreground
 
             settings.home.mkdir(parents=True, exist_ok=True)
             return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port)
         if args.cmd == "worker":
-            from reflector.worker import WorkerConfigError, run_worker
+            from reflector.worker import run_worker
 
-            try:
-                asyncio.run(run_worker(settings))
-            except WorkerConfigError as e:
-                return _err(str(e))
+            asyncio.run(run_worker(settings))
             return 0
         return asyncio.run(_dispatch(args, settings))
+    except SettingError as e:
+        return _err(str(e))
     except KeyboardInterrupt:
         return _err("interrupted", 130)
 
@@ -103,7 +102,6 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
     from reflector.client import ReflectError
     from reflector.traces import TraceError
-    from reflector.worker import WorkerConfigError
 
     try:
         if args.cmd == "reflect":
@@ -112,7 +110,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await _result(args, settings)
         if args.cmd == "replay":
             return await _replay(args, settings)
-    except (ReflectError, TraceError, WorkerConfigError) as e:
+    except (ReflectError, TraceError) as e:
         return _err(str(e))
     except WorkflowFailureError as e:
         cause = e.cause

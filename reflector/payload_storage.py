@@ -23,7 +23,6 @@ payload that is not already stored, which the selector prevents.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from temporalio.converter import (
 
 from reflector.blobstore import BlobNotFound, BlobStore
 from reflector.payload_converter import SharedPayloadConverter
-from reflector.settings import Settings
+from reflector.settings import Settings, env_number
 
 __all__ = [
     "DRIVER_NAME",
@@ -167,13 +166,7 @@ class ReadOnlyBlobStorageDriver(BlobStorageDriver):
 
 def payload_threshold(default: int = DEFAULT_THRESHOLD_BYTES) -> int:
     """Bytes from `RR_PAYLOAD_THRESHOLD_BYTES` (0 = keep new payloads inline)."""
-    raw = os.environ.get(THRESHOLD_ENV, "").strip()
-    if not raw:
-        return default
-    value = int(raw)
-    if value < 0:
-        raise ValueError(f"{THRESHOLD_ENV} must be >= 0, got {value}")
-    return value
+    return int(env_number(THRESHOLD_ENV, default, minimum=0))
 
 
 def _never(_context: StorageDriverSelectContext, _payload: Payload) -> StorageDriver | None:

@@ -6,11 +6,30 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Settings", "DEFAULT_ADDRESS", "DEFAULT_TASK_QUEUE"]
+__all__ = ["Settings", "SettingError", "env_number", "DEFAULT_ADDRESS", "DEFAULT_TASK_QUEUE"]
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_TASK_QUEUE = "rr-reflections"
 DEFAULT_MAX_TRACE_BYTES = 512 * 1024**2
+
+
+class SettingError(ValueError):
+    """An environment variable that cannot be used; the message says which and why (the CLI prints it)."""
+
+
+def env_number(name: str, default: float, *, integer: bool = True, minimum: float = 1) -> float:
+    """`name` from the environment as a number >= `minimum` (unset or blank: `default`)."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise SettingError(f"{name} must be {kind}, got {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{name} must be >= {minimum:g}, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -43,5 +62,5 @@ class Settings:
             namespace=env.get("TEMPORAL_NAMESPACE", "default"),
             task_queue=env.get("RR_TASK_QUEUE", DEFAULT_TASK_QUEUE),
             model=env.get("RR_MODEL") or None,
-            max_trace_bytes=int(env.get("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
+            max_trace_bytes=int(env_number("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
         )

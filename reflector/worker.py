@@ -21,11 +21,11 @@ from activities import model_requests, sandbox_cells
 from activities.summarise import summarise
 from reflector.models import load_plugins
 from reflector.payload_storage import data_converter
-from reflector.settings import Settings
+from reflector.settings import SettingError, Settings, env_number
 from workflows.agent import MODEL_ACTIVITIES
 from workflows.reflection import ReflectionWorkflow
 
-__all__ = ["connect", "build_worker", "run_worker", "WORKFLOWS", "WorkerConfigError"]
+__all__ = ["connect", "build_worker", "run_worker", "WORKFLOWS"]
 
 log = logging.getLogger("rr.worker")
 
@@ -43,24 +43,6 @@ DEFAULT_MAX_ACTIVITIES = 32
 # timeouts); 20 or 30 -> 59-61 steps/s, none. A reflection waiting on a slow model holds its slot
 # without using CPU: with multi-second models, raise it (RR_MAX_CONCURRENT_WORKFLOW_TASKS).
 DEFAULT_MAX_WORKFLOW_TASKS = 30
-
-
-class WorkerConfigError(ValueError):
-    """A worker setting (environment variable) that cannot be used; the message says which and why."""
-
-
-def _env_number(name: str, default: float, *, integer: bool = True, minimum: float = 1) -> float:
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise WorkerConfigError(f"{name} must be {kind}, got {raw!r}") from None
-    if value < minimum:
-        raise WorkerConfigError(f"{name} must be >= {minimum:g}, got {raw!r}")
-    return value
 
 
 async def connect(
@@ -93,15 +75,15 @@ def build_worker(
         # "started" past their heartbeat timeout and Temporal retries them: a request paid twice. Measured
         # with 200 concurrent reflections on 2 cores when every model request was a regular activity
         # (bench/throughput.py): 200 slots -> hundreds of retried attempts, 40 -> 0, at the same steps/s.
-        max_concurrent_activities = int(_env_number("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
+        max_concurrent_activities = int(env_number("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
     if max_concurrent_workflow_tasks is None:
         max_concurrent_workflow_tasks = int(
-            _env_number("RR_MAX_CONCURRENT_WORKFLOW_TASKS", DEFAULT_MAX_WORKFLOW_TASKS)
+            env_number("RR_MAX_CONCURRENT_WORKFLOW_TASKS", DEFAULT_MAX_WORKFLOW_TASKS)
         )
-    sandbox_cells.configure(max_live=max_live_sandboxes or int(_env_number("RR_MAX_LIVE_SANDBOXES", 256)))
+    sandbox_cells.configure(max_live=max_live_sandboxes or int(env_number("RR_MAX_LIVE_SANDBOXES", 256)))
     model_requests.configure()
     model_requests.sweep()
-    sticky = sticky_timeout_s if sticky_timeout_s is not None else _env_number(
+    sticky = sticky_timeout_s if sticky_timeout_s is not None else env_number(
         "RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S, integer=False, minimum=0.1
     )
     kwargs: dict[str, object] = {}
@@ -130,7 +112,7 @@ async def run_worker(settings: Settings | None = None) -> None:
     from reflector.devserver import is_reachable
 
     if not is_reachable(settings.address):
-        raise WorkerConfigError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
+        raise SettingError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
                                 "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
     client = await connect(settings.address, settings.namespace, settings=settings)
     worker = build_worker(client, settings.task_queue)

@@ -101,8 +101,12 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
     live = {**home_env, "TEMPORAL_ADDRESS": temporal_server.address}
     for name, value, msg in [("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
                              ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
-                             ("RR_STICKY_TIMEOUT_S", "soon", "must be a number")]:
+                             ("RR_STICKY_TIMEOUT_S", "soon", "must be a number"),
+                             ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0")]:
         _one_line_error(rr("worker", env={**live, name: value}, timeout=60), f"{name} {msg}")
+    # settings every command reads
+    _one_line_error(rr("reflect", str(EXAMPLE), env={**live, "RR_MAX_TRACE_BYTES": "lots"}),
+                    "RR_MAX_TRACE_BYTES must be a whole number")
 
 
 def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]

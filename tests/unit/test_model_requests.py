@@ -95,7 +95,7 @@ async def test_the_request_reaches_the_model_as_handed_over_and_a_missing_one_is
     params = {"messages": ["the very objects"]}
     await _run(act, params)
     assert calls == [params] and calls[0] is params  # not a decoded copy
-    assert not model_requests._handed  # released when the workflow has its result
+    assert all(p is not params for p, _ in model_requests._handed.values())  # released when the workflow has its result
     with pytest.raises(ApplicationError, match="no model request was handed over") as e:
         await _env(activity_id="9").run(act, "gone")
     assert e.value.non_retryable and e.value.type == model_requests.NOT_HANDED_OVER_ERROR
