@@ -39,6 +39,8 @@ __all__ = [
     "detect_format",
     "normalize",
     "load_normalized",
+    "load_normalized_bytes",
+    "parse_trace_bytes",
     "looks_like_error",
     "render_call",
     "iter_runs",
@@ -104,7 +106,13 @@ def read_trace_file(path: str | Path, max_bytes: int | None) -> tuple[Any, FileF
     size = _check_file(p, max_bytes)
     if size == 0:
         raise TraceError(f"trace file is empty: {p}")
-    text = p.read_bytes().decode("utf-8-sig", errors="replace")
+    return parse_trace_bytes(p.read_bytes(), p)
+
+
+def parse_trace_bytes(raw: bytes, name: str | Path) -> tuple[Any, FileFormat]:
+    """Parse the bytes of a trace file called `name` (its suffix is a hint), as `read_trace_file` does."""
+    p = Path(name)
+    text = raw.decode("utf-8-sig", errors="replace")
     if not text.strip():
         raise TraceError(f"trace file is empty (whitespace only): {p}")
     if p.suffix.lower() == ".jsonl":
@@ -847,6 +855,14 @@ def normalize(data: Any, fmt: str | None = None) -> dict[str, Any]:
 def load_normalized(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
     """Read `path` without a size limit (the caller already checked it) and normalise it."""
     data, _ = read_trace_file(path, None)
+    return normalize(data, fmt)
+
+
+def load_normalized_bytes(raw: bytes, name: str | Path, fmt: str | None = None) -> dict[str, Any]:
+    """`load_normalized` of a trace already read (the sandbox host reads it from an fd)."""
+    if not raw:
+        raise TraceError(f"trace file is empty: {name}")
+    data, _ = parse_trace_bytes(raw, name)
     return normalize(data, fmt)
 
 

@@ -18,24 +18,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.framing import HEADER, MAX_FRAME_BYTES, decode, encode
+from sandbox.framing import HEADER, decode, encode
+from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 from sandbox.output import truncate
-from sandbox.protocol import CellResult, SandboxLimits
+from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
 
-__all__ = ["SubprocessExecutor", "HostPool", "host_env", "DEFAULT_RESTART_NOTE", "START_TIMEOUT_S"]
+__all__ = [
+    "SubprocessExecutor",
+    "HostPool",
+    "host_env",
+    "isolation_mode_from_env",
+    "DEFAULT_RESTART_NOTE",
+    "START_TIMEOUT_S",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +58,28 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 STDERR_TAIL_BYTES = 4096
 DEFAULT_RESTART_NOTE = "the host was restarted with a fresh namespace (variables from earlier cells are gone)"
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+# Every frame from a host is untrusted input (a breached host writes whatever it likes on its
+# protocol fd): replies are bounded, must be JSON objects answering the request they follow (`n`),
+# and anything else stops that host and fails that request only.
+MAX_REPLY_BYTES = 16 * 1024**2  # a cell reply: stdout (<= max_output_chars), error, a FINAL_ANSWER
+MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes (the host's RLIMIT_AS bounds them first)
+MAX_ASKS = 64  # questions (ARCHIVE reads) a host may ask during one request
+ARCHIVE_MAX_BYTES = 256 * 1024**2
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_ERROR_KINDS = frozenset({"syntax", "guard", "runtime", "timeout", "memory", "crash", "output"})
+_TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # sandbox.host.TEST_UNGUARDED_ENV (tests only)
+_request_ids = itertools.count(1)
+Answer = Callable[[Any], Awaitable[tuple[dict[str, Any], bytes]]]
 
 
-def host_env(workdir: str) -> dict[str, str]:
+def isolation_mode_from_env() -> IsolationMode:
+    """`RR_SANDBOX_ISOLATION` (auto | strict | language-only); ValueError names a bad value."""
+    return parse_mode(os.environ.get(ISOLATION_ENV))
+
+
+def host_env(workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool = False) -> dict[str, str]:
     """The host's whole environment: built from scratch so no secret of the worker leaks in."""
-    return {
+    env = {
         "PATH": SAFE_PATH,
         "PYTHONHASHSEED": "0",
         "PYTHONPATH": _PROJECT_ROOT,
@@ -60,11 +89,19 @@ def host_env(workdir: str) -> dict[str, str]:
         "LC_ALL": "C.UTF-8",
         "TZ": "UTC",
         "HOME": workdir,
+        ISOLATION_ENV: isolation,
     }
+    if unguarded:
+        env[_TEST_UNGUARDED_ENV] = "1"
+    return env
 
 
 class _HostDied(Exception):
     pass
+
+
+class _ProtocolError(_HostDied):
+    """A reply that breaks the protocol: the host is alive but can no longer be trusted."""
 
 
 @dataclass
@@ -95,7 +132,9 @@ def sweep_stale_workdirs(root: str | None = None) -> int:
     return removed
 
 
-async def _launch(python: str, limits_arg: str | None) -> _HostProc:
+async def _launch(
+    python: str, limits_arg: str | None, isolation: IsolationMode = "auto", unguarded: bool = False
+) -> _HostProc:
     """Spawn `python -m sandbox.host` in a fresh empty directory with a scrubbed environment.
 
     Without `limits_arg` (pooled hosts) the host applies the OS limits from its `start` request.
@@ -111,7 +150,7 @@ async def _launch(python: str, limits_arg: str | None) -> _HostProc:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_fh,
                 cwd=workdir,
-                env=host_env(workdir),
+                env=host_env(workdir, isolation, unguarded=unguarded),
                 start_new_session=True,
             )
     except BaseException:
@@ -126,27 +165,90 @@ async def _exchange(
     payload: bytes | None = None,
     *,
     expect_payload: bool = False,
+    answer: Answer | None = None,
 ) -> tuple[dict[str, Any], bytes | None]:
-    """One request/response; optional raw bytes after the request or the response frame."""
+    """One request/response; optional raw bytes after the request or the response frame.
+
+    The host may ask questions (`{"ask": ...}` frames) before it replies; `answer` handles them.
+    Raises `_HostDied` when the channel closes and `_ProtocolError` for any reply that is not a
+    bounded JSON object carrying this request's number.
+    """
     if proc is None or proc.stdin is None or proc.stdout is None:
         raise _HostDied()
+    number = next(_request_ids)
     try:
-        proc.stdin.write(encode(obj))
+        proc.stdin.write(encode({**obj, "n": number}))
         if payload is not None:
             proc.stdin.write(payload)
         await proc.stdin.drain()
-        header = await proc.stdout.readexactly(HEADER.size)
-        (size,) = HEADER.unpack(header)
-        if size > MAX_FRAME_BYTES:
-            raise _HostDied()
-        body = await proc.stdout.readexactly(size)
-        result: dict[str, Any] = decode(body)
+        asks = 0
+        while True:
+            result = await _read_reply(proc.stdout)
+            question = result.get("ask")
+            if question is None:
+                break
+            asks += 1
+            if answer is None or asks > MAX_ASKS:
+                raise _ProtocolError("the host asked a question it may not ask here")
+            reply, data = await answer(question)
+            proc.stdin.write(encode(reply))
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+        if result.get("n") != number:
+            raise _ProtocolError("a reply that does not answer the request")
         blob = None
-        if expect_payload and result.get("ok") and isinstance(result.get("size"), int):
-            blob = await proc.stdout.readexactly(result["size"])
+        if expect_payload and result.get("ok") is True:
+            size = result.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_BLOB_BYTES:
+                raise _ProtocolError("a payload size out of bounds")
+            blob = await proc.stdout.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
         raise _HostDied() from None
     return result, blob
+
+
+async def _read_reply(stream: asyncio.StreamReader) -> dict[str, Any]:
+    (size,) = HEADER.unpack(await stream.readexactly(HEADER.size))
+    if size > MAX_REPLY_BYTES:
+        raise _ProtocolError(f"a reply frame of {size:,} bytes (limit {MAX_REPLY_BYTES:,})")
+    body = await stream.readexactly(size)
+    try:
+        result = decode(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _ProtocolError(f"a reply that is not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(result, dict):
+        raise _ProtocolError("a reply that is not a JSON object")
+    return result
+
+
+async def _answer_archive(archive_root: str | None, question: Any) -> tuple[dict[str, Any], bytes]:
+    """Read one archived transcript for a host: by validated sha256 only, never by a host's path."""
+    sha = question.get("sha256") if isinstance(question, dict) else None
+    if not isinstance(question, dict) or question.get("what") != "archive" or not isinstance(sha, str):
+        return {"ok": False, "error": "unknown question"}, b""
+    if not _HEX64.fullmatch(sha):
+        return {"ok": False, "error": "expected a sha256 digest as 64 lowercase hex characters"}, b""
+    if archive_root is None:
+        return {"ok": False, "error": "no transcript archive is configured for this session"}, b""
+    path = os.path.join(archive_root, "sha256", sha[:2], sha)
+
+    def read() -> tuple[dict[str, Any], bytes]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return {"ok": False, "error": f"no archived transcript with sha256 {sha}"}, b""
+        except OSError as exc:
+            return {"ok": False, "error": f"archived transcript {sha} cannot be read ({exc.strerror})"}, b""
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return {"ok": False, "error": f"archived transcript {sha} is not a regular file"}, b""
+            data = fh.read(ARCHIVE_MAX_BYTES + 1)
+        if len(data) > ARCHIVE_MAX_BYTES:
+            return {"ok": False, "error": f"archived transcript {sha} exceeds {ARCHIVE_MAX_BYTES:,} bytes"}, b""
+        return {"ok": True, "size": len(data)}, data
+
+    return await asyncio.to_thread(read)
 
 
 def _kill_sync(host: _HostProc) -> None:
@@ -169,8 +271,16 @@ class HostPool:
     once. Bound to the event loop it was first used on (hosts of another loop are discarded).
     """
 
-    def __init__(self, size: int = 2, *, python: str = sys.executable, warm_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        size: int = 2,
+        *,
+        python: str = sys.executable,
+        warm_timeout_s: float = START_TIMEOUT_S,
+        isolation: IsolationMode | None = None,
+    ) -> None:
         self.size = max(0, size)
+        self.isolation: IsolationMode = isolation or isolation_mode_from_env()
         self._python = python
         self._warm_timeout_s = warm_timeout_s
         self._idle: deque[_HostProc] = deque()
@@ -251,7 +361,7 @@ class HostPool:
         while len(self._idle) < self.size:
             host: _HostProc | None = None
             try:
-                host = await _launch(self._python, None)
+                host = await _launch(self._python, None, self.isolation)
                 resp, _ = await asyncio.wait_for(_exchange(host.proc, {"op": "warm"}), self._warm_timeout_s)
                 if not resp.get("ok"):
                     raise RuntimeError(str(resp))
@@ -287,9 +397,20 @@ class SubprocessExecutor:
         pool: HostPool | None = None,
         index_data: bool = False,
         archive_root: str | os.PathLike[str] | None = None,
+        isolation: IsolationMode | None = None,
+        unguarded_for_tests: bool = False,
     ) -> None:
-        """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from."""
+        """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from (the
+        worker reads them for the host, see `_answer_archive`).
+
+        `isolation`: the OS layer the host must apply (`sandbox.isolation`; default from
+        `RR_SANDBOX_ISOLATION`, i.e. `auto`). `unguarded_for_tests`: let `run_unguarded` run code with
+        the language guards off, to prove what the OS layer holds (tests only).
+        """
         self.limits = limits or SandboxLimits()
+        self.isolation_mode: IsolationMode = isolation or isolation_mode_from_env()
+        self.unguarded_for_tests = unguarded_for_tests
+        self.isolation: dict[str, Any] = {}  # what the last started host reported (`IsolationReport`)
         self.restart_note = restart_note
         self._python = python
         self._start_timeout_s = start_timeout_s
@@ -315,8 +436,29 @@ class SubprocessExecutor:
 
     @property
     def pid(self) -> int | None:
-        """The host's pid (also its process-group id), for tests and diagnostics."""
+        """The pid of the spawned process (the host's process group), for tests and diagnostics.
+
+        With namespaces this is the host's supervisor; the host itself is `host_pid`.
+        """
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def host_pid(self) -> int | None:
+        """The worker-side pid of the process that runs the cells (diagnostics; Linux /proc)."""
+        pid = self.pid
+        if pid is None or self.isolation.get("mode") == "language-only":
+            return pid
+        if "namespaces" not in self.isolation.get("layers", ()):
+            return pid
+        for _ in range(2):  # supervisor -> reaper (PID 1 inside) -> host (PID 2 inside)
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                return None
+            if not children:
+                return None
+            pid = int(children[0])
+        return pid
 
     async def start(
         self,
@@ -347,8 +489,9 @@ class SubprocessExecutor:
                 restarted = True
             t0 = time.perf_counter()
             try:
-                resp = await asyncio.wait_for(
-                    self._request({"op": "cell", "code": code}), self.limits.cell_timeout_s
+                resp, _ = await asyncio.wait_for(
+                    self._exchange({"op": "cell", "code": code}, answer=self._answer),
+                    self.limits.cell_timeout_s,
                 )
             except TimeoutError:
                 await self._kill()
@@ -363,9 +506,33 @@ class SubprocessExecutor:
                     host_restarted=restarted,
                     meta={"killed": True},
                 )
+            except _ProtocolError as exc:
+                return await self._protocol_result(exc, t0, restarted)
             except _HostDied:
                 return await self._death_result(t0, restarted)
             return self._to_result(resp, t0, restarted)
+
+    async def run_unguarded(self, code: str) -> CellResult:
+        """Tests only: run `code` in the host with the language guards off (a simulated breach)."""
+        if not self.unguarded_for_tests:
+            raise RuntimeError("run_unguarded needs SubprocessExecutor(unguarded_for_tests=True)")
+        async with self._lock:
+            t0 = time.perf_counter()
+            try:
+                resp, _ = await asyncio.wait_for(
+                    self._exchange({"op": "unguarded", "code": code}), self.limits.cell_timeout_s
+                )
+            except TimeoutError:
+                await self._kill()
+                return CellResult(ok=False, error_kind="timeout", error="unguarded code timed out")
+            except _ProtocolError as exc:
+                return await self._protocol_result(exc, t0, False)
+            except _HostDied:
+                return await self._death_result(t0, False)
+            return self._to_result(resp, t0, False)
+
+    async def _answer(self, question: Any) -> tuple[dict[str, Any], bytes]:
+        return await _answer_archive(self.archive_root, question)
 
     async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
         """Ask the host for a snapshot of its namespace: (pickle bytes or None if refused, response).
@@ -432,10 +599,12 @@ class SubprocessExecutor:
     async def _spawn(self) -> None:
         await self._stop()
         t0 = time.perf_counter()
-        host = await self._pool.take() if self._pool is not None else None
+        pool = self._pool
+        usable = pool is not None and pool.isolation == self.isolation_mode and not self.unguarded_for_tests
+        host = await pool.take() if pool is not None and usable else None
         self.pooled = host is not None
         if host is None:
-            host = await _launch(self._python, self._limits_arg())
+            host = await _launch(self._python, self._limits_arg(), self.isolation_mode, self.unguarded_for_tests)
         self._proc, self._workdir, self._stderr_path = host.proc, host.workdir, host.stderr_path
         self.spawn_count += 1
         assert self._start_args is not None
@@ -461,9 +630,11 @@ class SubprocessExecutor:
             tail = self._stderr_tail()
             await self._kill()
             raise RuntimeError(f"sandbox host failed to start: {tail or 'no output'}") from None
+        if isinstance(resp.get("isolation"), dict):
+            self.isolation = resp["isolation"]
         if not resp.get("ok"):
             await self._kill()
-            raise RuntimeError(str(resp.get("error")))
+            raise RuntimeError(str(resp.get("error"))[:2000])
         self.start_ms = _ms(t0)
 
     async def _request(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -471,9 +642,26 @@ class SubprocessExecutor:
         return result
 
     async def _exchange(
-        self, obj: dict[str, Any], payload: bytes | None = None, *, expect_payload: bool = False
+        self,
+        obj: dict[str, Any],
+        payload: bytes | None = None,
+        *,
+        expect_payload: bool = False,
+        answer: Answer | None = None,
     ) -> tuple[dict[str, Any], bytes | None]:
-        return await _exchange(self._proc, obj, payload, expect_payload=expect_payload)
+        return await _exchange(self._proc, obj, payload, expect_payload=expect_payload, answer=answer)
+
+    async def _protocol_result(self, exc: _ProtocolError, t0: float, restarted: bool) -> CellResult:
+        """A host that broke the protocol is stopped; only this cell fails (the session rebuilds)."""
+        await self._kill()
+        return CellResult(
+            ok=False,
+            error_kind="crash",
+            error=f"the sandbox host sent {exc} and was stopped; {self.restart_note}.",
+            duration_ms=_ms(t0),
+            host_restarted=restarted,
+            meta={"protocol_error": str(exc)},
+        )
 
     async def _death_result(self, t0: float, restarted: bool) -> CellResult:
         proc = self._proc
@@ -511,25 +699,36 @@ class SubprocessExecutor:
         )
 
     def _to_result(self, resp: dict[str, Any], t0: float, restarted: bool) -> CellResult:
-        stdout = str(resp.get("stdout") or "")
+        """A cell reply, checked field by field (the host is untrusted; see `MAX_REPLY_BYTES`)."""
+        raw_stdout = resp.get("stdout")
+        stdout: str = raw_stdout if isinstance(raw_stdout, str) else ""
+        error = resp.get("error")
+        error = error[:20_000] if isinstance(error, str) else (None if error is None else "malformed error")
+        ok = resp.get("ok") is True and error is None
+        kind: ErrorKind | None = resp.get("error_kind") if resp.get("error_kind") in _ERROR_KINDS else None
+        if kind is None and not ok:
+            kind = "crash"
+        if not ok and error is None:
+            error = "the sandbox host reported a failure without a message"
         truncated = bool(resp.get("truncated"))
         # The host already truncates; enforce the boundary here too (the note adds ~200 chars).
         if len(stdout) > self.limits.max_output_chars + 400:
             stdout, _ = truncate(stdout, self.limits.max_output_chars)
             truncated = True
+        has_submission = resp.get("has_submission") is True
         return CellResult(
-            ok=bool(resp.get("ok")),
+            ok=ok,
             stdout=stdout,
-            error=resp.get("error"),
-            error_kind=resp.get("error_kind"),
+            error=error,
+            error_kind=kind,
             duration_ms=_ms(t0),
             truncated=truncated,
-            submitted=resp.get("submitted") if resp.get("has_submission") else None,
+            submitted=resp.get("submitted") if has_submission else None,
             host_restarted=restarted,
             meta={
-                "host_ms": resp.get("host_ms"),
-                "maxrss_kb": resp.get("maxrss_kb"),
-                "has_submission": bool(resp.get("has_submission")),
+                "host_ms": _number(resp.get("host_ms")),
+                "maxrss_kb": _number(resp.get("maxrss_kb")),
+                "has_submission": has_submission,
             },
         )
 
@@ -572,6 +771,10 @@ def _close_pipes(proc: asyncio.subprocess.Process) -> None:
     transport = getattr(proc, "_transport", None)
     if transport is not None:
         transport.close()
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _ms(t0: float) -> float:

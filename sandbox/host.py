@@ -57,8 +57,17 @@ import time
 from typing import Any
 
 from sandbox.framing import read_exact, read_frame_fd, write_frame_fd
-from sandbox.guards import GuardError
-from sandbox.namespace import SandboxNamespace, format_exception, load_traces
+from sandbox.guards import ALLOWED_MODULES, GuardError
+from sandbox.isolation import (
+    ISOLATION_ENV,
+    IsolationMode,
+    IsolationReport,
+    IsolationUnavailable,
+    enter_namespaces,
+    lockdown,
+    parse_mode,
+)
+from sandbox.namespace import ARCHIVE_MAX_BYTES, SandboxNamespace, format_exception, load_traces
 from sandbox.output import truncate
 from sandbox.snapshot import (
     DataIndex,
@@ -69,8 +78,18 @@ from sandbox.snapshot import (
     take_snapshot,
 )
 
-__all__ = ["main", "apply_rlimits"]
+__all__ = ["main", "apply_rlimits", "TEST_UNGUARDED_ENV"]
 
+TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # tests only: see `Host.unguarded`
+MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round trip to the worker)
+# Modules whose first use imports more from disk: imported before the lockdown, after which the
+# host (as nobody, under Landlock) may no longer be able to read the Python installation.
+PRELOAD_IMPORTS = (
+    "reflector.traces", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
+    "unicodedata", "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
+    "encodings.cp1252", "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
+    "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
+)
 CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
 MAX_ERROR_CHARS = 4000  # tracebacks of deep recursion are long; head+tail is enough to fix the cell
 
@@ -120,10 +139,23 @@ def _arm_cpu_budget(seconds: int) -> None:
 class Host:
     """Request dispatcher holding the session's namespace."""
 
-    def __init__(self, limits: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        limits: dict[str, Any] | None,
+        *,
+        isolation: IsolationReport | None = None,
+        proto: tuple[int, int] | None = None,
+        unguarded: bool = False,
+    ) -> None:
         self.limits = limits or {}
         self.limits_applied = limits is not None
-        self.ns = SandboxNamespace(int(self.limits.get("max_output_chars", 50_000)))
+        self.ns = _BrokeredNamespace(self, int(self.limits.get("max_output_chars", 50_000)))
+        self.isolation = isolation or IsolationReport(mode="language-only")
+        self.proto = proto
+        self.unguarded_allowed = unguarded
+        self.locked = False
+        self.refusal: str | None = None  # set when a required isolation layer failed: no cell runs
+        self.asks = 0
         self.started = False
         self.index: DataIndex | None = None
         self.pristine = False  # started, and no cell, restore or inherit yet
@@ -131,11 +163,17 @@ class Host:
 
     def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
         op = req.get("op")
-        if op in ("cell", "snapshot", "restore", "export", "inherit") and not self.started:
+        self.asks = 0
+        if self.refusal is not None and op != "ping":
+            return {"ok": False, "error": self.refusal, "error_kind": "crash", "isolation_refused": True}, None
+        if op in ("cell", "snapshot", "restore", "export", "inherit", "unguarded") and not self.started:
             return {"ok": False, "error": "host not started", "error_kind": "crash"}, None
         if op == "cell":
             self.pristine = False
             return self.run_cell(str(req.get("code", ""))), None
+        if op == "unguarded" and self.unguarded_allowed:
+            self.pristine = False
+            return self.unguarded(str(req.get("code", ""))), None
         if op == "snapshot":
             return self.snapshot()
         if op == "export":
@@ -150,17 +188,44 @@ class Host:
         if op == "warm":
             return self.warm(), None
         if op == "ping":
-            return {"ok": True, "pid": os.getpid()}, None
+            return {"ok": True, "pid": os.getpid(), "isolation": self.isolation.as_dict()}, None
         return {"ok": False, "error": f"unknown op {op!r}", "error_kind": "crash"}, None
 
     def warm(self) -> dict[str, Any]:
-        """Import what `start` needs (the trace normaliser) so a pooled host starts in milliseconds."""
+        """Import what `start` needs (the trace normaliser, every allowlisted module) so a pooled host
+        starts in milliseconds."""
         t0 = time.perf_counter()
-        try:
-            import reflector.traces  # noqa: F401
-        except ImportError:
-            pass
+        _preload()
         return {"ok": True, "pid": os.getpid(), "warm_ms": (time.perf_counter() - t0) * 1000}
+
+    def lock_down(self) -> None:
+        """Apply the OS layer once, before any model code (see `sandbox.isolation`).
+
+        Raises `IsolationUnavailable` when a required layer fails; the host then refuses every request.
+        """
+        if self.locked:
+            return
+        _preload()
+        if self.unguarded_allowed:  # the simulated attacker gets the modules a real one would want
+            _preload(("socket", "subprocess", "ctypes", "signal", "select"))
+        for name in sorted(ALLOWED_MODULES):  # build every proxy now: their imports read from disk
+            try:
+                self.ns.importer.proxy(name)
+            except ImportError:
+                pass
+        try:
+            lockdown(self.isolation.mode, self.isolation, readable=_readable_paths())
+        except IsolationUnavailable as exc:
+            self.refusal = (
+                f"sandbox isolation unavailable: {exc}. The OS layer (Landlock, seccomp) is required to run "
+                "model-written code; set RR_SANDBOX_ISOLATION=language-only to run without it (unsafe for "
+                "traces you did not write)"
+            )
+            raise
+        except OSError as exc:  # a syscall wrapper that raised instead of reporting: fail closed
+            self.refusal = f"sandbox isolation failed: {type(exc).__name__}: {exc}"
+            raise IsolationUnavailable(self.refusal) from None
+        self.locked = True
 
     def start(self, req: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -170,19 +235,31 @@ class Host:
         if not self.limits_applied and isinstance(limits, dict):
             apply_rlimits(limits)  # pooled host: limits arrive with its session, before any cell
             self.limits, self.limits_applied = limits, True
-            self.ns = SandboxNamespace(int(limits.get("max_output_chars", 50_000)))
+            self.ns = _BrokeredNamespace(self, int(limits.get("max_output_chars", 50_000)))
+        trace_path = req.get("trace_path")
         try:
-            traces = load_traces(req.get("trace_path"), str(req.get("trace_format", "auto")))
-            archive_root = req.get("archive_root")
-            self.ns.start(
-                traces, dict(req.get("extra_vars") or {}), str(archive_root) if archive_root else None
-            )
+            # The trace is opened while the host can still reach it; afterwards only this fd is.
+            trace_fd = os.open(str(trace_path), os.O_RDONLY | os.O_CLOEXEC) if trace_path else None
+        except OSError as exc:
+            return {"ok": False, "error": f"could not start the sandbox: cannot open the trace: {exc.strerror}"}
+        try:
+            self.lock_down()
+        except IsolationUnavailable:
+            return {"ok": False, "error": self.refusal, "isolation": self.isolation.as_dict()}
+        try:
+            traces = _load_trace_fd(trace_fd, str(trace_path), str(req.get("trace_format", "auto")))
+            self.ns.start(traces, dict(req.get("extra_vars") or {}), "worker" if req.get("archive_root") else None)
             if req.get("index_data"):
                 self.index = DataIndex([self.ns._scaffold[n] for n in self.ns._data_names])
         except Exception as exc:  # noqa: BLE001 - reported to the executor
             return {"ok": False, "error": f"could not start the sandbox: {type(exc).__name__}: {exc}"}
         self.started = self.pristine = True
-        return {"ok": True, "pid": os.getpid(), "load_ms": (time.perf_counter() - t0) * 1000}
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "load_ms": (time.perf_counter() - t0) * 1000,
+            "isolation": self.isolation.as_dict(),
+        }
 
     def export(self) -> tuple[dict[str, Any], bytes | None]:
         """A self-contained copy of the user's state for a child session (never refused)."""
@@ -285,6 +362,116 @@ class Host:
         }
 
 
+    def unguarded(self, code: str) -> dict[str, Any]:
+        """Tests only: run `code` with the real builtins and no AST check, i.e. a breached language
+        layer, so tests can prove what the OS layer still stops. Offered only when the executor
+        spawned the host with `TEST_UNGUARDED_ENV` set (never in production)."""
+        import builtins
+        import io
+
+        out = io.StringIO()
+        error = None
+        sys.stdout = sys.stderr = out  # type: ignore[assignment]
+        try:
+            exec(compile(code, "<unguarded>", "exec"), {"__builtins__": builtins, "__name__": "__breach__"})  # noqa: S102
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+        return {"ok": error is None, "stdout": out.getvalue()[-20_000:], "error": error,
+                "error_kind": None if error is None else "runtime"}
+
+    def ask(self, question: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Ask the worker for something the host cannot reach itself (an archived transcript).
+
+        One frame out, one frame (and its raw bytes) back, in the middle of the current request;
+        the worker answers only the questions it knows and validates every one.
+        """
+        if self.proto is None:
+            raise OSError("no worker channel")
+        self.asks += 1
+        if self.asks > MAX_ASKS_PER_REQUEST:
+            raise OSError(f"at most {MAX_ASKS_PER_REQUEST} archive reads per cell")
+        proto_in, proto_out = self.proto
+        write_frame_fd(proto_out, {"ask": question})
+        reply = read_frame_fd(proto_in)
+        size = reply.get("size") if isinstance(reply, dict) else None
+        data = read_exact(proto_in, size) if reply.get("ok") and isinstance(size, int) and size >= 0 else b""
+        return reply, data
+
+
+class _BrokeredNamespace(SandboxNamespace):
+    """The namespace of a locked-down host: `ARCHIVE` reads through the worker, never by path."""
+
+    def __init__(self, host: Host, max_output_chars: int) -> None:
+        super().__init__(max_output_chars)
+        self._host = host
+
+    def archive(self, sha256_hex: str) -> list[Any]:
+        if not isinstance(sha256_hex, str) or len(sha256_hex) != 64 or not all(c in "0123456789abcdef" for c in sha256_hex):
+            shown = repr(sha256_hex)[:80]
+            raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
+        if not self.archive_root:
+            raise FileNotFoundError("ARCHIVE: no transcript archive is configured for this session")
+        reply, data = self._host.ask({"what": "archive", "sha256": sha256_hex})
+        if not reply.get("ok"):
+            raise FileNotFoundError(f"ARCHIVE: {str(reply.get('error'))[:300]}")
+        import hashlib
+
+        if len(data) > ARCHIVE_MAX_BYTES or hashlib.sha256(data).hexdigest() != sha256_hex:
+            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)")
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is not valid JSON: {exc}") from None
+        if not isinstance(value, list):
+            raise TypeError(f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list")
+        return value
+
+
+def _preload(names: tuple[str, ...] = ()) -> None:
+    import importlib
+
+    for name in names or (*PRELOAD_IMPORTS, *sorted(ALLOWED_MODULES)):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def _readable_paths() -> list[str]:
+    """What a locked-down host may still read: the Python installation and this project's packages."""
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    for entry in sys.path:
+        full = os.path.abspath(entry) if entry else ""
+        if full and full != project and os.path.isdir(full) and full != os.getcwd():
+            paths.add(full)
+    paths.update(os.path.join(project, pkg) for pkg in ("sandbox", "reflector"))
+    return sorted(paths)
+
+
+def _load_trace_fd(fd: int | None, name: str, trace_format: str) -> Any:
+    """Load the trace from the fd opened before the lockdown (the path is no longer reachable)."""
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read()
+    try:
+        from reflector.traces import load_normalized_bytes
+    except ImportError:
+        return load_traces(None, trace_format) if not raw else _plain_json(raw, name, trace_format)
+    fmt = None if trace_format in ("", "auto", "json", "jsonl") else trace_format
+    return load_normalized_bytes(raw, name, fmt)
+
+
+def _plain_json(raw: bytes, name: str, trace_format: str) -> Any:
+    text = raw.decode("utf-8-sig", errors="replace")
+    if trace_format == "jsonl" or name.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
 def _describe(exc: BaseException) -> str:
     try:
         text = format_exception(exc)
@@ -301,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: lock down fds and limits, then serve frames until the channel closes."""
     argv = sys.argv if argv is None else argv
     limits: dict[str, Any] | None = json.loads(argv[1]) if len(argv) > 1 else None
+    unguarded = os.environ.pop(TEST_UNGUARDED_ENV, "") == "1"
+    try:
+        mode: IsolationMode = parse_mode(os.environ.get(ISOLATION_ENV))
+    except ValueError:
+        mode = "auto"  # the worker validated it; never weaken on a value we do not know
+    isolation = IsolationReport(mode=mode)
+    enter_namespaces(mode, isolation)  # first: the rlimits below would stop the forks it needs
     if limits is not None:
         apply_rlimits(limits)
     proto_in, proto_out = os.dup(0), os.dup(1)  # private, non-inheritable copies
@@ -308,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    host = Host(limits)
+    host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded)
     sys.stdout = sys.stderr = host._null  # type: ignore[assignment]
     sys.stdin = None  # type: ignore[assignment]
     while True:
@@ -324,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         except MemoryError:
             resp, out = {"ok": False, "error": "MemoryError in the host", "error_kind": "memory"}, None
         payload = None
+        if isinstance(req, dict) and "n" in req:
+            resp["n"] = req["n"]  # the worker matches every reply to its request
         write_frame_fd(proto_out, resp)
         if out is not None:
             _write_all(proto_out, out)

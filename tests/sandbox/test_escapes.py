@@ -417,6 +417,6 @@ async def test_env_secret_not_visible(executor: SubprocessExecutor) -> None:
     await attempt(executor, "print(open('/proc/self/environ').read())")
     # ...and the host process really has no such variable (checked from the worker side).
     assert executor.pid is not None
-    environ = Path(f"/proc/{executor.pid}/environ").read_bytes()
+    environ = Path(f"/proc/{executor.host_pid}/environ").read_bytes()
     assert SECRET_NAME.encode() not in environ and SECRET_VALUE.encode() not in environ
     assert os.environ[SECRET_NAME] == SECRET_VALUE  # the parent does have it

@@ -176,14 +176,14 @@ async def test_no_clock(executor: SubprocessExecutor) -> None:
 
 async def test_protocol_channel_is_private(executor: SubprocessExecutor) -> None:
     assert executor.pid is not None
-    assert os.readlink(f"/proc/{executor.pid}/fd/1") == "/dev/null"
-    assert os.readlink(f"/proc/{executor.pid}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{executor.host_pid}/fd/1") == "/dev/null"
+    assert os.readlink(f"/proc/{executor.host_pid}/fd/0") == "/dev/null"
 
 
 async def test_host_env_and_cwd(executor: SubprocessExecutor) -> None:
     assert executor.pid is not None
     env = dict(
-        item.split("=", 1) for item in Path(f"/proc/{executor.pid}/environ").read_text().split("\0") if item
+        item.split("=", 1) for item in Path(f"/proc/{executor.host_pid}/environ").read_text().split("\0") if item
     )
     assert env["PYTHONHASHSEED"] == "0"
     assert set(env) <= {
@@ -196,8 +196,9 @@ async def test_host_env_and_cwd(executor: SubprocessExecutor) -> None:
         "LC_ALL",
         "TZ",
         "HOME",
+        "RR_SANDBOX_ISOLATION",
     }
-    assert os.readlink(f"/proc/{executor.pid}/cwd").startswith("/tmp")
+    assert os.readlink(f"/proc/{executor.host_pid}/cwd").startswith("/tmp")
 
 
 async def test_startup_and_round_trip_are_fast() -> None:

@@ -50,7 +50,7 @@ async def test_pooled_hosts_are_fresh_limited_and_deterministic(tmp_path: Path, 
     r = await sessions.run_cell("b", 2, "print(secret)", **kw)  # never sees another session's state
     assert r.error_kind == "runtime" and "NameError" in (r.error or "")
     # The limits of the session reach the pooled host before its first cell.
-    limits = Path(f"/proc/{ex_b.pid}/limits").read_text()
+    limits = Path(f"/proc/{ex_b.host_pid}/limits").read_text()
     assert str(TEST_LIMITS.memory_bytes) in next(ln for ln in limits.splitlines() if "address space" in ln)
     r = await sessions.run_cell("b", 3, "big = 'x' * 10**10", **kw)
     assert r.error_kind == "memory"

@@ -1,0 +1,575 @@
+"""The OS layer of the sandbox: what holds when the language guards are bypassed.
+
+Why: the guards in `sandbox.guards` / `sandbox.safe_modules` are a language-level filter, and an
+attacker who reads them finds gadgets (14 were found in one afternoon, each giving code execution in
+the host and, from there, the worker's secrets through `/proc/<ppid>/environ`). So every host runs,
+before any model code, under layers that do not depend on Python at all:
+
+  * **namespaces** (`enter_namespaces`, at host start): new PID, mount, network, IPC and UTS
+    namespaces (and a user namespace when the worker is not root, which is what lets an unprivileged
+    process create the others). The host is PID 2 of its own PID namespace under a tiny reaper (PID 1),
+    so it cannot name the worker or another host; `/proc` is remounted for that namespace; the network
+    namespace has no interface but a down loopback.
+  * **uid drop** (root workers only): the host becomes `nobody` (65534) with no supplementary groups,
+    then enters a user namespace of its own, so file permissions apply to it as to any other user.
+  * **capabilities and no-new-privs**: every capability is dropped (also those a new user namespace
+    grants) and `PR_SET_NO_NEW_PRIVS` is set, so nothing can be regained through exec.
+  * **Landlock** (default deny): read-only access to the Python installation and this project's own
+    packages (code, no secrets); nothing else can be opened, created, removed or executed; TCP bind
+    and connect are denied (ABI >= 4), and signals and abstract unix sockets are scoped to the host's
+    own domain (ABI >= 6). The trace is opened *before* the lockdown and kept as an fd: no rule names
+    the blob store. Archived transcripts are read by the worker and sent over the protocol.
+  * **seccomp** (a raw BPF filter, no library needed): no sockets, no exec, no fork/clone, no ptrace or
+    `process_vm_*`, no signals to other processes, no mount / namespace / keyring / bpf / io_uring /
+    module / perf syscalls, no uid/gid/capability changes; other architectures and the x32 ABI are
+    killed outright.
+
+Required vs best effort (`IsolationPolicy`): in the default mode `auto`, no-new-privs, Landlock and
+seccomp are required (they need no privileges on any Linux >= 5.13): a host that cannot apply one of
+them refuses to run cells. Namespaces and the uid drop are applied wherever the kernel allows and
+reported. `strict` requires them too; `language-only` skips the OS layer (an explicit opt-out for
+machines without it, e.g. macOS; the worker then warns loudly).
+
+Everything here runs in the host process, single-threaded, before the first cell. The functions use
+only `ctypes` and raw syscall numbers, so nothing is downloaded or compiled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import signal
+import struct
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "ISOLATION_ENV",
+    "IsolationMode",
+    "IsolationReport",
+    "IsolationUnavailable",
+    "NOBODY",
+    "enter_namespaces",
+    "lockdown",
+    "parse_mode",
+    "seccomp_program",
+]
+
+ISOLATION_ENV = "RR_SANDBOX_ISOLATION"
+IsolationMode = Literal["auto", "strict", "language-only"]
+MODES: tuple[IsolationMode, ...] = ("auto", "strict", "language-only")
+NOBODY = 65534
+
+# clone/unshare flags
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+# mount flags
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+# prctl
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
+PR_SET_SECCOMP = 22
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class IsolationUnavailable(RuntimeError):
+    """A required layer could not be applied: the host must not run model code."""
+
+
+@dataclass
+class IsolationReport:
+    """What one host achieved; `layers` in the order applied, `missing` maps a layer to why not."""
+
+    mode: IsolationMode = "auto"
+    layers: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    landlock_abi: int = 0
+    uid: int = -1
+
+    def summary(self) -> str:
+        """One line for logs: `namespaces+uid+landlock+seccomp` (plus what is missing and why)."""
+        if self.mode == "language-only":
+            return "language-only (no OS isolation: RR_SANDBOX_ISOLATION=language-only)"
+        text = "+".join(self.layers) or "none"
+        if self.missing:
+            text += " (not available: " + "; ".join(f"{k}: {v}" for k, v in self.missing.items()) + ")"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "layers": list(self.layers),
+            "missing": dict(self.missing),
+            "landlock_abi": self.landlock_abi,
+            "uid": self.uid,
+        }
+
+
+def parse_mode(raw: str | None) -> IsolationMode:
+    """The isolation mode from `RR_SANDBOX_ISOLATION` (unset: `auto`); raises ValueError if unknown."""
+    value = (raw or "auto").strip().lower()
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"{ISOLATION_ENV} must be one of {', '.join(MODES)}, got {raw!r}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# libc access
+# ---------------------------------------------------------------------------------------------------
+
+_libc: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+        _libc.prctl.restype = ctypes.c_int
+        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return _libc
+
+
+def _err(what: str) -> str:
+    code = ctypes.get_errno()
+    return f"{what}: {errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
+
+
+def _prctl(option: int, arg2: int = 0, arg3: int = 0) -> int:
+    return int(_lib().prctl(option, arg2, arg3, 0, 0))
+
+
+def _unshare(flags: int) -> str | None:
+    if _lib().unshare(ctypes.c_int(flags)) != 0:
+        return _err("unshare")
+    return None
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> str | None:
+    enc = [None if s is None else s.encode() for s in (source, target, fstype)]
+    if _lib().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), None) != 0:
+        return _err(f"mount {target}")
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    """Map `uid`/`gid` to themselves in a just-created user namespace (the only mapping allowed)."""
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Namespaces (at host start, before anything else)
+# ---------------------------------------------------------------------------------------------------
+
+
+def enter_namespaces(mode: IsolationMode, report: IsolationReport) -> None:
+    """Move this process into new namespaces; returns in the host, the parents never return.
+
+    The process that was spawned (the executor's `proc`, call it P) stays in the worker's PID
+    namespace and waits; it forks the reaper R (PID 1 of the new PID namespace: a PID-namespace init
+    ignores signals it has no handler for, which would disarm the CPU-time limit), and R forks the
+    host H (PID 2). When H ends, R exits with H's status and P passes it on (re-raising H's signal),
+    so the executor sees exactly what it would see without namespaces (e.g. -SIGXCPU). All three
+    share the executor's process group (its SIGKILL reaches them) and die with their parent.
+    """
+    if mode == "language-only":
+        return
+    if sys.platform != "linux":
+        report.missing["namespaces"] = f"not Linux ({sys.platform})"
+        return
+    try:
+        flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+        if os.geteuid() != 0:
+            # Unprivileged: a user namespace first, in which this process may create the others.
+            uid, gid = os.geteuid(), os.getegid()
+            why = _unshare(CLONE_NEWUSER)
+            if why:
+                report.missing["namespaces"] = why
+                return
+            _map_ids(uid, gid)
+            report.layers.append("userns")
+        why = _unshare(flags)
+        if why:
+            report.missing["namespaces"] = why
+            return
+    except OSError as exc:
+        report.missing["namespaces"] = f"{type(exc).__name__}: {exc}"
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    reaper = os.fork()
+    if reaper:
+        _supervise(reaper)  # P: never returns
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # R (PID 1): a private mount tree and a /proc that shows this PID namespace only.
+    proc_note = _mount(None, "/", None, MS_REC | MS_PRIVATE) or _mount(
+        "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC
+    )
+    host = os.fork()
+    if host:
+        _reap(host)  # R: never returns
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    report.layers.append("namespaces")
+    if proc_note:
+        report.missing["private /proc"] = proc_note
+
+
+def _detach_stdio() -> None:
+    """The waiting parents must not hold the protocol pipes (EOF must reach the executor)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def _supervise(child: int) -> None:
+    """P: wait for R, then end like the host did (same exit code, or the same signal)."""
+    _detach_stdio()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the executor ends hosts with SIGKILL or EOF
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    if code > 128 and (code - 128) in signal.valid_signals():
+        sig = code - 128
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    os._exit(code & 0xFF)
+
+
+def _reap(host: int) -> None:
+    """R (PID 1): reap every orphan; when the host ends, exit with its status encoded as 128+signal."""
+    _detach_stdio()
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if pid == host:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(128 - code if code < 0 else code & 0xFF)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lockdown (at `start`, after the trace is open and the allowlisted modules are imported)
+# ---------------------------------------------------------------------------------------------------
+
+
+def lockdown(
+    mode: IsolationMode,
+    report: IsolationReport,
+    *,
+    readable: Iterable[str],
+) -> None:
+    """Drop the uid, capabilities and privileges, then apply Landlock and seccomp.
+
+    `readable`: directories (or files) the host may still read: the Python installation and the
+    project's packages. Raises `IsolationUnavailable` when a required layer fails (the host then
+    refuses to run cells); best-effort layers are recorded in `report.missing`.
+    """
+    if mode == "language-only":
+        report.mode = mode
+        return
+    report.mode = mode
+    if sys.platform != "linux":
+        raise IsolationUnavailable(
+            f"the OS sandbox needs Linux (Landlock and seccomp), this is {sys.platform}"
+        )
+    _drop_uid(report)
+    _drop_capabilities()
+    _prctl(PR_SET_DUMPABLE, 0)  # no core dumps, /proc/self owned by root, no ptrace by the same uid
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0 or _prctl(PR_GET_NO_NEW_PRIVS) != 1:
+        raise IsolationUnavailable(_err("no-new-privs"))
+    report.layers.append("no-new-privs")
+    abi = _landlock(sorted({os.path.realpath(p) for p in readable if p and os.path.exists(p)}))
+    report.landlock_abi = abi
+    report.layers.append(f"landlock(abi {abi})")
+    _seccomp(os.getpid())
+    report.layers.append("seccomp")
+    report.uid = os.geteuid()
+    if mode == "strict":
+        wanted = [k for k in ("namespaces", "uid") if k in report.missing]
+        if wanted:
+            raise IsolationUnavailable(
+                "strict isolation: " + "; ".join(f"{k}: {report.missing[k]}" for k in wanted)
+            )
+
+
+def _drop_uid(report: IsolationReport) -> None:
+    """Root worker: become nobody, then enter a user namespace of our own (best effort, reported)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    except OSError as exc:
+        report.missing["uid"] = f"could not drop root: {exc}"
+        return
+    report.layers.append(f"uid {NOBODY}")
+    if _unshare(CLONE_NEWUSER) is None:
+        # Changing uid made the process non-dumpable, which makes /proc/self root's: writable again
+        # for the maps only (`lockdown` makes it non-dumpable for good).
+        _prctl(PR_SET_DUMPABLE, 1)
+        try:
+            _map_ids(NOBODY, NOBODY)
+        except OSError as exc:  # the namespace stays unmapped: harmless, capabilities are dropped next
+            report.missing["userns map"] = str(exc)
+        report.layers.append("userns")
+
+
+def _drop_capabilities() -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable capability sets."""
+    for cap in range(64):
+        if _prctl(PR_CAPBSET_DROP, cap) != 0:
+            if ctypes.get_errno() == errno.EINVAL:  # past the last capability the kernel knows
+                break
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = struct.pack("=Ii", _LINUX_CAPABILITY_VERSION_3, 0)
+    data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable} u32 triples
+    sys_capset = _SYSCALLS.get(_arch(), {}).get("capset")
+    if sys_capset is None:
+        raise IsolationUnavailable(f"unsupported architecture {_arch()!r}")
+    if _lib().syscall(sys_capset, ctypes.c_char_p(header), data) != 0:
+        raise IsolationUnavailable(_err("capset"))
+
+
+# Landlock --------------------------------------------------------------------------------------------
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_ABI1 = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
+_FS_REFER, _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: not available)."""
+    if sys.platform != "linux":
+        return 0
+    abi = int(_lib().syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                             ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)))
+    return max(abi, 0)
+
+
+def _landlock(readable: list[str]) -> int:
+    abi = landlock_abi()
+    if abi < 1:
+        raise IsolationUnavailable(_err("landlock") + " (needs Linux >= 5.13 with Landlock enabled)")
+    fs = _FS_ABI1
+    if abi >= 2:
+        fs |= _FS_REFER
+    if abi >= 3:
+        fs |= _FS_TRUNCATE
+    if abi >= 5:
+        fs |= _FS_IOCTL_DEV
+    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if abi >= 6 else 0
+    attr = struct.pack("=QQQ", fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    lib = _lib()
+    ruleset = int(lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.c_char_p(attr[:size]),
+                              ctypes.c_size_t(size), ctypes.c_uint32(0)))
+    if ruleset < 0:
+        raise IsolationUnavailable(_err("landlock_create_ruleset"))
+    try:
+        for path in readable:
+            is_dir = os.path.isdir(path)
+            allowed = FS_READ_FILE | (FS_READ_DIR if is_dir else 0)
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = struct.pack("=Qi", allowed, fd)
+                if lib.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, _LANDLOCK_RULE_PATH_BENEATH,
+                               ctypes.c_char_p(rule), ctypes.c_uint32(0)) != 0:
+                    raise IsolationUnavailable(_err(f"landlock_add_rule {path}"))
+            finally:
+                os.close(fd)
+        if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) != 0:
+            raise IsolationUnavailable(_err("landlock_restrict_self"))
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+# seccomp ---------------------------------------------------------------------------------------------
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_X32_SYSCALL_BIT = 0x40000000
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+_RET_ALLOW = 0x7FFF0000
+_LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+
+# Denied outright (EPERM). Grouped by what they would give an attacker who runs native code.
+_DENIED = (
+    # network (the network namespace has no route anyway; Landlock denies TCP too)
+    "socket socketpair connect bind listen accept accept4 sendto recvfrom sendmsg recvmsg sendmmsg "
+    "recvmmsg shutdown getsockname getpeername setsockopt getsockopt "
+    # new programs and processes (the host is single-threaded: no clone at all)
+    "execve execveat fork vfork clone clone3 "
+    # other processes' memory and signals
+    "ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd pidfd_send_signal tkill "
+    "rt_sigqueueinfo rt_tgsigqueueinfo process_madvise "
+    # leaving the process group / session the executor kills
+    "setsid setpgid "
+    # namespaces, mounts, root
+    "unshare setns mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount fspick "
+    "mount_setattr "
+    # identity
+    "setuid setgid setreuid setregid setresuid setresgid setfsuid setfsgid setgroups capset personality "
+    # kernel attack surface a trace analyser never needs
+    "bpf keyctl add_key request_key perf_event_open userfaultfd io_uring_setup io_uring_enter "
+    "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
+    "swapoff acct quotactl quotactl_fd syslog iopl ioperm modify_ldt uselib lookup_dcookie "
+    "name_to_handle_at open_by_handle_at fanotify_init migrate_pages move_pages sethostname "
+    "setdomainname vhangup memfd_secret"
+).split()
+# Allowed only on the host itself (glibc's abort() signals itself).
+_SELF_ONLY = ("kill", "tgkill")
+
+_SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "socket": 41, "connect": 42, "accept": 43, "sendto": 44, "recvfrom": 45, "sendmsg": 46,
+        "recvmsg": 47, "shutdown": 48, "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52,
+        "socketpair": 53, "setsockopt": 54, "getsockopt": 55, "clone": 56, "fork": 57, "vfork": 58,
+        "execve": 59, "kill": 62, "ptrace": 101, "syslog": 103, "setuid": 105, "setgid": 106,
+        "setpgid": 109, "setsid": 112, "setreuid": 113, "setregid": 114, "setgroups": 116,
+        "setresuid": 117, "setresgid": 119, "setfsuid": 122, "setfsgid": 123, "capset": 126,
+        "rt_sigqueueinfo": 129, "uselib": 134, "personality": 135, "vhangup": 153, "modify_ldt": 154,
+        "pivot_root": 155, "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167,
+        "swapoff": 168, "reboot": 169, "sethostname": 170, "setdomainname": 171, "iopl": 172,
+        "ioperm": 173, "init_module": 175, "delete_module": 176, "quotactl": 179, "tkill": 200,
+        "lookup_dcookie": 212, "tgkill": 234, "kexec_load": 246, "add_key": 248, "request_key": 249,
+        "keyctl": 250, "migrate_pages": 256, "unshare": 272, "move_pages": 279, "accept4": 288,
+        "rt_tgsigqueueinfo": 297, "perf_event_open": 298, "recvmmsg": 299, "fanotify_init": 300,
+        "name_to_handle_at": 303, "open_by_handle_at": 304, "sendmmsg": 307, "setns": 308,
+        "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
+        "kexec_file_load": 320, "bpf": 321, "execveat": 322, "userfaultfd": 323,
+        "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438,
+        "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443, "memfd_secret": 447,
+        "ioctl": 16,
+    },
+    # The generic table (asm-generic/unistd.h): no fork/vfork/iopl/ioperm/modify_ldt/uselib there.
+    "aarch64": {
+        "lookup_dcookie": 18, "ioctl": 29, "umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51,
+        "quotactl": 60, "vhangup": 58, "acct": 89, "capset": 91, "personality": 92, "unshare": 97,
+        "kexec_load": 104, "init_module": 105, "delete_module": 106, "syslog": 116, "ptrace": 117,
+        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "reboot": 142,
+        "setregid": 143, "setgid": 144, "setreuid": 145, "setuid": 146, "setresuid": 147,
+        "setresgid": 149, "setfsuid": 151, "setfsgid": 152, "setpgid": 154, "setsid": 157,
+        "setgroups": 159, "sethostname": 161, "setdomainname": 162, "socket": 198, "socketpair": 199,
+        "bind": 200, "listen": 201, "accept": 202, "connect": 203, "getsockname": 204,
+        "getpeername": 205, "sendto": 206, "recvfrom": 207, "setsockopt": 208, "getsockopt": 209,
+        "shutdown": 210, "sendmsg": 211, "recvmsg": 212, "add_key": 217, "request_key": 218,
+        "keyctl": 219, "clone": 220, "execve": 221, "swapon": 224, "swapoff": 225,
+        "migrate_pages": 238, "move_pages": 239, "rt_tgsigqueueinfo": 240, "perf_event_open": 241,
+        "accept4": 242, "recvmmsg": 243, "fanotify_init": 262, "name_to_handle_at": 264,
+        "open_by_handle_at": 265, "setns": 268, "sendmmsg": 269, "process_vm_readv": 270,
+        "process_vm_writev": 271, "kcmp": 272, "finit_module": 273, "bpf": 280, "execveat": 281,
+        "userfaultfd": 282, "kexec_file_load": 294, "pidfd_send_signal": 424, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434,
+        "clone3": 435, "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
+        "quotactl_fd": 443, "memfd_secret": 447,
+    },
+}
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def seccomp_program(arch: str, own_pid: int) -> bytes:
+    """The BPF filter (struct sock_filter[]) for `arch`; `own_pid` is the only signal target allowed."""
+    table = _SYSCALLS.get(arch)
+    if table is None:
+        raise IsolationUnavailable(f"seccomp: unsupported architecture {arch!r}")
+    denied = sorted({table[name] for name in _DENIED if name in table})
+    # Assemble with symbolic targets, then resolve the relative jumps (each must fit in a u8).
+    prog: list[tuple[int, str | int, str | int, int]] = []
+    prog.append((_LD_W_ABS, 0, 0, 4))  # seccomp_data.arch
+    prog.append((_JEQ_K, 0, "kill", _AUDIT_ARCH[arch]))
+    prog.append((_LD_W_ABS, 0, 0, 0))  # seccomp_data.nr
+    if arch == "x86_64":
+        prog.append((_JGE_K, "kill", 0, _X32_SYSCALL_BIT))
+    for nr in denied:
+        prog.append((_JEQ_K, "deny", 0, nr))
+    for name in _SELF_ONLY:
+        prog.append((_JEQ_K, "self", 0, table[name]))
+    prog.append((_JEQ_K, "ioctl", 0, table["ioctl"]))
+    prog.append((_RET_K, 0, 0, _RET_ALLOW))
+    labels = {"self": len(prog)}
+    prog.append((_LD_W_ABS, 0, 0, 16))  # args[0], low 32 bits (the kernel reads a pid_t)
+    prog.append((_JEQ_K, "allow", "deny", own_pid))
+    labels["ioctl"] = len(prog)
+    prog.append((_LD_W_ABS, 0, 0, 24))  # args[1]: the ioctl request
+    prog.append((_JEQ_K, "deny", 0, _TIOCSTI))
+    prog.append((_JEQ_K, "deny", "allow", _TIOCLINUX))
+    labels["allow"] = len(prog)
+    prog.append((_RET_K, 0, 0, _RET_ALLOW))
+    labels["deny"] = len(prog)
+    prog.append((_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
+    labels["kill"] = len(prog)
+    prog.append((_RET_K, 0, 0, _RET_KILL_PROCESS))
+    out = bytearray()
+    for pc, (code, jt, jf, k) in enumerate(prog):
+        jumps = []
+        for target in (jt, jf):
+            offset = labels[target] - pc - 1 if isinstance(target, str) else target
+            if not 0 <= offset <= 255:
+                raise AssertionError("seccomp program: jump out of range")
+            jumps.append(offset)
+        out += struct.pack("=HBBI", code, jumps[0], jumps[1], k)
+    return bytes(out)
+
+
+def _seccomp(own_pid: int) -> None:
+    program = seccomp_program(_arch(), own_pid)
+    buf = ctypes.create_string_buffer(program, len(program))
+    count = len(program) // 8
+
+    class _SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _SockFprog(count, ctypes.addressof(buf))
+    if _lib().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        raise IsolationUnavailable(_err("seccomp"))
