@@ -68,6 +68,7 @@ ARCHIVE_MAX_BYTES = 256 * 1024**2
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ERROR_KINDS = frozenset({"syntax", "guard", "runtime", "timeout", "memory", "crash", "output"})
 _TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # sandbox.host.TEST_UNGUARDED_ENV (tests only)
+_TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # sandbox.host.TEST_MISSING_ENV (tests only)
 _request_ids = itertools.count(1)
 Answer = Callable[[Any], Awaitable[tuple[dict[str, Any], bytes]]]
 
@@ -77,7 +78,9 @@ def isolation_mode_from_env() -> IsolationMode:
     return parse_mode(os.environ.get(ISOLATION_ENV))
 
 
-def host_env(workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool = False) -> dict[str, str]:
+def host_env(
+    workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool = False, missing: tuple[str, ...] = ()
+) -> dict[str, str]:
     """The host's whole environment: built from scratch so no secret of the worker leaks in."""
     env = {
         "PATH": SAFE_PATH,
@@ -93,6 +96,8 @@ def host_env(workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool
     }
     if unguarded:
         env[_TEST_UNGUARDED_ENV] = "1"
+    if missing:
+        env[_TEST_MISSING_ENV] = ",".join(missing)
     return env
 
 
@@ -133,7 +138,11 @@ def sweep_stale_workdirs(root: str | None = None) -> int:
 
 
 async def _launch(
-    python: str, limits_arg: str | None, isolation: IsolationMode = "auto", unguarded: bool = False
+    python: str,
+    limits_arg: str | None,
+    isolation: IsolationMode = "auto",
+    unguarded: bool = False,
+    missing: tuple[str, ...] = (),
 ) -> _HostProc:
     """Spawn `python -m sandbox.host` in a fresh empty directory with a scrubbed environment.
 
@@ -150,7 +159,7 @@ async def _launch(
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_fh,
                 cwd=workdir,
-                env=host_env(workdir, isolation, unguarded=unguarded),
+                env=host_env(workdir, isolation, unguarded=unguarded, missing=missing),
                 start_new_session=True,
             )
     except BaseException:
@@ -399,14 +408,17 @@ class SubprocessExecutor:
         archive_root: str | os.PathLike[str] | None = None,
         isolation: IsolationMode | None = None,
         unguarded_for_tests: bool = False,
+        missing_for_tests: tuple[str, ...] = (),
     ) -> None:
         """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from (the
         worker reads them for the host, see `_answer_archive`).
 
         `isolation`: the OS layer the host must apply (`sandbox.isolation`; default from
         `RR_SANDBOX_ISOLATION`, i.e. `auto`). `unguarded_for_tests`: let `run_unguarded` run code with
-        the language guards off, to prove what the OS layer holds (tests only).
+        the language guards off, to prove what the OS layer holds (tests only); `missing_for_tests`:
+        isolation layers the host treats as unavailable (tests of the refusal paths).
         """
+        self.missing_for_tests = tuple(missing_for_tests)
         self.limits = limits or SandboxLimits()
         self.isolation_mode: IsolationMode = isolation or isolation_mode_from_env()
         self.unguarded_for_tests = unguarded_for_tests
@@ -600,11 +612,18 @@ class SubprocessExecutor:
         await self._stop()
         t0 = time.perf_counter()
         pool = self._pool
-        usable = pool is not None and pool.isolation == self.isolation_mode and not self.unguarded_for_tests
+        usable = (
+            pool is not None
+            and pool.isolation == self.isolation_mode
+            and not self.unguarded_for_tests
+            and not self.missing_for_tests
+        )
         host = await pool.take() if pool is not None and usable else None
         self.pooled = host is not None
         if host is None:
-            host = await _launch(self._python, self._limits_arg(), self.isolation_mode, self.unguarded_for_tests)
+            host = await _launch(
+                self._python, self._limits_arg(), self.isolation_mode, self.unguarded_for_tests, self.missing_for_tests
+            )
         self._proc, self._workdir, self._stderr_path = host.proc, host.workdir, host.stderr_path
         self.spawn_count += 1
         assert self._start_args is not None

@@ -81,6 +81,7 @@ from sandbox.snapshot import (
 __all__ = ["main", "apply_rlimits", "TEST_UNGUARDED_ENV"]
 
 TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # tests only: see `Host.unguarded`
+TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # tests only: layers to treat as unavailable (comma list)
 MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round trip to the worker)
 # Modules whose first use imports more from disk: imported before the lockdown, after which the
 # host (as nobody, under Landlock) may no longer be able to read the Python installation.
@@ -146,8 +147,10 @@ class Host:
         isolation: IsolationReport | None = None,
         proto: tuple[int, int] | None = None,
         unguarded: bool = False,
+        missing: tuple[str, ...] = (),
     ) -> None:
         self.limits = limits or {}
+        self.pretend_missing = missing
         self.limits_applied = limits is not None
         self.ns = _BrokeredNamespace(self, int(self.limits.get("max_output_chars", 50_000)))
         self.isolation = isolation or IsolationReport(mode="language-only")
@@ -214,7 +217,9 @@ class Host:
             except ImportError:
                 pass
         try:
-            lockdown(self.isolation.mode, self.isolation, readable=_readable_paths())
+            lockdown(
+                self.isolation.mode, self.isolation, readable=_readable_paths(), unavailable=self.pretend_missing
+            )
         except IsolationUnavailable as exc:
             self.refusal = (
                 f"sandbox isolation unavailable: {exc}. The OS layer (Landlock, seccomp) is required to run "
@@ -489,12 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     limits: dict[str, Any] | None = json.loads(argv[1]) if len(argv) > 1 else None
     unguarded = os.environ.pop(TEST_UNGUARDED_ENV, "") == "1"
+    missing = tuple(filter(None, os.environ.pop(TEST_MISSING_ENV, "").split(",")))
     try:
         mode: IsolationMode = parse_mode(os.environ.get(ISOLATION_ENV))
     except ValueError:
         mode = "auto"  # the worker validated it; never weaken on a value we do not know
     isolation = IsolationReport(mode=mode)
-    enter_namespaces(mode, isolation)  # first: the rlimits below would stop the forks it needs
+    enter_namespaces(mode, isolation, unavailable=missing)  # first: the rlimits below would stop the forks it needs
     if limits is not None:
         apply_rlimits(limits)
     proto_in, proto_out = os.dup(0), os.dup(1)  # private, non-inheritable copies
@@ -502,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded)
+    host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded, missing=missing)
     sys.stdout = sys.stderr = host._null  # type: ignore[assignment]
     sys.stdin = None  # type: ignore[assignment]
     while True:

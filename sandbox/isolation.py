@@ -187,7 +187,7 @@ def _map_ids(uid: int, gid: int) -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def enter_namespaces(mode: IsolationMode, report: IsolationReport) -> None:
+def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailable: Iterable[str] = ()) -> None:
     """Move this process into new namespaces; returns in the host, the parents never return.
 
     The process that was spawned (the executor's `proc`, call it P) stays in the worker's PID
@@ -201,6 +201,9 @@ def enter_namespaces(mode: IsolationMode, report: IsolationReport) -> None:
         return
     if sys.platform != "linux":
         report.missing["namespaces"] = f"not Linux ({sys.platform})"
+        return
+    if "namespaces" in unavailable:
+        report.missing["namespaces"] = "unavailable (simulated by a test)"
         return
     try:
         flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
@@ -294,13 +297,16 @@ def lockdown(
     report: IsolationReport,
     *,
     readable: Iterable[str],
+    unavailable: Iterable[str] = (),
 ) -> None:
     """Drop the uid, capabilities and privileges, then apply Landlock and seccomp.
 
     `readable`: directories (or files) the host may still read: the Python installation and the
     project's packages. Raises `IsolationUnavailable` when a required layer fails (the host then
-    refuses to run cells); best-effort layers are recorded in `report.missing`.
+    refuses to run cells); best-effort layers are recorded in `report.missing`. `unavailable`
+    (tests only) names layers to treat as missing from the kernel, to prove the refusal paths.
     """
+    unavailable = frozenset(unavailable)
     if mode == "language-only":
         report.mode = mode
         return
@@ -309,15 +315,22 @@ def lockdown(
         raise IsolationUnavailable(
             f"the OS sandbox needs Linux (Landlock and seccomp), this is {sys.platform}"
         )
-    _drop_uid(report)
+    if "uid" in unavailable:
+        report.missing["uid"] = "unavailable (simulated by a test)"
+    else:
+        _drop_uid(report)
     _drop_capabilities()
     _prctl(PR_SET_DUMPABLE, 0)  # no core dumps, /proc/self owned by root, no ptrace by the same uid
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0 or _prctl(PR_GET_NO_NEW_PRIVS) != 1:
         raise IsolationUnavailable(_err("no-new-privs"))
     report.layers.append("no-new-privs")
+    if "landlock" in unavailable:
+        raise IsolationUnavailable("landlock: unavailable (simulated by a test)")
     abi = _landlock(sorted({os.path.realpath(p) for p in readable if p and os.path.exists(p)}))
     report.landlock_abi = abi
     report.layers.append(f"landlock(abi {abi})")
+    if "seccomp" in unavailable:
+        raise IsolationUnavailable("seccomp: unavailable (simulated by a test)")
     _seccomp(os.getpid())
     report.layers.append("seccomp")
     report.uid = os.geteuid()
