@@ -2,12 +2,20 @@
 
 Why length-prefixed: the protocol runs over private pipe fds, and a frame is read in exactly two
 reads (header, body) with no delimiter scanning, so a 50 KB result costs the same as a tiny one.
+
+The host encodes frames right after model code ran in the same interpreter, so encoding must not
+depend on anything a cell can change: the encoder and decoder are private instances of private
+subclasses whose methods are pinned at import (a cell cannot reach them; even a changed
+`json.JSONEncoder.encode` would not be used here). Text with lone surrogates (`print('\\ud800')`, a
+trace with the JSON escape "\\ud800") is not UTF-8: such characters are sent as the six visible
+characters `\\ud800`, so encoding never fails and the other side always gets valid UTF-8.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from typing import Any
 
@@ -17,15 +25,42 @@ HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 * 1024**2
 
 
+class _Encoder(json.JSONEncoder):
+    encode = json.JSONEncoder.encode
+    iterencode = json.JSONEncoder.iterencode
+
+
+class _Decoder(json.JSONDecoder):
+    decode = json.JSONDecoder.decode
+    raw_decode = json.JSONDecoder.raw_decode
+
+
+_ENCODER = _Encoder(ensure_ascii=False, separators=(",", ":"), default=repr)
+_DECODER = _Decoder()
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
+_UTF8_ENCODE = str.encode
+_UTF8_DECODE = bytes.decode
+
+
+def _escape_surrogate(m: re.Match[str]) -> str:
+    # Only inside JSON strings (the encoder leaves no such character elsewhere): an escaped backslash
+    # and 'ud800', which decode to the six characters of the code point's escape.
+    return f"\\\\u{ord(m.group()):04x}"
+
+
 def encode(obj: Any) -> bytes:
-    """Serialise one message to a frame (header + UTF-8 JSON body)."""
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=repr).encode("utf-8")
+    """Serialise one message to a frame (header + UTF-8 JSON body); never fails on lone surrogates."""
+    text = _ENCODER.encode(obj)
+    try:
+        body = _UTF8_ENCODE(text, "utf-8")
+    except UnicodeEncodeError:
+        body = _UTF8_ENCODE(_SURROGATE.sub(_escape_surrogate, text), "utf-8")
     return HEADER.pack(len(body)) + body
 
 
 def decode(body: bytes) -> Any:
     """Parse a frame body."""
-    return json.loads(body.decode("utf-8"))
+    return _DECODER.decode(_UTF8_DECODE(body, "utf-8"))
 
 
 def _read_exact(fd: int, n: int) -> bytes:
