@@ -39,9 +39,11 @@ reference into the parent's data), so a child can never reach or change the pare
 
 from __future__ import annotations
 
+import copyreg
 import decimal
 import io
 import pickle
+import re  # noqa: F401 - registers its reducer in copyreg before the private copy below is taken
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -71,9 +73,14 @@ _WALK: frozenset[type] = frozenset({dict, list, tuple})
 # Modules whose classes/functions may appear by reference in a snapshot (stdlib, no cell code).
 TRUSTED_MODULES: frozenset[str] = frozenset(
     "builtins copyreg collections collections.abc re datetime decimal fractions functools itertools "
-    "operator enum string statistics textwrap difflib heapq bisect copy pprint typing json _codecs "
+    "operator string statistics textwrap difflib heapq bisect pprint json _codecs "
     "_collections _collections_abc _decimal _pydecimal numbers".split()
 )
+# The reducers pickling may use, copied at import (before any cell): whatever ends up in the global
+# `copyreg.dispatch_table` later can never run while the host pickles cell state.
+_DISPATCH_TABLE: dict[Any, Any] = dict(copyreg.dispatch_table)
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: every class a cell creates is a heap type
+_TYPE_FLAGS: Any = vars(type)["__flags__"]
 _CALLABLE_TYPES = (
     type,
     types.FunctionType,
@@ -153,6 +160,7 @@ def _trusted_global(obj: Any) -> bool:
 class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, refs: dict[int, tuple[Any, ...]], *, check_sets: bool = True) -> None:
         super().__init__(file, protocol=PROTOCOL)
+        self.dispatch_table = _DISPATCH_TABLE
         self._refs = refs
         self._check_sets = check_sets
 
@@ -174,9 +182,15 @@ class _Pickler(pickle.Pickler):
                 return NotImplemented
             name = getattr(obj, "__qualname__", kind.__name__)
             raise SnapshotRefused(f"{name} is defined in the session (function or class)")
-        if kind.__module__ == "builtins" or _trusted_global(kind) or id(kind) in self._refs:
+        if _builtin_type(kind) or _trusted_global(kind) or id(kind) in self._refs:
             return NotImplemented  # C types and stdlib classes: their reduce is not cell code
         raise SnapshotRefused(f"an instance of {kind.__qualname__} (defined in the session)")
+
+
+def _builtin_type(kind: type) -> bool:
+    """A C type of `builtins` (`range`, `slice`, ...): not a heap type, so no cell made it (a cell class
+    can claim `__module__ == "builtins"` and carry its own `__reduce_ex__`)."""
+    return not _TYPE_FLAGS.__get__(kind) & _HEAPTYPE and vars(type)["__module__"].__get__(kind) == "builtins"
 
 
 def _check_set(obj: set[Any] | frozenset[Any]) -> None:
