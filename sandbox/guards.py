@@ -31,17 +31,34 @@ __all__ = [
     "module_refusal",
     "prepare",
     "ATTR_HOOK",
+    "CELL_MODULE",
     "DISPLAY_HOOK",
+    "MUT_HOOK",
+    "SafeType",
+    "allowed_modules_text",
+    "check_class_namespace",
+    "exact_str",
+    "is_cell_class",
 ]
 
+# Pure modules that help analyse a trace. Not here on purpose: `dataclasses`, `enum`, `typing` (class
+# factories that build code with `exec`/`eval` from names, or write into `sys.modules`), `copy` (its
+# dispatch tables are the pickler's: `copy.dispatch_table is copyreg.dispatch_table`).
 ALLOWED_MODULES: frozenset[str] = frozenset(
     "json re math collections collections.abc datetime itertools functools statistics string textwrap "
-    "difflib heapq bisect operator copy pprint typing dataclasses enum decimal fractions".split()
+    "difflib heapq bisect operator pprint decimal fractions".split()
 )
+
+# `__name__` of the cell namespace, hence `__module__` of every class a cell creates (see is_cell_class).
+CELL_MODULE = "__sandbox__"
 
 # str methods that read attributes named in their argument: reachable only through the checked hook,
 # never through by-name gadgets (attrgetter, class patterns).
 FORMAT_ATTRS: frozenset[str] = frozenset({"format", "format_map"})
+
+# Attribute reads routed through the runtime hook (`ATTR_HOOK`): the format methods, and `register`
+# (`collections.abc.Sequence.register(dict)` would change a real class for every later cell).
+HOOKED_ATTRS: frozenset[str] = FORMAT_ATTRS | {"register"}
 
 # Non-dunder attributes that lead to frames, code objects or globals.
 FORBIDDEN_ATTRS: frozenset[str] = frozenset(
@@ -50,6 +67,9 @@ FORBIDDEN_ATTRS: frozenset[str] = frozenset(
     "func_globals func_code im_func im_self co_code co_consts co_names co_varnames "
     "mro_entries".split()
 )
+
+# `cls.mro()` hands out the real base classes, including the real `type` (see SafeType).
+MRO_ATTRS: frozenset[str] = frozenset({"mro"})
 
 # Clock sources: re-execution of cells after a crash must be deterministic.
 CLOCK_ATTRS: frozenset[str] = frozenset({"now", "utcnow", "today"})
@@ -75,8 +95,11 @@ _SAFE_BUILTINS: tuple[str, ...] = tuple(
     "staticmethod str sum super tuple type zip NotImplemented Ellipsis".split()
 )
 
-ATTR_HOOK = "__rr_attr"
-DISPLAY_HOOK = "__rr_display"
+# Hook names end with "__" so they are not name-mangled inside class bodies (`__rr_attr` in a method
+# of class X would be looked up as `_X__rr_attr`); cells cannot name them (leading "__" is refused).
+ATTR_HOOK = "__rr_attr__"
+DISPLAY_HOOK = "__rr_display__"
+MUT_HOOK = "__rr_mut__"  # wraps the object of every `x.attr = ...` / `del x.attr` (see safe_modules.check_mutable)
 
 _DUNDER_HINT = (
     "attribute access to dunder names is not allowed in the sandbox; use the provided helpers instead "
@@ -111,6 +134,8 @@ def check_attr_name(name: str) -> str | None:
         )
     if name in FORBIDDEN_ATTRS:
         return f"'.{name}': frame, code and generator internals are not available in the sandbox"
+    if name in MRO_ATTRS:
+        return f"'.{name}': class hierarchies cannot be walked in the sandbox; use isinstance()/issubclass()"
     if name in CLOCK_ATTRS:
         return (
             f"'.{name}': there is no clock in the sandbox (cells must be re-executable deterministically); "
@@ -121,11 +146,43 @@ def check_attr_name(name: str) -> str | None:
 
 def check_dynamic_attr_name(name: str) -> str | None:
     """Like `check_attr_name`, for attribute names given as data (attrgetter, class patterns)."""
+    if type(name) is not str:
+        return "attribute names must be plain str in the sandbox"
     if name in FORMAT_ATTRS:
         return (
             f"'{name}' cannot be looked up by name in the sandbox; call s.{name}(...) directly on the string"
         )
+    if name in HOOKED_ATTRS:
+        return f"'{name}' cannot be looked up by name in the sandbox; write x.{name} directly"
     return check_attr_name(name)
+
+
+def exact_str(value: Any, what: str) -> str:
+    """The real characters of a str (a fresh exact `str` for a subclass, whatever it overrides).
+
+    Checks must look at what C code will use: `str(s)` calls a subclass's `__str__`, which can lie,
+    and its other methods (`split`, `startswith`, `__getitem__`, `__eq__`) can too.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return value if type(value) is str else str.__str__(value)
+
+
+def is_cell_class(cls: Any) -> bool:
+    """True for a class created by a cell (its own `__module__` is the cell namespace's name).
+
+    Read through `type`'s own descriptor so a metaclass cannot lie; a real class cannot be made to
+    claim it, because attribute assignment on real classes is refused (`safe_modules.check_mutable`)
+    and `type(...)` refuses a `__module__` key.
+    """
+    try:
+        return bool(_TYPE_MODULE.__get__(cls) == CELL_MODULE)
+    except (AttributeError, TypeError):
+        return False
+
+
+_TYPE_MODULE: Any = vars(type)["__module__"]
+_TYPE_MRO: Any = vars(type)["__mro__"]
 
 
 # Dunder methods a class body may *define*; the others only serve to hook interpreter machinery.
@@ -134,6 +191,89 @@ _DENIED_DUNDER_DEFS: frozenset[str] = frozenset(
     "__mro_entries__ __getattribute__ __del__ __reduce__ __reduce_ex__ __getstate__ __setstate__ "
     "__init_subclass__ __builtins__ __globals__ __match_args__".split()
 )
+
+
+# Class-namespace keys a namespace dict may not hold (besides the denied dunder definitions).
+_DENIED_NAMESPACE_KEYS: frozenset[str] = _DENIED_DUNDER_DEFS | {
+    "__dict__", "__weakref__", "__class__", "__bases__", "__base__", "__mro__",
+}
+
+
+def check_class_namespace(ns: Any) -> dict[str, Any]:
+    """A checked copy of the namespace given to `type(name, bases, ns)` or to a cell metaclass.
+
+    A `class` body was checked by the AST pass, a namespace built as a dict was not: it may not hold
+    a dunder the AST check refuses to define (`__match_args__`, `__del__`, `__init_subclass__`, ...),
+    and its `__module__` is the cell namespace's (so `is_cell_class` cannot be fooled).
+    """
+    if not isinstance(ns, dict):
+        raise TypeError("type(): the namespace must be a dict")
+    copy = dict.copy(ns)  # the real items, whatever a dict subclass overrides
+    for key in copy:
+        if type(key) is not str:
+            raise GuardError("type(): namespace keys must be plain str in the sandbox")
+        if key in _DENIED_NAMESPACE_KEYS:
+            raise GuardError(f"type(): the namespace key '{key}' is not allowed in the sandbox")
+    if copy.setdefault("__module__", CELL_MODULE) != CELL_MODULE or type(copy["__module__"]) is not str:
+        raise GuardError("type(): the namespace key '__module__' is not allowed in the sandbox")
+    return copy
+
+
+class _TypeMeta(type):
+    """Metaclass of `SafeType`: checks class creation by call, keeps `isinstance(x, type)` working."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is SafeType:
+            if len(args) == 1 and not kwargs:
+                return _visible_type(type(args[0]))
+            if len(args) != 3:
+                raise TypeError("type() takes 1 or 3 arguments")
+            name, bases, ns = args
+            return type(exact_str(name, "type() name"), bases, check_class_namespace(ns), **kwargs)
+        if len(args) == 3:  # a cell metaclass (a subclass of `type`): class statement or direct call
+            args = (args[0], args[1], check_class_namespace(args[2]))
+        return super().__call__(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        real = _REAL_METACLASS.get(cls)
+        return isinstance(obj, real) if real is not None else type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        real = _REAL_METACLASS.get(cls)
+        return issubclass(sub, real) if real is not None else type.__subclasscheck__(cls, sub)
+
+
+class SafeType(type, metaclass=_TypeMeta):
+    """The sandbox's `type`: `type(x)` as usual; `type(name, bases, ns)` with a checked namespace.
+
+    The real `type` is never handed out (`type(type)` and `type(SomeClass)` give this class back, and
+    `.mro()` is refused), so a namespace key the AST check would refuse in a class body
+    (`__match_args__`, `__del__`, `__init_subclass__`, `__module__`, ...) cannot be set that way.
+    """
+
+
+SafeType.__name__ = SafeType.__qualname__ = "type"
+SafeType.__module__ = "builtins"
+
+# checked stand-in -> the real metaclass it stands for (isinstance/issubclass answer for the real one)
+_REAL_METACLASS: dict[type, type] = {SafeType: type}
+_CHECKED_METACLASS: dict[type, type] = {type: SafeType, _TypeMeta: SafeType}
+
+
+def _visible_type(kind: type) -> type:
+    """What `type(x)` shows a cell: the class itself, or for a class `x` a checked stand-in of a real
+    metaclass (`type`, `ABCMeta`, `EnumType`), whose calls check the namespace like `type(...)`."""
+    checked = _CHECKED_METACLASS.get(kind)
+    if checked is not None:
+        return checked
+    # (issubclass(x, SafeType) is answered for the real `type`: look at the MRO itself)
+    mro = _TYPE_MRO.__get__(kind)
+    if type not in mro or SafeType in mro or is_cell_class(kind):
+        return kind
+    checked = _TypeMeta(kind.__name__, (kind,), {"__module__": "builtins", "__qualname__": kind.__qualname__})
+    _CHECKED_METACLASS[kind] = checked
+    _REAL_METACLASS[checked] = kind
+    return checked
 
 
 class _Checker(ast.NodeVisitor):
@@ -314,12 +454,22 @@ def module_refusal(module: str) -> str:
     )
 
 
+def allowed_modules_text() -> str:
+    """The importable modules, for prompts and messages (derived from ALLOWED_MODULES)."""
+    return " ".join(sorted(ALLOWED_MODULES))
+
+
 class _Rewriter(ast.NodeTransformer):
-    """Routes `x.format` / `x.format_map` through the runtime format guard."""
+    """Routes `x.format` / `x.format_map` / `x.register` reads through the runtime hook, and the
+    object of every attribute assignment or deletion through the mutability check."""
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
-        if node.attr in FORMAT_ATTRS and isinstance(node.ctx, ast.Load):
+        if not isinstance(node.ctx, ast.Load):
+            hooked = ast.Call(func=ast.Name(id=MUT_HOOK, ctx=ast.Load()), args=[node.value], keywords=[])
+            node.value = ast.copy_location(hooked, node.value)
+            return node
+        if node.attr in HOOKED_ATTRS:
             call = ast.Call(
                 func=ast.Name(id=ATTR_HOOK, ctx=ast.Load()),
                 args=[node.value, ast.Constant(node.attr)],
@@ -370,6 +520,7 @@ def make_builtins(overrides: dict[str, Any], importer: Callable[..., Any]) -> di
     cannot be named by cells (names starting with `__` are refused by the AST check).
     """
     table: dict[str, Any] = {name: getattr(builtins, name) for name in _SAFE_BUILTINS}
+    table["type"] = SafeType
     table.update(_exception_classes())
     table["__build_class__"] = builtins.__build_class__
     table["__import__"] = importer

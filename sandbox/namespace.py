@@ -23,11 +23,28 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.guards import ATTR_HOOK, DISPLAY_HOOK, GuardError, make_builtins, prepare
+from sandbox.guards import (
+    ATTR_HOOK,
+    CELL_MODULE,
+    DISPLAY_HOOK,
+    MUT_HOOK,
+    GuardError,
+    allowed_modules_text,
+    make_builtins,
+    prepare,
+)
 from sandbox.output import Capture
-from sandbox.safe_modules import ModuleProxy, SafeImporter, guarded_attr
+from sandbox.safe_modules import ModuleProxy, SafeImporter, check_mutable, guarded_attr
 
-__all__ = ["SandboxNamespace", "load_traces", "read_archive", "PRELOADED_MODULES", "HISTORY", "ARCHIVE_MAX_BYTES"]
+__all__ = [
+    "SandboxNamespace",
+    "load_traces",
+    "read_archive",
+    "PRELOADED_MODULES",
+    "HISTORY",
+    "ARCHIVE_MAX_BYTES",
+    "FINAL_ANSWER_MAX_BYTES",
+]
 
 PRELOADED_MODULES: tuple[str, ...] = ("json", "re", "math", "collections", "datetime")
 SCHEMA_DEPTH = 3
@@ -38,6 +55,7 @@ PREVIEW_LIST_ITEMS = 3
 _AUTO_FORMATS = frozenset({"", "auto", "json", "jsonl"})  # container formats: let the normaliser detect
 HISTORY = "history"  # scaffold list: the archived (compacted) transcripts; snapshotted and exported by value
 ARCHIVE_MAX_BYTES = 256 * 1024**2
+FINAL_ANSWER_MAX_BYTES = 1024**2  # serialised (JSON) size of one FINAL_ANSWER value
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -46,7 +64,7 @@ def read_archive(archive_root: str | None, sha256_hex: Any, max_bytes: int = ARC
 
     Errors are meant for the model: they name the problem, never the archive's location.
     """
-    if not isinstance(sha256_hex, str) or not _SHA256_HEX.fullmatch(sha256_hex):
+    if type(sha256_hex) is not str or not _SHA256_HEX.fullmatch(sha256_hex):  # exact str: a subclass can lie
         shown = repr(sha256_hex)[:80]
         raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
     if not archive_root:
@@ -183,8 +201,9 @@ class SandboxNamespace:
         self.archive_root = archive_root
         scaffold: dict[str, Any] = {
             "__builtins__": self.builtins,
-            "__name__": "__sandbox__",
+            "__name__": CELL_MODULE,
             ATTR_HOOK: guarded_attr,
+            MUT_HOOK: check_mutable,
             DISPLAY_HOOK: self._display,
             "print": self._print,
             "SHOW_VARS": self.show_vars,
@@ -260,7 +279,9 @@ class SandboxNamespace:
         shown = [*self._data_names, HISTORY]
         data = ", ".join(f"{n} ({_type_name(self.ns[n])}, {_size(self.ns[n])})" for n in shown)
         self._print(f"preloaded: {data}")
-        self._print("modules: " + ", ".join(PRELOADED_MODULES) + " (import others from the allowlist)")
+        self._print(
+            "modules: " + ", ".join(PRELOADED_MODULES) + " (preloaded); importable: " + allowed_modules_text()
+        )
         helpers = ", ".join(self._helpers) or "none"
         self._print(
             f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
@@ -294,12 +315,13 @@ class SandboxNamespace:
 
     def register_helper(self, name: str, source: str) -> None:
         """Define a reusable function from source (checked like a cell) and keep it across cells."""
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-            raise GuardError("register_helper: name must be an identifier not starting with '_'")
+        if type(name) is not str or not name.isidentifier() or name.startswith("_"):  # exact str: no lying subclass
+            raise GuardError("register_helper: name must be an identifier (a str) not starting with '_'")
         if name in self._scaffold:
             raise GuardError(f"register_helper: '{name}' is a preloaded name; choose another name")
         if not isinstance(source, str):
             raise TypeError("register_helper: source must be a str of Python code defining the function")
+        source = str.__str__(source)
         self.define_helper(name, source)
         self._print(f"helper '{name}' registered")
 
@@ -340,11 +362,17 @@ class SandboxNamespace:
     def final_answer(self, value: Any) -> None:
         """Record `value` (JSON-serialisable) as this cell's submitted answer."""
         try:
-            self.submitted = json.loads(json.dumps(value))
+            text = json.dumps(value)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"FINAL_ANSWER needs a JSON-serialisable value (dict/list/str/number): {exc}"
             ) from None
+        if len(text) > FINAL_ANSWER_MAX_BYTES:  # ASCII JSON: characters are bytes
+            raise ValueError(
+                f"FINAL_ANSWER: the value is {len(text):,} bytes as JSON, the limit is {FINAL_ANSWER_MAX_BYTES:,}; "
+                "submit the reflection itself (findings and learnings), not the data it is based on"
+            )
+        self.submitted = json.loads(text)
         self.has_submission = True
         self._print("FINAL_ANSWER recorded")
 

@@ -5,29 +5,40 @@ Why proxies and not the real modules: a real module leaks the modules *it* impor
 string into an attribute read (`operator.attrgetter('__globals__')`, `string.Formatter`,
 `functools.update_wrapper(assigned=...)`, `typing.get_type_hints` which calls `eval` with fresh
 builtins). A proxy exposes only public, non-module attributes, replaces those gadgets with checked
-versions and drops the rest. Clocks are absent: cells must replay deterministically.
+versions and drops the rest. Clocks and randomness are absent: cells must replay deterministically.
+
+What a checked replacement hands back is a plain function of this module, never an instance of the
+real gadget class (`type(operator.attrgetter('x'))` would be the unchecked constructor), nor a
+`functools.partial` whose `.func` is the unchecked original. Real classes and functions reachable
+from a proxy are shared with the host (its framing uses `json`): `check_mutable` refuses attribute
+assignment on them, and the few mutable containers and singletons they hold are frozen or dropped.
 """
 
 from __future__ import annotations
 
+import abc
+import collections
 import datetime as _dt
 import functools
 import importlib
 import operator
 import string
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from sandbox.guards import (
     ALLOWED_MODULES,
+    CELL_MODULE,
     GuardError,
     check_attr_name,
     check_dynamic_attr_name,
+    exact_str,
+    is_cell_class,
     module_refusal,
 )
 
-__all__ = ["ModuleProxy", "SafeImporter", "guarded_attr", "check_format_string"]
+__all__ = ["ModuleProxy", "SafeImporter", "guarded_attr", "check_format_string", "check_mutable"]
 
 
 class ModuleProxy:
@@ -68,17 +79,21 @@ class ModuleProxy:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _check_attr_path(path: str) -> None:
-    for part in str(path).split("."):
+def _check_attr_path(path: Any) -> str:
+    """The exact str of an attribute path ("a.b") whose every part may be read; what C code gets."""
+    text = exact_str(path, "attribute name")
+    for part in text.split("."):
         why = check_dynamic_attr_name(part)
         if why:
             raise GuardError(why)
+    return text
 
 
 def check_format_string(fmt: str, depth: int = 0) -> None:
     """Refuse format fields that read attributes the sandbox forbids (`"{0.__class__}"`)."""
     import _string  # CPython's own field-name parser, so we see exactly what str.format will do
 
+    fmt = exact_str(fmt, "format string")
     if depth > 3:
         raise GuardError("format specification nested too deeply")
     for _literal, field, spec, _conv in string.Formatter().parse(fmt):
@@ -94,15 +109,13 @@ def check_format_string(fmt: str, depth: int = 0) -> None:
 
 
 def _safe_format(fmt: str, *args: Any, **kwargs: Any) -> str:
-    if not isinstance(fmt, str):
-        raise TypeError("format() needs a str")
+    fmt = exact_str(fmt, "format()'s format string")
     check_format_string(fmt)
     return str.format(fmt, *args, **kwargs)
 
 
 def _safe_format_map(fmt: str, mapping: Any) -> str:
-    if not isinstance(fmt, str):
-        raise TypeError("format_map() needs a str")
+    fmt = exact_str(fmt, "format_map()'s format string")
     check_format_string(fmt)
     return str.format_map(fmt, mapping)
 
@@ -111,41 +124,135 @@ _STR_METHODS: dict[str, Callable[..., str]] = {"format": _safe_format, "format_m
 
 
 def guarded_attr(obj: Any, name: str) -> Any:
-    """Runtime hook for `x.format` / `x.format_map` (inserted by the AST rewriter)."""
+    """Runtime hook for `x.format` / `x.format_map` / `x.register` (inserted by the AST rewriter)."""
+    if name == "register":
+        return _guarded_register(obj)
     if isinstance(obj, type) and issubclass(obj, str):
         return _STR_METHODS[name]
     if isinstance(obj, str):
-        return functools.partial(_STR_METHODS[name], obj)
+        return functools.partial(_STR_METHODS[name], exact_str(obj, "str"))
     value = getattr(obj, name)
     bound_to = getattr(value, "__self__", None)
     if isinstance(bound_to, str):  # e.g. super(S, s).format on a str subclass
-        return functools.partial(_STR_METHODS[name], str(bound_to))
+        return functools.partial(_STR_METHODS[name], exact_str(bound_to, "str"))
     if value is str.format or value is str.format_map:
         return _STR_METHODS[name]
     return value
 
 
-def _safe_attrgetter(*names: str) -> Any:
-    for name in names:
-        _check_attr_path(name)
-    return operator.attrgetter(*names)
+_ABC_REGISTER: Any = abc.ABCMeta.register
 
 
-def _safe_methodcaller(name: str, /, *args: Any, **kwargs: Any) -> Any:
-    _check_attr_path(name)
-    return operator.methodcaller(name, *args, **kwargs)
+def _guarded_register(obj: Any) -> Any:
+    """`X.register` as usual, except that a real ABC (`collections.abc.Sequence`) only takes classes a
+    cell created: registering `dict` would change `isinstance` for the host and for every later cell,
+    and a snapshot restore would not bring it back."""
+    value = obj.register
+    if value is _ABC_REGISTER:  # ABCMeta.register(cls, subclass)
+
+        def register_any(cls: Any, subclass: Any) -> Any:
+            return _check_abc_register(cls, subclass)
+
+        return register_any
+    if getattr(value, "__func__", None) is _ABC_REGISTER:
+        target = value.__self__
+
+        def register(subclass: Any) -> Any:
+            return _check_abc_register(target, subclass)
+
+        return register
+    return value
+
+
+def _check_abc_register(cls: Any, subclass: Any) -> Any:
+    if isinstance(cls, abc.ABCMeta) and not is_cell_class(cls) and not is_cell_class(subclass):
+        raise GuardError(
+            "registering a class that is not defined in a cell with a real ABC is not allowed in the sandbox "
+            "(it would change isinstance() for everything); define a subclass of the ABC instead"
+        )
+    return _ABC_REGISTER(cls, subclass)
+
+
+def _safe_attrgetter(*names: Any) -> Callable[[Any], Any]:
+    """`operator.attrgetter` with checked names; a plain function (its type constructs nothing)."""
+    checked = [_check_attr_path(name) for name in names]
+    getter = operator.attrgetter(*checked)
+
+    def attrgetter(obj: Any) -> Any:
+        return getter(obj)
+
+    attrgetter.__qualname__ = f"attrgetter({', '.join(map(repr, checked))})"
+    return attrgetter
+
+
+def _safe_methodcaller(name: Any, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """`operator.methodcaller` with a checked name; a plain function (its type constructs nothing)."""
+    caller = operator.methodcaller(_check_attr_path(name), *args, **kwargs)
+
+    def methodcaller(obj: Any) -> Any:
+        return caller(obj)
+
+    methodcaller.__qualname__ = f"methodcaller({name!r}, ...)"
+    return methodcaller
+
+
+_WRAPPER_STRINGS = ("__module__", "__name__", "__qualname__", "__doc__")
 
 
 def _safe_update_wrapper(wrapper: Any, wrapped: Any, *args: Any, **kwargs: Any) -> Any:
+    """`functools.update_wrapper` that copies only what a cell could read itself.
+
+    The real one hands `wrapped.__dict__` to `wrapper.__dict__.update(...)`: with `wrapped=type` and
+    a cell object as `wrapper.__dict__`, the cell gets `type.__dict__` (`__subclasses__`, ...). Here:
+    the name/doc strings, the public attributes of a plain `__dict__`, and `__wrapped__`; and
+    `wrapper` must be something the cell may change (not a real class, function or module member).
+    """
     if args or kwargs:
         raise GuardError("functools.update_wrapper/wraps: custom 'assigned'/'updated' are not allowed")
-    return functools.update_wrapper(wrapper, wrapped)
+    check_mutable(wrapper)
+    for attr in _WRAPPER_STRINGS:
+        try:
+            value = getattr(wrapped, attr)
+        except AttributeError:
+            continue
+        if value is None or type(value) is str:
+            setattr(wrapper, attr, value)
+    try:
+        extra = wrapped.__dict__
+    except AttributeError:
+        extra = None
+    if type(extra) is dict:
+        for key, value in list(extra.items()):
+            if type(key) is str and check_attr_name(key) is None:
+                setattr(wrapper, key, value)
+    wrapper.__wrapped__ = wrapped
+    return wrapper
 
 
-def _safe_wraps(wrapped: Any, *args: Any, **kwargs: Any) -> Any:
+def _safe_wraps(wrapped: Any, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """`functools.wraps` as a plain closure (the real one is a `partial` exposing `update_wrapper`)."""
     if args or kwargs:
         raise GuardError("functools.wraps: custom 'assigned'/'updated' are not allowed in the sandbox")
-    return functools.wraps(wrapped)
+
+    def decorator(wrapper: Any) -> Any:
+        return _safe_update_wrapper(wrapper, wrapped)
+
+    return decorator
+
+
+def _safe_total_ordering(cls: Any) -> Any:
+    """`functools.total_ordering` for classes defined in a cell (it sets methods on its argument)."""
+    if not is_cell_class(cls):
+        raise GuardError("functools.total_ordering: only classes defined in a cell can be decorated")
+    return functools.total_ordering(cls)
+
+
+def _safe_namedtuple(typename: Any, field_names: Any, **kwargs: Any) -> Any:
+    """`collections.namedtuple` without `module=` (the class belongs to the cell namespace)."""
+    if kwargs.get("module") is not None:
+        raise GuardError("namedtuple(module=...) is not allowed in the sandbox")
+    kwargs["module"] = CELL_MODULE
+    return collections.namedtuple(typename, field_names, **kwargs)
 
 
 def _safe_singledispatch(func: Callable[..., Any]) -> Any:
@@ -164,20 +271,6 @@ def _safe_singledispatch(func: Callable[..., Any]) -> Any:
 
     dispatcher.register = register  # type: ignore[method-assign]
     return dispatcher
-
-
-def _safe_make_dataclass(cls_name: str, fields: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
-    import dataclasses
-
-    fields = list(fields)
-    for spec in fields:
-        name = spec if isinstance(spec, str) else spec[0]
-        if not isinstance(name, str) or name.startswith("_"):
-            raise GuardError("make_dataclass: field names must not start with '_' in the sandbox")
-    for key in kwargs.get("namespace") or {}:
-        if str(key).startswith("_"):
-            raise GuardError("make_dataclass: namespace keys must not start with '_' in the sandbox")
-    return dataclasses.make_dataclass(cls_name, fields, *args, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,13 +335,13 @@ def _datetime_attrs() -> dict[str, Any]:
 
 # Per-module attributes that are dropped (gadgets that cannot be made safe, or are pointless).
 _DENIED: dict[str, frozenset[str]] = {
-    "typing": frozenset({"get_type_hints", "ForwardRef", "TYPE_CHECKING", "no_type_check_decorator"}),
     "string": frozenset({"Formatter"}),
     "collections": frozenset({"UserString"}),  # its .format() calls str.format unchecked
     "pprint": frozenset(),
     # singledispatchmethod.register evaluates string annotations (see _safe_singledispatch).
     "functools": frozenset({"WRAPPER_ASSIGNMENTS", "WRAPPER_UPDATES", "singledispatchmethod"}),
-    "dataclasses": frozenset({"Field"}),
+    # Process-wide mutable contexts (DefaultContext seeds every Context()); use decimal.Context(...).
+    "decimal": frozenset({"DefaultContext", "BasicContext", "ExtendedContext"}),
 }
 
 _OVERRIDES: dict[str, dict[str, Any]] = {
@@ -257,11 +350,64 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         "update_wrapper": _safe_update_wrapper,
         "wraps": _safe_wraps,
         "singledispatch": _safe_singledispatch,
+        "total_ordering": _safe_total_ordering,
     },
-    "dataclasses": {"make_dataclass": _safe_make_dataclass},
+    "collections": {"namedtuple": _safe_namedtuple},
 }
 
+
+def _no_samples(self: Any, n: int, *, seed: Any = None) -> Any:
+    raise GuardError(
+        "NormalDist.samples(): there is no randomness in the sandbox (cells must be re-executable "
+        "deterministically); use inv_cdf() on fixed quantiles instead"
+    )
+
+
+def _harden(name: str, module: Any) -> None:
+    """Host-side changes to real stdlib objects a proxy exposes (once per process, before any cell).
+
+    Patched on the real classes, not on subclasses: `cls.mro()`/`super()` would reach the originals.
+    """
+    if name == "statistics":
+        module.NormalDist.samples = _no_samples  # reads os.urandom through random.Random()
+    elif name == "textwrap":
+        trans = module.TextWrapper.unicode_whitespace_trans  # a class-level dict shared by all wrappers
+        if isinstance(trans, dict):
+            module.TextWrapper.unicode_whitespace_trans = types.MappingProxyType(dict(trans))
+
+
+# ids of the real objects proxies hand out (module functions, classes, singletons): never mutable
+_PROTECTED_IDS: set[int] = set()
+_CELL_CODE_PREFIXES = ("<cell", "<helper")
+
+
+def check_mutable(obj: Any) -> Any:
+    """Runtime hook around the object of `x.attr = ...` / `del x.attr` (inserted by the rewriter).
+
+    Refused: real classes (`json.JSONEncoder.encode = f` would rewrite the host's own framing; any
+    change would outlive the cell and a snapshot restore), functions not defined in a cell, module
+    proxies and whatever a proxy hands out. Objects a cell made, and instances, are fine.
+    """
+    if isinstance(obj, type):
+        if not is_cell_class(obj):
+            raise GuardError(
+                f"changing attributes of the class '{_name_of(obj)}' is not allowed in the sandbox (it is not "
+                "defined in a cell); define a subclass, or store your data in your own objects"
+            )
+    elif isinstance(obj, types.FunctionType):
+        if not obj.__code__.co_filename.startswith(_CELL_CODE_PREFIXES):
+            raise GuardError("changing attributes of a function not defined in a cell is not allowed in the sandbox")
+    elif isinstance(obj, ModuleProxy) or id(obj) in _PROTECTED_IDS:
+        raise GuardError("sandbox modules and the objects they provide are read-only")
+    return obj
+
+
+def _name_of(cls: type) -> str:
+    name = vars(type)["__name__"].__get__(cls)
+    return name if type(name) is str else "?"
+
 _SUBMODULES: dict[str, tuple[str, ...]] = {"collections": ("abc",)}
+_ATOMIC = (type(None), bool, int, float, complex, str, bytes)
 
 
 class SafeImporter:
@@ -288,8 +434,10 @@ class SafeImporter:
                 if not key.startswith("_") and key not in denied and not isinstance(value, types.ModuleType)
             }
             attrs.update(_OVERRIDES.get(name, {}))
+            _harden(name, module)
             for sub in _SUBMODULES.get(name, ()):
                 attrs[sub] = self.proxy(f"{name}.{sub}")
+        _PROTECTED_IDS.update(id(v) for v in attrs.values() if type(v) not in _ATOMIC)
         proxy = ModuleProxy(name, attrs)
         self._cache[name] = proxy
         return proxy
@@ -307,7 +455,7 @@ class SafeImporter:
         if name not in ALLOWED_MODULES:
             raise ImportError(module_refusal(name))
         for item in fromlist or ():
-            why = check_attr_name(str(item))
+            why = check_attr_name(exact_str(item, "imported name"))
             if why:
                 raise ImportError(why)
         if fromlist:

@@ -36,7 +36,7 @@ async def test_preloaded_vars_and_modules(executor: SubprocessExecutor) -> None:
     )
     assert r.stdout == "q - skill one 1 b True\n"
     r = await executor.run_cell(
-        "from collections import Counter\nimport statistics, typing\nCounter('aab').most_common(1)"
+        "from collections import Counter\nimport statistics, fractions\nCounter('aab').most_common(1)"
     )
     assert r.ok and r.stdout == "[('a', 2)]\n"
 
