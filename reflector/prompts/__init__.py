@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+from sandbox.guards import allowed_modules_text
+
 __all__ = ["SYSTEM", "TASK", "ONLINE", "render", "strategy"]
 
 
@@ -16,7 +18,6 @@ def _load(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-SYSTEM = _load("system.md")
 TASK = _load("task.md")
 
 
@@ -34,6 +35,10 @@ def render(template: str, **values: object) -> str:
         return str(values[m.group(1)])
 
     return _PLACEHOLDER.sub(fill, template)
+
+
+# The importable modules are the sandbox's own allowlist, filled in once (never a hand-kept copy).
+SYSTEM = _load("system.md").replace("{{modules}}", allowed_modules_text())
 ONLINE = _load("online.md")
 STRATEGY_SMALL = _load("strategy_small.md")
 STRATEGY_LARGE = _load("strategy_large.md")
