@@ -10,6 +10,7 @@ cell sees exactly the state an uncrashed run would have.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ from reflector.cells import (
 )
 from reflector.settings import Settings
 from reflector.types import TraceRef
-from sandbox.executor import sweep_stale_workdirs
+from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
+from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 
@@ -60,6 +62,9 @@ FACTS_CODE = (
     'else None, "ground_truth": task.get("ground_truth") or (traces.get("ground_truth") '
     'if isinstance(traces, dict) else None)}, default=str)[:50000])'
 )
+
+
+log = logging.getLogger("rr.sandbox")
 
 
 @dataclass
@@ -88,8 +93,37 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
         max_live=max_live,
         fsync=os.environ.get("RR_JOURNAL_FSYNC") == "1",
         archive_root=settings.blob_dir,
+        isolation=settings.sandbox_isolation,
     )
     _runtime = _Runtime(store=store, sessions=sessions)
+    if settings.sandbox_isolation == "language-only":
+        log.warning(LANGUAGE_ONLY_WARNING)
+
+
+LANGUAGE_ONLY_WARNING = (
+    "RR_SANDBOX_ISOLATION=language-only: model-written code runs WITHOUT the OS sandbox (no namespaces, "
+    "Landlock or seccomp); one gadget past the language guards reaches this worker's files, network and "
+    "secrets. Use it only for traces you wrote yourself."
+)
+
+
+async def check_isolation(settings: Settings | None = None) -> IsolationReport:
+    """Start one sandbox host the way sessions will, and report the isolation it achieved.
+
+    Raises `IsolationUnavailable` (with the host's reason) when a required layer cannot be applied:
+    `rr worker` then refuses to start instead of failing every cell later.
+    """
+    settings = settings or Settings.from_env()
+    executor = SubprocessExecutor(SandboxLimits(), isolation=settings.sandbox_isolation)
+    try:
+        await executor.start(None, "auto", {})
+    except RuntimeError as exc:
+        raise IsolationUnavailable(str(exc)) from None
+    finally:
+        await executor.close()
+    report = IsolationReport.from_dict(executor.isolation)
+    report.mode = settings.sandbox_isolation
+    return report
 
 
 async def shutdown() -> None:

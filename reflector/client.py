@@ -231,8 +231,16 @@ async def runtime(
             return
         from activities import sandbox_cells
         from reflector.worker import build_worker
+        from sandbox.isolation import IsolationUnavailable
 
-        announce(f"running an in-process worker on task queue {settings.task_queue!r}")
+        try:
+            isolation = await sandbox_cells.check_isolation(settings)
+        except IsolationUnavailable as e:
+            raise ReflectError(str(e)) from None
+        announce(f"running an in-process worker on task queue {settings.task_queue!r} "
+                 f"(sandbox: {isolation.summary()})")
+        if isolation.mode == "language-only":
+            announce(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}")
         worker = build_worker(client, settings.task_queue)
         async with worker:
             try:

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
+
 __all__ = ["Settings", "SettingError", "env_number", "DEFAULT_ADDRESS", "DEFAULT_TASK_QUEUE"]
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -41,6 +43,7 @@ class Settings:
     task_queue: str
     model: str | None
     max_trace_bytes: int
+    sandbox_isolation: IsolationMode = "auto"
 
     @property
     def blob_dir(self) -> Path:
@@ -63,4 +66,12 @@ class Settings:
             task_queue=env.get("RR_TASK_QUEUE", DEFAULT_TASK_QUEUE),
             model=env.get("RR_MODEL") or None,
             max_trace_bytes=int(env_number("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
+            sandbox_isolation=_isolation(env.get(ISOLATION_ENV)),
         )
+
+
+def _isolation(raw: str | None) -> IsolationMode:
+    try:
+        return parse_mode(raw)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -22,6 +23,7 @@ from activities.summarise import summarise
 from reflector.models import load_plugins
 from reflector.payload_storage import data_converter
 from reflector.settings import SettingError, Settings, env_number
+from sandbox.isolation import IsolationUnavailable
 from workflows.agent import MODEL_ACTIVITIES
 from workflows.reflection import ReflectionWorkflow
 
@@ -114,6 +116,10 @@ async def run_worker(settings: Settings | None = None) -> None:
     if not is_reachable(settings.address):
         raise SettingError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
                                 "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+    try:
+        isolation = await sandbox_cells.check_isolation(settings)
+    except IsolationUnavailable as exc:
+        raise SettingError(str(exc)) from None
     client = await connect(settings.address, settings.namespace, settings=settings)
     worker = build_worker(client, settings.task_queue)
     stop = asyncio.Event()
@@ -124,6 +130,9 @@ async def run_worker(settings: Settings | None = None) -> None:
         f"rr worker pid={os.getpid()} on {settings.address} task queue {settings.task_queue!r}",
         flush=True,
     )
+    print(f"sandbox: {isolation.summary()}", flush=True)
+    if isolation.mode == "language-only":
+        print(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}", file=sys.stderr, flush=True)
     async with worker:
         await stop.wait()
     await sandbox_cells.shutdown()

@@ -109,6 +109,22 @@ class IsolationReport:
             text += " (not available: " + "; ".join(f"{k}: {v}" for k, v in self.missing.items()) + ")"
         return text
 
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> IsolationReport:
+        """The report a host sent (`as_dict`), e.g. for `summary()` on the worker side."""
+        mode = data.get("mode")
+        layers = data.get("layers")
+        missing = data.get("missing")
+        abi = data.get("landlock_abi")
+        uid = data.get("uid")
+        return cls(
+            mode=mode if mode in MODES else "auto",  # type: ignore[arg-type]
+            layers=[str(x) for x in layers] if isinstance(layers, list) else [],
+            missing={str(k): str(v) for k, v in missing.items()} if isinstance(missing, dict) else {},
+            landlock_abi=abi if isinstance(abi, int) else 0,
+            uid=uid if isinstance(uid, int) else -1,
+        )
+
     def as_dict(self) -> dict[str, object]:
         return {
             "mode": self.mode,

@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.executor import HostPool, SubprocessExecutor
+from sandbox.executor import HostPool, SubprocessExecutor, isolation_mode_from_env
+from sandbox.isolation import IsolationMode
 from sandbox.protocol import CellResult, Executor, SandboxLimits
 
 __all__ = [
@@ -128,11 +129,13 @@ class SessionManager:
         pool_size: int = DEFAULT_POOL_SIZE,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         archive_root: str | os.PathLike[str] | None = None,
+        isolation: IsolationMode | None = None,
     ) -> None:
         """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
         `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
         `archive_root` is the blob store `ARCHIVE(sha256)` reads from (default factory only; None:
-        `ARCHIVE` raises a clear error in the cell).
+        `ARCHIVE` raises a clear error in the cell); `isolation`: the OS layer of the hosts (default
+        factory only; default `RR_SANDBOX_ISOLATION`, see `sandbox.isolation`).
 
         `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning.
         Off, the writes still survive a crash of the worker process (page cache) but not of the
@@ -143,8 +146,9 @@ class SessionManager:
         self.archive_root = Path(archive_root) if archive_root is not None else None
         self.snapshot_every = max(0, snapshot_every)
         self.pool: HostPool | None = None
+        self.isolation: IsolationMode = isolation or isolation_mode_from_env()
         if executor_factory is None:
-            self.pool = HostPool(pool_size) if pool_size > 0 else None
+            self.pool = HostPool(pool_size, isolation=self.isolation) if pool_size > 0 else None
             executor_factory = self._pooled_factory
         self._factory = executor_factory
         self._max_live = max(1, max_live)
@@ -160,6 +164,7 @@ class SessionManager:
             pool=self.pool,
             index_data=self.snapshot_every > 0,
             archive_root=self.archive_root,
+            isolation=self.isolation,
         )
 
     # -- public API --------------------------------------------------------------------------------

@@ -102,11 +102,38 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
     for name, value, msg in [("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
                              ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
                              ("RR_STICKY_TIMEOUT_S", "soon", "must be a number"),
-                             ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0")]:
+                             ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0"),
+                             ("RR_SANDBOX_ISOLATION", "off", "must be one of auto, strict, language-only")]:
         _one_line_error(rr("worker", env={**live, name: value}, timeout=60), f"{name} {msg}")
     # settings every command reads
     _one_line_error(rr("reflect", str(EXAMPLE), env={**live, "RR_MAX_TRACE_BYTES": "lots"}),
                     "RR_MAX_TRACE_BYTES must be a whole number")
+
+
+def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    from sandbox.isolation import landlock_abi
+
+    if sys.platform != "linux" or landlock_abi() < 1:
+        pytest.skip("needs Linux with Landlock")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
+        env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
+        proc = subprocess.Popen([*_rr_cmd(), "worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL)
+        try:
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline(), proc.stdout.readline()]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        sandbox_line = next((ln for ln in lines if ln.startswith("sandbox:")), "")
+        assert sandbox_line.startswith(expect), (lines, err)
+        if mode == "":
+            assert all(layer in sandbox_line for layer in ("landlock", "seccomp", "no-new-privs")), sandbox_line
+        else:
+            assert "WARNING" in err and "WITHOUT the OS sandbox" in err, err
 
 
 def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
