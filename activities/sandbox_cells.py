@@ -74,6 +74,7 @@ class _Runtime:
 
 
 _runtime: _Runtime | None = None
+_warned = False
 
 
 def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
@@ -96,7 +97,9 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
         isolation=settings.sandbox_isolation,
     )
     _runtime = _Runtime(store=store, sessions=sessions)
-    if settings.sandbox_isolation == "language-only":
+    global _warned
+    if settings.sandbox_isolation == "language-only" and not _warned:
+        _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.common import median, table
 from sandbox.executor import SubprocessExecutor
+from sandbox.isolation import IsolationMode
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 
@@ -61,8 +62,10 @@ def probe(n: int) -> str:
     return f"print(summary_{last_summary}, len(lens_0), roles_1.most_common(1))"
 
 
-async def measure(journal: Path, trace: Path, n: int, every: int, reps: int) -> tuple[float, int, int]:
-    sessions = SessionManager(journal, snapshot_every=every)
+async def measure(
+    journal: Path, trace: Path, n: int, every: int, reps: int, isolation: IsolationMode | None = None
+) -> tuple[float, int, int]:
+    sessions = SessionManager(journal, snapshot_every=every, isolation=isolation)
     await sessions.prewarm()
     kw = {"trace_path": str(trace), "trace_format": "auto", "extra_vars": {"task": {}}, "limits": LIMITS}
     sid = f"n{n}-e{every}"

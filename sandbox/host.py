@@ -7,44 +7,36 @@ worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars, limits?
 `{"op": "restore", "size"}` (followed by `size` raw bytes), `{"op": "export"}` (like snapshot, plus
 `skipped`: a copy of the namespace for a child session, see `sandbox.snapshot.take_export`),
 `{"op": "inherit", "size"}` (followed by an export's raw bytes; only right after `start`),
-`{"op": "ping"}`; one response frame per request. `start` may carry `archive_root`: the blob store
-the preloaded `ARCHIVE()` reads archived transcripts from (the only file a cell can have read). A host spawned without a limits argument (a pooled host) applies the OS limits from the
-`start` request, before it runs any model code.
+`{"op": "ping"}`; one response frame per request, carrying the request's `n`. `start` may carry
+`archive_root` (truthy: `ARCHIVE()` is offered; the worker reads the blobs). A host spawned without a
+limits argument (a pooled host) applies the OS limits from the `start` request, and every host applies
+the OS isolation at `start`, before it runs any model code.
 
-What this design protects against
-  * Cells cannot name interpreter internals: the AST check refuses dunder / `_`-prefixed / frame and
-    code attributes, `getattr`/`eval`/`exec`/`open`/`__import__` & co., and imports outside a small
-    allowlist; the remaining string->attribute gadgets (`str.format` fields, `operator.attrgetter`,
-    `functools.update_wrapper`, class-pattern `__match_args__`, `typing.get_type_hints`) are checked
-    or removed (see `sandbox.guards`, `sandbox.safe_modules`). Modules are proxies that do not leak
-    the modules they import.
-  * Cells cannot write to the protocol channel: at startup the real stdin/stdout are dup'ed to
-    private fds and fds 0/1 point at /dev/null; cell output goes to a per-cell capture object.
-  * Resource exhaustion is bounded by OS limits set at startup (RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC,
-    RLIMIT_CORE=0) and a per-cell CPU budget (soft RLIMIT_CPU raised before each cell); the executor
-    adds a hard wall-clock timeout that SIGKILLs the process group.
+Two layers, and the second is the one that must hold
+  * The OS layer (`sandbox.isolation`), applied before any model code: its own PID/mount/network/IPC/
+    UTS (and user) namespaces, a root worker's host drops to nobody, no capabilities, no-new-privs,
+    Landlock (read-only Python installation and project packages; the trace comes as an fd opened
+    before the lockdown; `ARCHIVE` asks the worker through an `{"ask": ...}` frame), and a seccomp
+    filter (no sockets, exec, fork, ptrace, foreign signals, mounts, namespaces, keyrings, bpf,
+    io_uring). A required layer that fails makes the host refuse every request (fail closed).
+  * The language layer: cells cannot name interpreter internals (the AST check refuses dunder /
+    `_`-prefixed / frame and code attributes, `getattr`/`eval`/`exec`/`open`/`__import__` & co., and
+    imports outside a small allowlist; dynamic string->attribute routes are checked or removed, see
+    `sandbox.guards`, `sandbox.safe_modules`); modules are proxies that do not leak what they import.
+  * Cells cannot write to the protocol channel through Python: the real stdin/stdout are dup'ed to
+    private fds, fds 0/1 point at /dev/null, cell output goes to a per-cell capture object. Code that
+    got past the language layer *can* write frames; the worker matches every reply to its request
+    (`n`), bounds and type-checks it, and stops a host that breaks the protocol.
+  * Resource exhaustion is bounded by OS limits (RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE=0)
+    and a per-cell CPU budget (soft RLIMIT_CPU raised before each cell); the executor adds a hard
+    wall-clock timeout that SIGKILLs the process group.
   * The environment is built from scratch by the executor (no inherited secrets); hash seed fixed,
     no clock or randomness visible, so replaying cells rebuilds identical state.
 
-What it does NOT protect against (be honest)
-  * This is a language-level sandbox in a normal process running as the worker's user. A CPython bug
-    (a segfault-to-exploit in a C extension or the interpreter, a gadget in an allowlisted stdlib
-    module we have not found) would give the attacker the host process: its files, its network, and
-    whatever that user can reach. Nothing here is a security boundary in the OS sense.
-  * Denial of service within limits: a cell can burn its whole CPU budget and wall timeout, allocate
-    up to RLIMIT_AS, and print up to the capture bound, on every cell. As root, RLIMIT_NPROC is
-    ignored (fork is unreachable from cells anyway: no `os`).
-  * Object reprs that include memory addresses (`<Foo object at 0x...>`) and id-based set ordering are
-    not deterministic across hosts; derived values built from them can differ after a replay.
-  * The host can read the trace file it was given and anything else the OS lets it read (cells only
-    reach the trace, through `traces`, and archive blobs named by a validated sha256, through
-    `ARCHIVE`; an OS sandbox should mount the trace and the archive root read-only).
-
-Stronger boundary: run the same host under an OS sandbox behind the same `Executor` interface: a
-container with no network and a read-only root (`docker run --network none --read-only --pids-limit`),
-gVisor (`runsc`) for a user-space kernel, or nsjail/bubblewrap with seccomp, a new user/mount/net
-namespace and cgroup memory limits. Only `SubprocessExecutor._spawn` changes; the protocol, the
-guards and the session journal stay as they are.
+Not covered: denial of service within the limits; kernel bugs behind the syscalls that remain
+allowed; object reprs with memory addresses (not replay-deterministic). A stronger boundary (gVisor, a
+container with cgroup limits) drops in behind the same `Executor` interface: only
+`SubprocessExecutor._spawn` changes.
 """
 
 from __future__ import annotations
