@@ -198,7 +198,7 @@ async def _exchange(
                 break
             asks += 1
             if answer is None or asks > MAX_ASKS:
-                raise _ProtocolError("the host asked a question it may not ask here")
+                raise _ProtocolError("a question it may not ask here")
             reply, data = await answer(question)
             proc.stdin.write(encode(reply))
             proc.stdin.write(data)
@@ -532,7 +532,8 @@ class SubprocessExecutor:
             t0 = time.perf_counter()
             try:
                 resp, _ = await asyncio.wait_for(
-                    self._exchange({"op": "unguarded", "code": code}), self.limits.cell_timeout_s
+                    self._exchange({"op": "unguarded", "code": code}, answer=self._answer),
+                    self.limits.cell_timeout_s,
                 )
             except TimeoutError:
                 await self._kill()

@@ -405,11 +405,14 @@ class _BrokeredNamespace(SandboxNamespace):
         self._host = host
 
     def archive(self, sha256_hex: str) -> list[Any]:
-        if not isinstance(sha256_hex, str) or len(sha256_hex) != 64 or not all(c in "0123456789abcdef" for c in sha256_hex):
-            shown = repr(sha256_hex)[:80]
+        # the real characters (a str subclass can lie about len/iteration); the worker re-checks
+        real = str.__str__(sha256_hex) if isinstance(sha256_hex, str) else None
+        if real is None or len(real) != 64 or not all(c in "0123456789abcdef" for c in real):
+            shown = repr(real if real is not None else type(sha256_hex).__name__)[:80]
             raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
         if not self.archive_root:
             raise FileNotFoundError("ARCHIVE: no transcript archive is configured for this session")
+        sha256_hex = real
         reply, data = self._host.ask({"what": "archive", "sha256": sha256_hex})
         if not reply.get("ok"):
             raise FileNotFoundError(f"ARCHIVE: {str(reply.get('error'))[:300]}")

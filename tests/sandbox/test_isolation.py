@@ -267,3 +267,33 @@ async def test_limits_and_the_cpu_budget_still_apply_inside_the_namespaces(trace
         assert r.ok and r.stdout == "alive\n"
     finally:
         await ex.close()
+
+
+async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path, trace_file: str) -> None:
+    import hashlib
+
+    data = json.dumps([{"role": "user", "content": "archived"}]).encode()
+    sha = hashlib.sha256(data).hexdigest()
+    blob = tmp_path / "blobs" / "sha256" / sha[:2] / sha
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    ex = SubprocessExecutor(TEST_LIMITS, archive_root=tmp_path / "blobs", unguarded_for_tests=True)
+    await ex.start(trace_file, "auto", {})
+    try:
+        r = await ex.run_cell(f"history.extend(ARCHIVE({sha!r}))\nprint(history[0]['content'])")
+        assert r.ok and r.stdout == "archived\n", r
+        _denied(await _try(ex, f"open({str(blob)!r}).read()"))  # the host itself cannot reach the store
+        # A breached host asking the worker for something else gets a refusal, never a file.
+        ask = (
+            "import json, struct\n"
+            "host = [o for o in __import__('gc').get_objects() if type(o).__name__ == 'Host'][0]\n"
+            "print(host.ask({'what': 'file', 'path': '/etc/passwd'})[0])\n"
+            "print(host.ask({'what': 'archive', 'sha256': '../../etc/passwd'})[0])\n"
+        )
+        out = await ex.run_unguarded(ask)
+        assert out.ok and "unknown question" in out.stdout and "64 lowercase hex" in out.stdout, out
+        assert "root:" not in out.stdout
+        follow = await ex.run_cell("print(len(history))")
+        assert follow.ok and follow.stdout == "1\n"
+    finally:
+        await ex.close()
