@@ -45,10 +45,18 @@ __all__ = [
     "render_call",
     "iter_runs",
     "MAX_BYTES_ENV",
+    "MAX_NESTING",
+    "nesting_depth",
 ]
 
 FileFormat = Literal["json", "jsonl"]
 MAX_BYTES_ENV = "RR_MAX_TRACE_BYTES"
+# Deepest nesting of arrays/objects a trace may have. `json.loads` and everything that walks the data
+# afterwards (normalisation, the sandbox's schema sketch and preview, `json.dumps`, pickling a
+# snapshot, a model's own recursive cell) recurse once or more per level, and Python's default
+# recursion limit is 1,000 frames: 100 leaves room for several frames per level on top of a deep
+# caller. Real traces nest well under 30 levels. Checked before parsing, without recursion.
+MAX_NESTING = 100
 
 _ERROR_SCAN_CHARS = 1000
 _ERROR_RE = re.compile(
@@ -115,6 +123,11 @@ def parse_trace_bytes(raw: bytes, name: str | Path) -> tuple[Any, FileFormat]:
     text = raw.decode("utf-8-sig", errors="replace")
     if not text.strip():
         raise TraceError(f"trace file is empty (whitespace only): {p}")
+    if nesting_depth(text, MAX_NESTING) > MAX_NESTING:
+        raise TraceError(
+            f"trace {p} nests deeper than {MAX_NESTING} levels of arrays/objects, the limit for traces "
+            "(flatten the deepest values or store them as JSON strings)"
+        )
     if p.suffix.lower() == ".jsonl":
         try:
             return _parse_jsonl(text, p), "jsonl"
@@ -147,6 +160,31 @@ def _check_file(p: Path, max_bytes: int | None) -> int:
 
 
 _FAIL = object()
+# A JSON string, escapes included; the closing quote is optional so that an unterminated string
+# consumes the rest of the text instead of being retried from every later quote (quadratic).
+_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_BRACKET_RUN_RE = re.compile(r"[\[\]{}]+")
+
+
+def nesting_depth(text: str, stop_above: int | None = None) -> int:
+    """How deeply the arrays/objects of JSON (or JSON lines) `text` nest, brackets in strings aside.
+
+    A linear scan with no recursion, so it is safe on a recursion bomb (`"[" * 200_000`) and on
+    invalid JSON (stray closing brackets never go below 0). It stops as soon as the depth exceeds
+    `stop_above` and returns that depth.
+    """
+    depth = deepest = 0
+    for run in _BRACKET_RUN_RE.finditer(_JSON_STRING_RE.sub("", text)):
+        for ch in run.group():
+            if ch == "[" or ch == "{":
+                depth += 1
+                if depth > deepest:
+                    deepest = depth
+                    if stop_above is not None and deepest > stop_above:
+                        return deepest
+            elif depth:
+                depth -= 1
+    return deepest
 
 
 def _try_json(text: str) -> Any:
@@ -154,6 +192,16 @@ def _try_json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return _FAIL
+
+
+def _loads_embedded(text: str) -> Any:
+    """JSON held in a string of the trace (tool-call arguments); `_FAIL` if invalid or nested too deep.
+
+    The file's nesting check cannot see inside strings, so JSON found there is checked again.
+    """
+    if nesting_depth(text, MAX_NESTING) > MAX_NESTING:
+        return _FAIL
+    return _try_json(text)
 
 
 def _looks_like_jsonl(text: str, exc: json.JSONDecodeError) -> bool:
@@ -637,10 +685,10 @@ def _norm_tau(data: Any) -> dict[str, Any]:
 def render_call(name: str, kwargs: Any) -> str:
     """`name(k=v, ...)` with sorted keys and compact JSON values: comparable across sources."""
     if isinstance(kwargs, str):
-        try:
-            kwargs = json.loads(kwargs)
-        except json.JSONDecodeError:
+        parsed = _loads_embedded(kwargs)
+        if parsed is _FAIL:
             return f"{name}({kwargs})"
+        kwargs = parsed
     if not isinstance(kwargs, dict):
         return f"{name}({_args_str(kwargs)})"
     args = ", ".join(f"{k}={_compact(kwargs[k])}" for k in sorted(kwargs))
@@ -850,6 +898,9 @@ def normalize(data: Any, fmt: str | None = None) -> dict[str, Any]:
         return adapter(data)
     except (AttributeError, TypeError, KeyError) as exc:
         raise TraceError(f"trace does not look like format {fmt!r}: {type(exc).__name__}: {exc}") from None
+    except RecursionError:  # data built in Python, not read by `parse_trace_bytes` (which bounds nesting)
+        raise TraceError(f"trace nests too deeply to normalise (traces read from files are limited to "
+                         f"{MAX_NESTING} levels)") from None
 
 
 def load_normalized(path: str | Path, fmt: str | None = None) -> dict[str, Any]:

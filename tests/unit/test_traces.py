@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reflector.traces import (
+    MAX_NESTING,
     TraceError,
     detect_format,
     iter_runs,
     load_normalized,
+    load_normalized_bytes,
     looks_like_error,
+    nesting_depth,
     normalize,
+    parse_trace_bytes,
     read_trace_file,
     render_call,
 )
@@ -309,6 +317,140 @@ def test_unknown_format_name() -> None:
         normalize({}, "xml")
 
 
+# ---- nesting: a recursion bomb or very deep JSON is refused with the limit, never a traceback -----
+
+DEEP_REFUSED = f"nests deeper than {MAX_NESTING} levels"
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 200_000, '{"a":' * 200_000, "[" * 5_000 + "]" * 5_000, '{"a":' * 5_000 + "1" + "}" * 5_000],
+    ids=["list-bomb", "dict-bomb", "valid-lists-5000", "valid-dicts-5000"],
+)
+def test_deep_json_is_refused_with_the_limit(tmp_path: Path, text: str, suffix: str) -> None:
+    p = _write(tmp_path, "deep" + suffix, text)
+    start = time.perf_counter()
+    with pytest.raises(TraceError, match=DEEP_REFUSED) as exc:
+        read_trace_file(p, None)
+    assert "\n" not in str(exc.value)
+    # the sandbox host loads the trace through these, from bytes
+    with pytest.raises(TraceError, match=DEEP_REFUSED):
+        parse_trace_bytes(text.encode(), p.name)
+    with pytest.raises(TraceError, match=DEEP_REFUSED):
+        load_normalized_bytes(text.encode(), p.name)
+    assert time.perf_counter() - start < 5
+
+
+def test_one_deep_line_of_jsonl_is_refused(tmp_path: Path) -> None:
+    lines = ['{"type": "session", "id": "s"}', '{"type": "message", "x": ' + "[" * 3_000 + "]" * 3_000 + "}"]
+    with pytest.raises(TraceError, match=DEEP_REFUSED):
+        read_trace_file(_write(tmp_path, "t.jsonl", "\n".join(lines)), None)
+
+
+def test_brackets_inside_strings_do_not_count(tmp_path: Path) -> None:
+    text = json.dumps({"question": "[" * 10_000 + '\\"{' * 1_000, "final_answer": "}" * 50})
+    data, _ = read_trace_file(_write(tmp_path, "t.json", text), None)
+    assert data["question"].startswith("[[[") and nesting_depth(text) == 1
+
+
+def test_nesting_scan_is_linear_on_hostile_strings(tmp_path: Path) -> None:
+    # unterminated strings full of escaped quotes: a naive string regex retries from every quote
+    for text in ('"' + '\\"' * 1_000_000, '["' + "\\" * 2_000_001, '"' * 2_000_001):
+        start = time.perf_counter()
+        with pytest.raises(TraceError, match="invalid JSON|not valid JSON"):
+            read_trace_file(_write(tmp_path, "t.json", text), None)
+        assert time.perf_counter() - start < 5
+
+
+def _nest(levels: int, leaf: Any) -> Any:
+    """`leaf` inside `levels` alternating lists and dicts."""
+    value = leaf
+    for i in range(levels):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def _content_parts(levels: int) -> Any:
+    """Anthropic-style content parts nested `levels` deep (`_text` recurses through them)."""
+    value: Any = ["deep text"] if levels % 2 else "deep text"
+    for _ in range(levels // 2):
+        value = [{"type": "text", "content": value}]
+    return value
+
+
+def _at_the_limit(make: Callable[[int], Any]) -> str:
+    """The JSON text of `make(k)` for the k that makes the file nest exactly MAX_NESTING levels."""
+    k = MAX_NESTING
+    while nesting_depth(json.dumps(make(k))) > MAX_NESTING:
+        k -= 1
+    text = json.dumps(make(k))
+    assert nesting_depth(text) == MAX_NESTING
+    return text
+
+
+def _tau_deep(k: int) -> Any:
+    run = _tau_run()
+    run["info"]["task"]["actions"].append({"name": "update_reservation", "kwargs": {"x": _nest(k, 1)}})
+    run["traj"][2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"x": _nest(k, 1)})
+    run["traj"].append({"role": "assistant", "content": _content_parts(k)})
+    return [run]
+
+
+AT_THE_LIMIT: dict[str, Callable[[int], Any]] = {
+    "messages": lambda k: {"messages": [{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": _content_parts(k)}]},
+    "tau-bench": _tau_deep,
+    "ace": lambda k: {"question": "q", "trace": _nest(k, "t"), "steps": [_nest(k, "s")]},
+    "otel": lambda k: [{"name": "tool", "span_id": "1", "attributes": {"tool.name": "t",
+                                                                        "tool.parameters": _nest(k, 1)}}],
+    "openclaw": lambda k: [{"type": "session", "id": "s"},
+                           {"type": "message", "message": {"role": "assistant", "content": _content_parts(k)}}],
+    "unknown": lambda k: _nest(k, None),
+}
+
+
+def _from_deep_stack(frames: int, fn: Callable[[], Any]) -> Any:
+    """Call `fn` with `frames` frames already on the stack (a worker or host is never called at depth 0)."""
+    return fn() if frames == 0 else _from_deep_stack(frames - 1, fn)
+
+
+@pytest.mark.parametrize("fmt", list(AT_THE_LIMIT))
+def test_trace_at_the_nesting_limit_is_safe_downstream(tmp_path: Path, fmt: str) -> None:
+    from sandbox.namespace import _clip, _schema  # what describe_traces() runs over `traces`
+
+    p = _write(tmp_path, "t.json", _at_the_limit(AT_THE_LIMIT[fmt]))
+
+    def everything() -> None:
+        data, _ = read_trace_file(p, None)
+        assert detect_format(data) == fmt
+        view = normalize(data)
+        text = json.dumps(view)
+        assert json.loads(text) == view
+        assert pickle.loads(pickle.dumps(view)) == view  # snapshots and child exports pickle it
+        assert copy.deepcopy(view) == view
+        _schema(view)
+        json.dumps(_clip(view))
+        repr(view)
+
+    _from_deep_stack(300, everything)
+
+
+def test_deep_json_inside_a_string_is_kept_as_text() -> None:
+    run = _tau_run()
+    deep_args = "[" * 5_000 + "]" * 5_000
+    run["traj"][2]["tool_calls"][0]["function"]["arguments"] = deep_args
+    view = normalize(run)
+    assert view["steps"][2]["tool_calls"][0]["arguments"] == deep_args
+    assert render_call("f", deep_args) == f"f({deep_args})"
+
+
+def test_deep_python_data_is_a_trace_error_not_a_recursion_error() -> None:
+    deep = {"messages": [{"role": "user", "content": _content_parts(5_000)}]}
+    with pytest.raises(TraceError, match="nests too deeply"):
+        normalize(deep)
+
+
 # ---- detection -------------------------------------------------------------------------------
 
 
@@ -529,3 +671,19 @@ def test_real_tau_bench() -> None:
         assert run["question"] and run["ground_truth"] and run["final_answer"] is not None
     ids = {r["metadata"]["id"] for r in v["runs"]}
     assert len(ids) == 120
+
+
+@pytest.mark.timeout(60)
+async def test_sandbox_host_loads_a_trace_at_the_nesting_limit(tmp_path: Path) -> None:
+    from sandbox.executor import SubprocessExecutor
+    from tests.sandbox.conftest import TEST_LIMITS
+
+    p = _write(tmp_path, "t.json", _at_the_limit(AT_THE_LIMIT["tau-bench"]))
+    ex = SubprocessExecutor(TEST_LIMITS)
+    await ex.start(str(p), "auto", {})
+    try:
+        r = await ex.run_cell("describe_traces(max_preview=300)\nprint('dumped', len(json.dumps(traces)) > 0)")
+        assert r.ok, r
+        assert "schema:" in r.stdout and "dumped True" in r.stdout
+    finally:
+        await ex.close()
