@@ -62,7 +62,7 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 # protocol fd): replies are bounded, must be JSON objects answering the request they follow (`n`),
 # and anything else stops that host and fails that request only.
 MAX_REPLY_BYTES = 16 * 1024**2  # a cell reply: stdout (<= max_output_chars), error, a FINAL_ANSWER
-MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes (the host's RLIMIT_AS bounds them first)
+MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes; also never more than the host's memory limit
 MAX_ASKS = 64  # questions (ARCHIVE reads) a host may ask during one request
 ARCHIVE_MAX_BYTES = 256 * 1024**2
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -175,6 +175,7 @@ async def _exchange(
     *,
     expect_payload: bool = False,
     answer: Answer | None = None,
+    max_payload: int = MAX_BLOB_BYTES,
 ) -> tuple[dict[str, Any], bytes | None]:
     """One request/response; optional raw bytes after the request or the response frame.
 
@@ -208,7 +209,7 @@ async def _exchange(
         blob = None
         if expect_payload and result.get("ok") is True:
             size = result.get("size")
-            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_BLOB_BYTES:
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= max_payload:
                 raise _ProtocolError("a payload size out of bounds")
             blob = await proc.stdout.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
@@ -669,7 +670,11 @@ class SubprocessExecutor:
         expect_payload: bool = False,
         answer: Answer | None = None,
     ) -> tuple[dict[str, Any], bytes | None]:
-        return await _exchange(self._proc, obj, payload, expect_payload=expect_payload, answer=answer)
+        # A legitimate snapshot or export cannot be larger than the memory the host may use.
+        cap = min(MAX_BLOB_BYTES, self.limits.memory_bytes) if self.limits.memory_bytes else MAX_BLOB_BYTES
+        return await _exchange(
+            self._proc, obj, payload, expect_payload=expect_payload, answer=answer, max_payload=cap
+        )
 
     async def _protocol_result(self, exc: _ProtocolError, t0: float, restarted: bool) -> CellResult:
         """A host that broke the protocol is stopped; only this cell fails (the session rebuilds)."""

@@ -297,3 +297,17 @@ async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path,
         assert follow.ok and follow.stdout == "1\n"
     finally:
         await ex.close()
+
+
+async def test_a_breached_host_cannot_make_the_worker_read_unbounded_bytes(breached: SubprocessExecutor) -> None:
+    """A snapshot reply claiming more bytes than the host could ever hold stops that host."""
+    lie = (
+        "import gc\n"
+        "host = [o for o in gc.get_objects() if type(o).__name__ == 'Host'][0]\n"
+        "host.snapshot = lambda: ({'ok': True, 'size': 10**12}, None)\n"
+    )
+    assert (await breached.run_unguarded(lie)).ok
+    blob, resp = await breached.snapshot()
+    assert blob is None and not resp.get("ok") and not breached.alive
+    follow = await breached.run_cell("print(1+1)")
+    assert follow.ok and follow.stdout == "2\n" and follow.host_restarted
