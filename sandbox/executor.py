@@ -22,10 +22,8 @@ import itertools
 import json
 import logging
 import os
-import re
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox.archive import read_archive_blob
 from sandbox.framing import HEADER, decode, encode
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 from sandbox.output import truncate
@@ -64,8 +63,6 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 MAX_REPLY_BYTES = 16 * 1024**2  # a cell reply: stdout (<= max_output_chars), error, a FINAL_ANSWER
 MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes; also never more than the host's memory limit
 MAX_ASKS = 64  # questions (ARCHIVE reads) a host may ask during one request
-ARCHIVE_MAX_BYTES = 256 * 1024**2
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _ERROR_KINDS = frozenset({"syntax", "guard", "runtime", "timeout", "memory", "crash", "output"})
 _TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # sandbox.host.TEST_UNGUARDED_ENV (tests only)
 _TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # sandbox.host.TEST_MISSING_ENV (tests only)
@@ -232,33 +229,14 @@ async def _read_reply(stream: asyncio.StreamReader) -> dict[str, Any]:
 
 
 async def _answer_archive(archive_root: str | None, question: Any) -> tuple[dict[str, Any], bytes]:
-    """Read one archived transcript for a host: by validated sha256 only, never by a host's path."""
-    sha = question.get("sha256") if isinstance(question, dict) else None
-    if not isinstance(question, dict) or question.get("what") != "archive" or not isinstance(sha, str):
+    """Read one archived transcript for a host: by checked sha256 only, never by a host's path."""
+    if not isinstance(question, dict) or question.get("what") != "archive":
         return {"ok": False, "error": "unknown question"}, b""
-    if not _HEX64.fullmatch(sha):
-        return {"ok": False, "error": "expected a sha256 digest as 64 lowercase hex characters"}, b""
-    if archive_root is None:
-        return {"ok": False, "error": "no transcript archive is configured for this session"}, b""
-    path = os.path.join(archive_root, "sha256", sha[:2], sha)
-
-    def read() -> tuple[dict[str, Any], bytes]:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return {"ok": False, "error": f"no archived transcript with sha256 {sha}"}, b""
-        except OSError as exc:
-            return {"ok": False, "error": f"archived transcript {sha} cannot be read ({exc.strerror})"}, b""
-        with os.fdopen(fd, "rb") as fh:
-            info = os.fstat(fh.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return {"ok": False, "error": f"archived transcript {sha} is not a regular file"}, b""
-            data = fh.read(ARCHIVE_MAX_BYTES + 1)
-        if len(data) > ARCHIVE_MAX_BYTES:
-            return {"ok": False, "error": f"archived transcript {sha} exceeds {ARCHIVE_MAX_BYTES:,} bytes"}, b""
-        return {"ok": True, "size": len(data)}, data
-
-    return await asyncio.to_thread(read)
+    try:
+        data = await asyncio.to_thread(read_archive_blob, archive_root, question.get("sha256"))
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": str(exc).removeprefix("ARCHIVE: ")}, b""
+    return {"ok": True, "size": len(data)}, data
 
 
 def _kill_sync(host: _HostProc) -> None:

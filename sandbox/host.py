@@ -48,6 +48,7 @@ import sys
 import time
 from typing import Any
 
+from sandbox.archive import check_archive_name, decode_archive
 from sandbox.framing import read_exact, read_frame_fd, write_frame_fd
 from sandbox.guards import ALLOWED_MODULES, GuardError
 from sandbox.isolation import (
@@ -59,7 +60,7 @@ from sandbox.isolation import (
     lockdown,
     parse_mode,
 )
-from sandbox.namespace import ARCHIVE_MAX_BYTES, SandboxNamespace, format_exception, load_traces
+from sandbox.namespace import SandboxNamespace, format_exception, load_traces
 from sandbox.output import truncate
 from sandbox.snapshot import (
     DataIndex,
@@ -405,28 +406,13 @@ class _BrokeredNamespace(SandboxNamespace):
         self._host = host
 
     def archive(self, sha256_hex: str) -> list[Any]:
-        # the real characters (a str subclass can lie about len/iteration); the worker re-checks
-        real = str.__str__(sha256_hex) if isinstance(sha256_hex, str) else None
-        if real is None or len(real) != 64 or not all(c in "0123456789abcdef" for c in real):
-            shown = repr(real if real is not None else type(sha256_hex).__name__)[:80]
-            raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
+        name = check_archive_name(sha256_hex)
         if not self.archive_root:
             raise FileNotFoundError("ARCHIVE: no transcript archive is configured for this session")
-        sha256_hex = real
-        reply, data = self._host.ask({"what": "archive", "sha256": sha256_hex})
+        reply, data = self._host.ask({"what": "archive", "sha256": name})
         if not reply.get("ok"):
             raise FileNotFoundError(f"ARCHIVE: {str(reply.get('error'))[:300]}")
-        import hashlib
-
-        if len(data) > ARCHIVE_MAX_BYTES or hashlib.sha256(data).hexdigest() != sha256_hex:
-            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)")
-        try:
-            value = json.loads(data)
-        except ValueError as exc:
-            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is not valid JSON: {exc}") from None
-        if not isinstance(value, list):
-            raise TypeError(f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list")
-        return value
+        return decode_archive(name, data)
 
 
 def _preload(names: tuple[str, ...] = ()) -> None:

@@ -7,22 +7,18 @@ that rebinds `print` or `traces` cannot break later cells or the harness.
 
 `history` is the archive of compacted transcripts: a list (empty at start, changed in place by cells)
 that the workflow fills with journaled cells `history.extend(ARCHIVE("<sha256>"))`. `ARCHIVE` reads
-one content-addressed blob `<archive_root>/sha256/<2 hex>/<64 hex>` and nothing else: the name is
-validated as exactly 64 lowercase hex characters (no path can be formed from it), the final path
-component is opened without following symlinks, the size is capped and the content must hash to
-its name, so a replay of the cell after a crash reads the same value.
+one content-addressed blob by its checked name (see `sandbox.archive`; in a locked-down host the
+worker reads it, see `sandbox.host`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import stat
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
 from sandbox.guards import (
     ATTR_HOOK,
     CELL_MODULE,
@@ -54,48 +50,7 @@ PREVIEW_STR_CHARS = 200
 PREVIEW_LIST_ITEMS = 3
 _AUTO_FORMATS = frozenset({"", "auto", "json", "jsonl"})  # container formats: let the normaliser detect
 HISTORY = "history"  # scaffold list: the archived (compacted) transcripts; snapshotted and exported by value
-ARCHIVE_MAX_BYTES = 256 * 1024**2
 FINAL_ANSWER_MAX_BYTES = 1024**2  # serialised (JSON) size of one FINAL_ANSWER value
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def read_archive(archive_root: str | None, sha256_hex: Any, max_bytes: int = ARCHIVE_MAX_BYTES) -> list[Any]:
-    """The JSON list stored in blob `<archive_root>/sha256/<hex[:2]>/<hex>` (see the module doc).
-
-    Errors are meant for the model: they name the problem, never the archive's location.
-    """
-    if type(sha256_hex) is not str or not _SHA256_HEX.fullmatch(sha256_hex):  # exact str: a subclass can lie
-        shown = repr(sha256_hex)[:80]
-        raise ValueError(f"ARCHIVE: expected a sha256 digest as 64 lowercase hex characters, got {shown}")
-    if not archive_root:
-        raise FileNotFoundError("ARCHIVE: no transcript archive is configured for this session")
-    path = os.path.join(archive_root, "sha256", sha256_hex[:2], sha256_hex)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"ARCHIVE: no archived transcript with sha256 {sha256_hex}") from None
-    except OSError as exc:
-        raise OSError(f"ARCHIVE: archived transcript {sha256_hex} cannot be read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"ARCHIVE: archived transcript {sha256_hex} is not a regular file")
-        if info.st_size > max_bytes:
-            raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} exceeds {max_bytes:,} bytes")
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} exceeds {max_bytes:,} bytes")
-    import hashlib  # lazy: only cells that read the archive pay for it
-
-    if hashlib.sha256(data).hexdigest() != sha256_hex:
-        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)")
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is not valid JSON: {exc}") from None
-    if not isinstance(value, list):
-        raise TypeError(f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list")
-    return value
 
 
 def load_traces(trace_path: str | None, trace_format: str) -> Any:
