@@ -9,8 +9,11 @@ retries inside an activity would hide failures from the history and multiply lat
 from __future__ import annotations
 
 import importlib
+import logging
 import os
-from collections.abc import Callable
+import sys
+import warnings
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic_ai.capabilities import ResolveModelId
@@ -28,11 +31,14 @@ __all__ = [
     "resolve_model",
     "check_model_name",
     "model_resolver",
+    "prepare_workflow_side",
+    "workflow_side_model",
     "load_plugins",
     "is_llm",
 ]
 
 HEURISTIC = "heuristic"
+log = logging.getLogger("rr.models")
 
 ModelFactory = Callable[[], Model]
 _factories: dict[str, ModelFactory] = {}
@@ -108,6 +114,19 @@ def is_llm(name: str) -> bool:
 
 _WORKFLOW_SIDE_KEY = "rr-workflow-side-placeholder"
 _workflow_side: dict[str, Model] = {}
+# Provider prefixes (`prefix:model`) prepared at worker start, and why the others cannot be used here.
+_prepared_families: set[str] = set()
+_unavailable_families: dict[str, str] = {}
+_prepared = False  # prepare_workflow_side ran in this process (a replayer alone never calls it)
+# Prefixes pydantic-ai accepts without a known model name of its own (OpenAI-compatible servers etc.);
+# the prefixes of `known_model_names()` are added to these.
+_EXTRA_FAMILIES = (
+    "openai", "openai-chat", "openai-responses", "openai-codex", "openai-chatgpt", "azure", "azure-responses",
+    "alibaba", "cerebras", "crusoe", "deepseek", "fireworks", "github", "github-copilot", "heroku", "litellm",
+    "meta", "moonshotai", "nebius", "ollama", "openrouter", "ovhcloud", "sambanova", "snowflake", "together",
+    "vercel", "vllm", "zai", "system-one", "gateway/openai-chat", "gateway/openai-responses",
+)
+_SAMPLE_NAMES = {"openrouter": "openai/gpt-4o"}  # prefixes that only accept names of a certain shape
 
 
 def _placeholder_provider(name: str) -> Provider[Any]:
@@ -117,21 +136,125 @@ def _placeholder_provider(name: str) -> Provider[Any]:
         return infer_provider(name)
 
 
+def _family(name: str) -> str | None:
+    return name.split(":", 1)[0] if ":" in name else None
+
+
+def _build_workflow_side(name: str) -> Model:
+    try:
+        return infer_model(name, provider_factory=_placeholder_provider)
+    except Exception as e:
+        raise UnknownModelError(f"model {name!r} cannot be used: {e}") from e
+
+
+def _prepare_family(fam: str, samples: dict[str, str]) -> None:
+    if fam in _prepared_families or fam in _unavailable_families:
+        return
+    try:
+        _placeholder_provider(fam)
+    except Exception as e:  # noqa: BLE001 - ImportError (SDK not installed), UserError (configuration)
+        _unavailable_families[fam] = f"{type(e).__name__}: {e}"
+        return
+    _prepared_families.add(fam)
+    try:  # imports the model class and what its constructor loads
+        infer_model(f"{fam}:{_SAMPLE_NAMES.get(fam, samples.get(fam, 'rr-prepare'))}",
+                    provider_factory=_placeholder_provider)
+    except Exception:  # noqa: BLE001, S110 - a sample name the family refuses; the imports are done
+        pass
+
+
+def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
+    """Build, before a worker polls, everything workflow code needs to resolve a model; returns the names built.
+
+    Workflow code must never import a module or load data: an activation that takes more than 2 s
+    trips the SDK's deadlock detector (TMPRL1101) and can leave a workflow slot used forever, and a
+    first import of a provider SDK or of genai-prices' data takes that long on a loaded machine. So
+    this imports and builds here, once per process:
+
+    - genai-prices' data snapshot (every `Model.__init__` loads it, and usage/price lookups read it);
+    - every pydantic-ai profile module (OpenAI-compatible providers pick one by the model's vendor);
+    - for every provider prefix whose SDK is installed (`models=None`; else only the prefixes of
+      `models`), a placeholder provider and a model of that family: its SDK, provider and model
+      modules are imported, so a model name first seen in workflow code resolves without importing
+      anything. A prefix that fails here (SDK not installed, required configuration missing) is
+      remembered, and a model of it is refused without trying again;
+    - the workflow-side objects of `heuristic`, of every registered model, of `RR_MODEL` and of `models`.
+
+    Every installed family costs its SDK's import (openai ~0.4 s, google-genai ~0.5 s, anthropic
+    ~1.2 s on an idle machine); a caller that knows which models it serves passes them as `models`.
+    Calling it again only does what is missing.
+    """
+    global _prepared
+    import pkgutil
+
+    import pydantic_ai.profiles
+    from genai_prices.data_snapshot import get_snapshot
+    from pydantic_ai.models import known_model_names
+
+    _prepared = True
+    get_snapshot()
+    for info in pkgutil.iter_modules(pydantic_ai.profiles.__path__, pydantic_ai.profiles.__name__ + "."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001, S112 - a profile whose optional dependency is missing
+            continue
+    samples: dict[str, str] = {}
+    for known in known_model_names():
+        fam = _family(known)
+        if fam is not None:
+            samples.setdefault(fam, known.split(":", 1)[1])
+    default = os.environ.get("RR_MODEL", "").strip()
+    wanted = [*([default] if default else []), *(models or [])]
+    families = {*samples, *_EXTRA_FAMILIES} if models is None else {f for f in map(_family, wanted) if f}
+    with warnings.catch_warnings():  # deprecation notices of providers nobody asked for
+        warnings.simplefilter("ignore")
+        for fam in sorted(families):
+            _prepare_family(fam, samples)
+    for unprefixed in ("rr-prepare", "test"):  # the error path (name suggestions) and pydantic-ai's test model
+        try:
+            infer_model(unprefixed)
+        except Exception:  # noqa: BLE001, S110
+            pass
+    built = []
+    for name in dict.fromkeys([HEURISTIC, *_factories, *wanted]):
+        try:
+            if name in _factories or name == HEURISTIC:
+                resolve_model(name)
+            else:
+                _workflow_side[name] = _build_workflow_side(name)
+        except UnknownModelError as e:
+            log.warning("model %r cannot be used by this worker: %s", name, e)
+            continue
+        built.append(name)
+    return built
+
+
 def workflow_side_model(name: str) -> Model:
     """The model object the workflow plans with; it never sends a request.
 
     `TemporalDurability` routes every request to an activity, where `resolve_model` builds the real
     client. Building the workflow-side object with a placeholder key means replaying a history
     (`rr replay`, audits) needs no provider credentials.
+
+    This runs in workflow code, so it only uses what `prepare_workflow_side` built or imported: a
+    name it built is returned as is; another name of a prepared provider family is built without
+    importing anything; a family that could not be prepared is refused with the reason.
     """
     if name in _factories or name == HEURISTIC:
-        return resolve_model(name)
-    if name not in _workflow_side:
-        try:
-            _workflow_side[name] = infer_model(name, provider_factory=_placeholder_provider)
-        except Exception as e:
-            raise UnknownModelError(f"model {name!r} cannot be used: {e}") from e
-    return _workflow_side[name]
+        return resolve_model(name)  # built by prepare_workflow_side, or a factory registered since
+    model = _workflow_side.get(name)
+    if model is not None:
+        return model
+    fam = _family(name)
+    if fam is not None and fam in _unavailable_families:
+        raise UnknownModelError(f"model {name!r} cannot be used on this worker: {_unavailable_families[fam]}")
+    before = len(sys.modules)
+    model = _build_workflow_side(name)
+    if len(sys.modules) != before and _prepared:
+        log.warning("building model %r imported %d modules in workflow code; prepare_workflow_side() "
+                    "should have imported them at worker start", name, len(sys.modules) - before)
+    _workflow_side[name] = model
+    return model
 
 
 async def _resolve(_ctx: Any, model_id: str) -> Model | None:
@@ -146,10 +269,18 @@ def model_resolver() -> ResolveModelId[Any]:
 
 
 def load_plugins(spec: str | None = None) -> list[str]:
-    """Import the comma-separated modules in `RR_PLUGINS` (they register models or tools)."""
+    """Import the comma-separated modules in `RR_PLUGINS` (they register models or tools).
+
+    A module that cannot be imported (missing, or failing at import) is a `SettingError` naming it.
+    """
+    from reflector.settings import SettingError
+
     spec = spec if spec is not None else os.environ.get("RR_PLUGINS", "")
     loaded = []
     for mod in filter(None, (s.strip() for s in spec.split(","))):
-        importlib.import_module(mod)
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # ImportError, or anything the plugin's own import raises
+            raise SettingError(f"RR_PLUGINS: cannot import {mod!r}: {type(e).__name__}: {e}") from None
         loaded.append(mod)
     return loaded

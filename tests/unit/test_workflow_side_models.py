@@ -1,0 +1,43 @@
+"""Workflow-side model resolution uses only what `prepare_workflow_side` built or imported at worker start."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from reflector import models
+
+
+@pytest.fixture(scope="module")
+def prepared() -> list[str]:
+    return models.prepare_workflow_side()
+
+
+def test_prepare_builds_the_heuristic_and_registered_models(prepared: list[str]) -> None:
+    assert models.HEURISTIC in prepared
+    assert models.HEURISTIC in models._instances
+    assert {"openai", "openai-chat"} <= models._prepared_families
+
+
+def test_a_new_name_of_a_prepared_family_resolves_without_importing(prepared: list[str]) -> None:
+    before = set(sys.modules)
+    for name in ("openai-chat:rr-never-seen-1", "openai:rr-never-seen-2", "deepseek:deepseek-chat"):
+        assert models.workflow_side_model(name).model_name == name.split(":", 1)[1]
+    assert set(sys.modules) - before == set()
+
+
+def test_a_family_that_could_not_be_prepared_is_refused_with_the_reason(
+    prepared: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(models._unavailable_families, "rr-nowhere", "ImportError: the rr-nowhere SDK is not installed")
+    before = set(sys.modules)
+    with pytest.raises(models.UnknownModelError, match="cannot be used on this worker: ImportError: the rr-nowhere"):
+        models.workflow_side_model("rr-nowhere:m1")
+    assert set(sys.modules) - before == set()
+
+
+def test_preparing_again_does_nothing_new(prepared: list[str]) -> None:
+    before = set(sys.modules)
+    models.prepare_workflow_side()
+    assert set(sys.modules) - before == set()
