@@ -63,8 +63,12 @@ async def direct(home: Path, trace: Path, mode: IsolationMode, cells: int) -> tu
     return first, per_cell
 
 
-async def activity_path(mode: IsolationMode, cells: int, reps: int) -> float:
-    """Median workflow wall per cell, (wall(N) - wall(0)) / N, through the activity path."""
+async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
+    """Per mode, workflow walls per cell, (wall(N) - wall(0)) / N, through the activity path.
+
+    One dev server and one worker; the worker's session manager is swapped between the modes
+    before every run (modes alternate, so machine noise hits both alike).
+    """
     from activities import sandbox_cells
     from bench.common import upload_bench_trace
     from bench.sandbox_cells import CellsWorkflow
@@ -72,31 +76,35 @@ async def activity_path(mode: IsolationMode, cells: int, reps: int) -> float:
     from reflector.settings import Settings
     from reflector.worker import build_worker, connect
 
-    os.environ["RR_SANDBOX_ISOLATION"] = mode
-    settings = Settings.from_env()
-    trace = upload_bench_trace(settings)
+    trace = upload_bench_trace(Settings.from_env())
     server = DevServer(None, ui=False)
     address = await server.astart()
-    walls: dict[int, list[float]] = {0: [], cells: []}
+    walls: dict[tuple[str, int], list[float]] = {(m, n): [] for m in MODES for n in (0, cells)}
     try:
         client = await connect(address)
         tq = f"bench-iso-{uuid.uuid4().hex[:6]}"
-        worker = build_worker(client, tq, extra_workflows=[CellsWorkflow])
-        sandbox_cells.configure(settings, max_live=64)
-        async with worker:
-            for rep in range(reps + 1):
-                for n in (0, cells):
-                    await sandbox_cells._rt().sessions.prewarm()
-                    sid = f"bench-{uuid.uuid4().hex[:10]}"
-                    t0 = time.perf_counter()
-                    ok = await client.execute_workflow(CellsWorkflow.run, args=[sid, trace, n], id=sid, task_queue=tq)
-                    assert ok == n, (ok, n)
-                    if rep:
-                        walls[n].append(time.perf_counter() - t0)
-        await sandbox_cells.shutdown()
+        async with build_worker(client, tq, extra_workflows=[CellsWorkflow]):
+            for rep in range(reps + 1):  # the first round warms up and is discarded
+                for mode in MODES:
+                    await sandbox_cells.shutdown()
+                    os.environ["RR_SANDBOX_ISOLATION"] = mode
+                    sandbox_cells.configure(Settings.from_env(), max_live=64)
+                    for n in (0, cells):
+                        await sandbox_cells._rt().sessions.prewarm()
+                        sid = f"bench-{uuid.uuid4().hex[:10]}"
+                        t0 = time.perf_counter()
+                        ok = await client.execute_workflow(
+                            CellsWorkflow.run, args=[sid, trace, n], id=sid, task_queue=tq
+                        )
+                        assert ok == n, (ok, n)
+                        if rep:
+                            walls[(mode, n)].append(time.perf_counter() - t0)
+            await sandbox_cells.shutdown()
     finally:
         server.stop()
-    return (median(walls[cells]) - median(walls[0])) * 1000 / cells
+    return {
+        m: [(w - median(walls[(m, 0)])) * 1000 / cells for w in walls[(m, cells)]] for m in MODES
+    }
 
 
 async def main(cells: int, rounds: int, reps: int) -> None:
@@ -116,10 +124,7 @@ async def main(cells: int, rounds: int, reps: int) -> None:
             first, times = await direct(home, small, mode, cells)
             pooled[mode].append(first)
             per_cell[mode].extend(times)
-    via_activity = {m: [] for m in MODES}  # type: dict[str, list[float]]
-    for _ in range(2):
-        for mode in MODES:
-            via_activity[mode].append(await activity_path(mode, cells, reps))
+    via_activity = await activity_path(cells, reps)
     rebuild: dict[tuple[str, int], float] = {}
     for n in (10, 50):
         for mode in MODES:
@@ -140,7 +145,7 @@ async def main(cells: int, rounds: int, reps: int) -> None:
         row("rebuild after host SIGKILL, 10 cells, 10 MB trace, ms", {m: rebuild[(m, 10)] for m in MODES}),
         row("rebuild after host SIGKILL, 50 cells, 10 MB trace, ms", {m: rebuild[(m, 50)] for m in MODES}),
     ]
-    print(f"OS layer cost, medians, modes alternated in {rounds} rounds (activity path: 2 rounds x {reps} runs)")
+    print(f"OS layer cost, medians, modes alternated in {rounds} rounds (activity path: {reps} rounds)")
     print(table(["measure", "language-only", "auto (OS layer)", "ratio"], rows))
     print(f"\ncommand: python -m bench.sandbox_isolation --cells {cells} --rounds {rounds} --reps {reps}")
 
