@@ -311,3 +311,67 @@ async def test_a_breached_host_cannot_make_the_worker_read_unbounded_bytes(breac
     assert blob is None and not resp.get("ok") and not breached.alive
     follow = await breached.run_cell("print(1+1)")
     assert follow.ok and follow.stdout == "2\n" and follow.host_restarted
+
+
+_NON_ROOT_SCRIPT = """
+import asyncio, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox.executor import SubprocessExecutor
+from sandbox.protocol import SandboxLimits
+async def main():
+    ex = SubprocessExecutor(SandboxLimits(cell_timeout_s=5), python=sys.executable, unguarded_for_tests=True)
+    await ex.start(sys.argv[2], "auto", {})
+    cell = await ex.run_cell("print(len(traces['steps']))")
+    breach = await ex.run_unguarded(
+        "import os\\ntry:\\n    print(open(%r).read())\\nexcept OSError as e:\\n    print('denied', e.errno)" % sys.argv[3])
+    print(json.dumps({"isolation": ex.isolation, "cell": cell.stdout, "breach": breach.stdout}))
+    await ex.close()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a worker as another user")
+def test_a_non_root_worker_gets_user_namespaces_and_the_same_lockdown() -> None:
+    """The unprivileged path: the host creates a user namespace first, then the others."""
+    import shutil
+    import tempfile
+
+    python, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if not (os.path.exists(python) and setpriv):
+        pytest.skip("needs a system Python readable by an unprivileged user, and setpriv")
+    repo = str(Path(__file__).resolve().parents[2])
+    if not all(os.stat(p).st_mode & 0o005 == 0o005 for p in Path(repo).parents):
+        pytest.skip("the checkout is not readable by other users")
+    base = Path(tempfile.mkdtemp(prefix="rr-nonroot-"))  # pytest's tmp dirs are root-only
+    try:
+        _run_as_non_root(base, python, setpriv, repo)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_as_non_root(base: Path, python: str, setpriv: str, repo: str) -> None:
+    import subprocess
+
+    work = base / "nonroot"
+    work.mkdir()
+    trace = work / "trace.json"
+    trace.write_text(json.dumps({"question": "q", "steps": [{"role": "user", "content": "hi"}] * 2}))
+    trace.chmod(0o600)
+    secret = work / "secret"
+    secret.write_text(SECRET_VALUE)
+    script = work / "run.py"
+    script.write_text(_NON_ROOT_SCRIPT)
+    for path in (base, work, script):
+        path.chmod(0o755)
+    subprocess.run(["chown", "-R", "1000:1000", str(work)], check=True)
+    proc = subprocess.run(
+        [setpriv, "--reuid", "1000", "--regid", "1000", "--clear-groups", python, str(script), repo, str(trace),
+         str(secret)],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    layers = out["isolation"]["layers"]
+    assert layers[:2] == ["userns", "namespaces"] and "seccomp" in layers and out["isolation"]["uid"] == 1000, out
+    assert out["cell"] == "2\n"
+    assert out["breach"].startswith("denied") and SECRET_VALUE not in out["breach"], out
