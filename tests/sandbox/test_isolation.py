@@ -42,7 +42,7 @@ def secret_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def breached(trace_file: str) -> AsyncIterator[SubprocessExecutor]:
-    ex = SubprocessExecutor(TEST_LIMITS, unguarded_for_tests=True)
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
     await ex.start(trace_file, "auto", {"task": {"question": "q"}})
     yield ex
     await ex.close()
@@ -190,13 +190,13 @@ async def test_a_forged_frame_fails_only_that_cell(breached: SubprocessExecutor)
 
 async def test_a_breached_session_cannot_touch_another_sessions_journal(tmp_path: Path, trace_file: str) -> None:
     journal_root = tmp_path / "journals"
-    sessions = SessionManager(journal_root, pool_size=0, fsync=False)
+    sessions = SessionManager(journal_root, pool_size=0, fsync=False, isolation="auto")
     kw = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
     try:
         assert (await sessions.run_cell("victim", 1, "x = 41", **kw)).ok
         victim_entry = journal_root / "victim" / "00000001.json"
         before = victim_entry.read_bytes()
-        attacker = SubprocessExecutor(TEST_LIMITS, unguarded_for_tests=True)
+        attacker = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
         await attacker.start(trace_file, "auto", {})
         try:
             payload = json.dumps({"seq": 1, "code": "x = 'pwned'"})
@@ -215,7 +215,7 @@ async def test_a_breached_session_cannot_touch_another_sessions_journal(tmp_path
 
 @pytest.mark.parametrize("layer", ["landlock", "seccomp"])
 async def test_a_missing_required_layer_refuses_to_run_cells(layer: str, trace_file: str) -> None:
-    ex = SubprocessExecutor(TEST_LIMITS, missing_for_tests=(layer,))
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", missing_for_tests=(layer,))
     with pytest.raises(RuntimeError, match=f"sandbox isolation unavailable: {layer}.*RR_SANDBOX_ISOLATION=language-only"):
         await ex.start(trace_file, "auto", {})
     assert not ex.alive
@@ -223,7 +223,7 @@ async def test_a_missing_required_layer_refuses_to_run_cells(layer: str, trace_f
 
 
 async def test_missing_namespaces_are_reported_not_fatal_unless_strict(trace_file: str) -> None:
-    ex = SubprocessExecutor(TEST_LIMITS, missing_for_tests=("namespaces",))
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", missing_for_tests=("namespaces",))
     await ex.start(trace_file, "auto", {})
     try:
         assert "namespaces" in ex.isolation["missing"] and "seccomp" in ex.isolation["layers"]
@@ -256,7 +256,7 @@ async def test_language_only_is_an_explicit_opt_out(trace_file: str) -> None:
 async def test_limits_and_the_cpu_budget_still_apply_inside_the_namespaces(trace_file: str) -> None:
     """The host is not PID 1 (a PID-namespace init ignores SIGXCPU): the CPU budget still kills."""
     limits = SandboxLimits(cell_timeout_s=20, cpu_seconds_per_cell=1, memory_bytes=512 * 1024**2)
-    ex = SubprocessExecutor(limits)
+    ex = SubprocessExecutor(limits, isolation="auto")
     await ex.start(trace_file, "auto", {})
     try:
         r = await ex.run_cell("n = 0\nwhile True:\n    n += 1")
@@ -277,7 +277,7 @@ async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path,
     blob = tmp_path / "blobs" / "sha256" / sha[:2] / sha
     blob.parent.mkdir(parents=True)
     blob.write_bytes(data)
-    ex = SubprocessExecutor(TEST_LIMITS, archive_root=tmp_path / "blobs", unguarded_for_tests=True)
+    ex = SubprocessExecutor(TEST_LIMITS, archive_root=tmp_path / "blobs", isolation="auto", unguarded_for_tests=True)
     await ex.start(trace_file, "auto", {})
     try:
         r = await ex.run_cell(f"history.extend(ARCHIVE({sha!r}))\nprint(history[0]['content'])")
