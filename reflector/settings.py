@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 
-__all__ = ["Settings", "SettingError", "env_number", "DEFAULT_ADDRESS", "DEFAULT_TASK_QUEUE"]
+__all__ = [
+    "Settings",
+    "SettingError",
+    "env_number",
+    "env_flag",
+    "usable_dir",
+    "DEFAULT_ADDRESS",
+    "DEFAULT_TASK_QUEUE",
+    "DEFAULT_NO_WORKER_WARN_S",
+]
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_TASK_QUEUE = "rr-reflections"
 DEFAULT_MAX_TRACE_BYTES = 512 * 1024**2
+# `rr reflect` says so on the terminal when its reflection's next step has waited this long for a
+# worker (env RR_NO_WORKER_WARN_S; tests use a short value).
+DEFAULT_NO_WORKER_WARN_S = 15.0
 
 
 class SettingError(ValueError):
@@ -34,6 +47,40 @@ def env_number(name: str, default: float, *, integer: bool = True, minimum: floa
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """`name` from the environment as a boolean: 1/0, true/false, yes/no, on/off (any case).
+
+    Unset or blank: `default`; anything else is a `SettingError` (never silently read as off).
+    """
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value == "":
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingError(f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}")
+
+
+def usable_dir(path: Path, name: str) -> Path:
+    """Create `path` (named by the setting `name` in messages) and check that a file can be written in it.
+
+    Raises `SettingError` with the reason (not a directory, read-only file system, no space, ...).
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".rr-probe-"):
+            pass
+    except OSError as exc:
+        raise SettingError(f"{name}: cannot use the directory {path}: {exc.strerror or exc}") from None
+    return path
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -44,10 +91,17 @@ class Settings:
     model: str | None
     max_trace_bytes: int
     sandbox_isolation: IsolationMode = "auto"
+    journal_fsync: bool = False
+    no_worker_warn_s: float = DEFAULT_NO_WORKER_WARN_S
 
     @property
     def blob_dir(self) -> Path:
         return Path(os.environ.get("RR_BLOB_DIR") or self.home / "blobs")
+
+    @property
+    def blob_dir_setting(self) -> str:
+        """The variable that decides `blob_dir` (for messages)."""
+        return "RR_BLOB_DIR" if os.environ.get("RR_BLOB_DIR") else "RR_HOME"
 
     @property
     def db_file(self) -> Path:
@@ -67,6 +121,9 @@ class Settings:
             model=env.get("RR_MODEL") or None,
             max_trace_bytes=int(env_number("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
             sandbox_isolation=_isolation(env.get(ISOLATION_ENV)),
+            journal_fsync=env_flag("RR_JOURNAL_FSYNC"),
+            no_worker_warn_s=env_number("RR_NO_WORKER_WARN_S", DEFAULT_NO_WORKER_WARN_S, integer=False,
+                                        minimum=0.1),
         )
 
 
