@@ -81,9 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env()
         if args.cmd == "server":
             from reflector.devserver import run_foreground
+            from reflector.settings import usable_dir
 
-            settings.home.mkdir(parents=True, exist_ok=True)
+            usable_dir(settings.home, "RR_HOME")
             return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port)
+        from reflector.client import configure_core_logging
+
+        configure_core_logging(worker_warnings=args.cmd in ("worker", "reflect"))
         if args.cmd == "worker":
             from reflector.worker import run_worker
 
@@ -94,11 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _err(str(e))
     except KeyboardInterrupt:
         return _err("interrupted", 130)
+    except OSError as e:  # a file-system fault nothing above expected: still one line
+        where = f" ({e.filename})" if e.filename else ""
+        return _err(f"{e.strerror or e}{where}", 1)
 
 
 async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from temporalio.client import WorkflowFailureError
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, RPCStatusCode
 
     from reflector.client import ReflectError
     from reflector.traces import TraceError
@@ -116,8 +123,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         cause = e.cause
         return _err(f"reflection failed: {getattr(cause, 'message', None) or cause or e}", 1)
     except RPCError as e:
-        if "not found" in str(e).lower():
-            return _err(f"no reflection with id {getattr(args, 'id', '?')!r}")
+        if e.status == RPCStatusCode.NOT_FOUND and args.cmd in ("result", "replay"):
+            return _err(f"no reflection with id {args.id!r}")
         return _err(f"Temporal error: {e}", 1)
     return _err(f"unknown command {args.cmd}")
 
@@ -166,14 +173,67 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         line = render_progress(p)  # type: ignore[arg-type]
         print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
-    async with c.runtime(settings, announce=_say) as rt:
-        handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id)
-        _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
-        out = await c.wait_for_result(handle, on_progress=progress)
+    def no_worker(waited: float) -> None:
         if tty:
             print(file=sys.stderr)
+        _say(f"no worker is polling task queue {settings.task_queue!r} on {address}: reflection {wf_id} has "
+             f"waited {waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, RR_TASK_QUEUE and "
+             f"RR_BLOB_DIR), or press Ctrl-C (the reflection stays; `rr result {wf_id}` follows it later)")
+
+    def worker_back() -> None:
+        _say(f"a worker took reflection {wf_id}")
+
+    rt: c.Runtime | None = None
+    wf_id = address = ""
+    try:
+        async with c.runtime(settings, announce=_say) as rt:
+            address = rt.address
+            handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id)
+            wf_id = handle.id
+            _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
+            await rt.ensure_worker(handle)
+            out = await c.wait_for_result(handle, on_progress=progress, on_no_worker=no_worker,
+                                          on_worker_back=worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            if tty:
+                print(file=sys.stderr)
+    except asyncio.CancelledError:  # Ctrl-C (asyncio.run cancels this task on SIGINT)
+        if not wf_id or rt is None:
+            raise  # nothing started: the plain "interrupted"
+        return _interrupted(wf_id, rt, settings, tty)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
-    return 0
+    return _finished(out)
+
+
+def _finished(out: object) -> int:
+    from reflector import client as c
+    from reflector.types import ReflectorOutput
+
+    assert isinstance(out, ReflectorOutput)
+    if c.is_complete(out):
+        return 0
+    stop = out.raw.get("rr_trace", {}).get("stop_reason")
+    _say(f"the reflection is INCOMPLETE (stop reason: {stop}): exit code {c.EXIT_INCOMPLETE}")
+    return c.EXIT_INCOMPLETE
+
+
+def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool) -> int:
+    from reflector.client import Runtime
+
+    assert isinstance(rt, Runtime)
+    if tty:
+        print(file=sys.stderr)
+    ns = settings.namespace
+    print(f"rr: error: interrupted: reflection {wf_id} was not stopped; it goes on durably on {rt.address} "
+          f"(namespace {ns!r})", file=sys.stderr)
+    _say(f"  follow it: rr result {wf_id}")
+    _say(f"  cancel it: temporal workflow cancel --workflow-id {wf_id} --address {rt.address} --namespace {ns}")
+    if rt.local_worker:
+        _say(f"  this process ran its only worker: the reflection continues when a worker runs (`rr worker` "
+             f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})")
+    if rt.embedded_server:
+        _say(f"  the embedded server stopped with this process; the reflection is saved in {settings.db_file}: "
+             "run `rr server` (same RR_HOME) for the commands above")
+    return 130
 
 
 async def _result(args: argparse.Namespace, settings: Settings) -> int:
@@ -189,8 +249,8 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
         if desc.status == WorkflowExecutionStatus.RUNNING:
             line = "  (no worker is running it right now)"
             try:
-                # a query waits for a worker; with none polling it would only time out
-                if await c.has_pollers(rt.client, desc.task_queue):
+                # a query waits for a worker; with none taking the reflection's tasks it would only time out
+                if not await c.waiting_for_worker(handle):
                     line = render_progress(
                         await handle.query("progress", result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
                     )
@@ -199,20 +259,28 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
             return _err(f"reflection {args.id} is still running:{line}", 3)
         out = await c.fetch_result(rt.client, args.id)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
-    return 0
+    return _finished(out)
 
 
 async def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.service import RPCError
+
     from reflector import client as c
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         try:
-            n = await c.replay_workflow(rt.client, args.id)
+            report = await c.replay(rt.client, args.id)
+        except (SettingError, RPCError):
+            raise
         except Exception as e:
             if "not found" in str(e).lower():
                 raise
             return _err(f"replay of {args.id} FAILED (non-determinism or error): {e}", 1)
-    print(f"replay of {args.id} OK: {n} events replayed against the current code")
+    if report.running:
+        print(f"replay of {args.id} OK: replayed a partial history of a running reflection "
+              f"({report.events} events so far) against the current code")
+    else:
+        print(f"replay of {args.id} OK: {report.events} events replayed against the current code")
     return 0
 
 

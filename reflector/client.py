@@ -6,25 +6,29 @@ The CLI is a thin shell over these functions. Nothing here runs inside a workflo
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
-from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.converter import DataConverter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from reflector.blobstore import BlobStore, blob_uri
-from reflector.models import check_model_name
+from reflector.models import check_model_name, load_plugins
 from reflector.payload_storage import blob_dir_of, data_converter, external_storage
-from reflector.settings import Settings
+from reflector.settings import SettingError, Settings, usable_dir
 from reflector.traces import detect_format, read_trace_file
 from reflector.types import Progress, ReflectionConfig, ReflectionInput, ReflectorOutput, TraceRef
 
@@ -38,6 +42,13 @@ __all__ = [
     "replay_workflow",
     "runtime",
     "Runtime",
+    "ReplayReport",
+    "replay",
+    "check_namespace",
+    "is_complete",
+    "configure_core_logging",
+    "EXIT_INCOMPLETE",
+    "FIRST_TASK_WAIT_S",
 ]
 
 # A workflow task that is not completed in this time is handed to another worker: it bounds how long a
@@ -45,6 +56,12 @@ __all__ = [
 # inside the task, which the SDK renews every 0.8 x this).
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
 QUERY_TIMEOUT = WORKFLOW_TASK_TIMEOUT + timedelta(seconds=2)
+# How long `rr reflect` lets the workers listed on the task queue take its reflection's first task before
+# it runs an in-process worker itself (see `Runtime.ensure_worker`).
+FIRST_TASK_WAIT_S = 2.0
+# Exit code of `rr reflect` / `rr result` for a reflection that finished but is incomplete (stop reason
+# other than "completed": budget spent, compaction limit, loop guard or error; a partial or fallback text).
+EXIT_INCOMPLETE = 4
 
 
 class ReflectError(RuntimeError):
@@ -54,7 +71,11 @@ class ReflectError(RuntimeError):
 def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
     """Validate a trace file and put it in the blob store; the workflow only gets the reference."""
     data, _container = read_trace_file(path, settings.max_trace_bytes)
-    digest, size = BlobStore(settings.blob_dir).put_file(path)
+    root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
+    try:
+        digest, size = BlobStore(root).put_file(path)  # removes its partial file on any failure
+    except OSError as e:
+        raise ReflectError(f"cannot store the trace in the blob store {root}: {e.strerror or e}") from None
     return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(data))
 
 
@@ -93,30 +114,82 @@ async def start_reflection(
 ) -> WorkflowHandle[object, ReflectorOutput]:
     from workflows.reflection import ReflectionWorkflow
 
-    handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(  # type: ignore[call-overload]
-        ReflectionWorkflow.run,
-        inp,
-        id=workflow_id or new_workflow_id(inp.trace),
-        task_queue=task_queue,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
-        result_type=ReflectorOutput,
-    )
+    wf_id = workflow_id or new_workflow_id(inp.trace)
+    try:
+        handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(  # type: ignore[call-overload]
+            ReflectionWorkflow.run,
+            inp,
+            id=wf_id,
+            task_queue=task_queue,
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            result_type=ReflectorOutput,
+        )
+    except WorkflowAlreadyStartedError:
+        raise ReflectError(
+            f"a reflection with id {wf_id!r} is already running: follow it with `rr result {wf_id}`, "
+            "or choose another --id"
+        ) from None
     return handle
+
+
+async def waiting_for_worker(handle: WorkflowHandle[object, ReflectorOutput]) -> bool:
+    """True when the reflection's next workflow task is scheduled and no worker has started it.
+
+    That is what "no live worker" means for this reflection, whatever the task queue's poller list says
+    (the server lists an exited worker as a poller for about a minute after its last poll).
+    """
+    desc = await handle.describe()
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        return False
+    raw = desc.raw_description
+    return raw.HasField("pending_workflow_task") and (
+        raw.pending_workflow_task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_SCHEDULED
+    )
 
 
 async def wait_for_result(
     handle: WorkflowHandle[object, ReflectorOutput],
     on_progress: Callable[[Progress], Awaitable[None] | None] | None = None,
     poll_s: float = 1.0,
+    *,
+    on_no_worker: Callable[[float], None] | None = None,
+    on_worker_back: Callable[[], None] | None = None,
+    no_worker_after_s: float = 15.0,
 ) -> ReflectorOutput:
-    """Wait for the result, reporting progress from the workflow's `progress` query meanwhile."""
+    """Wait for the result, reporting progress from the workflow's `progress` query meanwhile.
+
+    When the reflection's next step has waited `no_worker_after_s` for a worker (its workflow task
+    scheduled, started by nobody: no live worker polls the queue), `on_no_worker(seconds)` is called once,
+    and `on_worker_back()` when a worker takes it again; progress is not queried meanwhile (a query
+    needs a worker and would only time out).
+    """
     from workflows.reflection import ReflectionWorkflow
 
     result_task = asyncio.ensure_future(handle.result(rpc_timeout=None))
+    waiting_since: float | None = None
+    warned = False
     try:
         while not result_task.done():
             done, _ = await asyncio.wait({result_task}, timeout=poll_s)
-            if done or on_progress is None:
+            if done:
+                continue
+            if on_no_worker is not None:
+                try:
+                    waiting = await waiting_for_worker(handle)
+                except Exception:  # best effort, like progress
+                    waiting = False
+                now = time.monotonic()
+                if not waiting:
+                    if warned and on_worker_back is not None:
+                        on_worker_back()
+                    waiting_since, warned = None, False
+                else:
+                    waiting_since = waiting_since if waiting_since is not None else now
+                    if not warned and now - waiting_since >= no_worker_after_s:
+                        warned = True
+                        on_no_worker(now - waiting_since)
+                    continue
+            if on_progress is None:
                 continue
             try:
                 # The server answers a query when the workflow task in progress ends: the session's
@@ -148,21 +221,51 @@ async def replay_workflow(client: Client, workflow_id: str, settings: Settings |
     Externally stored payloads are read from the client's blob store (else that of `settings`, else
     the environment's) through a read-only driver: a replay never adds a blob.
     """
+    return (await replay(client, workflow_id, settings)).events
+
+
+_CLOSE_EVENTS = frozenset({
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+})
+
+
+@dataclass
+class ReplayReport:
+    events: int
+    running: bool  # the history was partial: the reflection had not finished when it was fetched
+
+
+async def replay(client: Client, workflow_id: str, settings: Settings | None = None) -> ReplayReport:
+    """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
+    running = not history.events or history.events[-1].event_type not in _CLOSE_EVENTS
     blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
     await make_replayer(blob_dir).replay_workflow(history)
-    return len(history.events)
+    return ReplayReport(events=len(history.events), running=running)
 
 
 def make_replayer(blob_dir: Path | str) -> Replayer:
     """A `Replayer` for reflections that reads external payloads from `blob_dir` and never writes."""
     from workflows.reflection import ReflectionWorkflow
 
+    load_plugins()  # the workflow resolves its model by name: models registered by plugins must be known
     dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
     return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
 
 
 async def has_pollers(client: Client, task_queue: str) -> bool:
+    """Whether the server lists any poller on `task_queue`.
+
+    Only a hint: the server keeps listing a worker for about a minute after its last poll, exited or not
+    (and a live idle worker's last poll is up to a minute old too, since polls are long polls), so "yes"
+    does not mean a live worker. `Runtime.ensure_worker` decides on what the server does with the
+    reflection's own first task instead.
+    """
     resp = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
@@ -173,6 +276,50 @@ async def has_pollers(client: Client, task_queue: str) -> bool:
     return len(resp.pollers) > 0
 
 
+async def check_namespace(client: Client, address: str) -> None:
+    """`SettingError` when the client's namespace (TEMPORAL_NAMESPACE) does not exist on the server."""
+    try:
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=client.namespace))
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise SettingError(
+                f"TEMPORAL_NAMESPACE: namespace {client.namespace!r} does not exist on the Temporal server at "
+                f"{address} (create it with `temporal operator namespace create --namespace {client.namespace} "
+                f"--address {address}`, or unset TEMPORAL_NAMESPACE for 'default')"
+            ) from None
+        raise
+
+
+def is_complete(out: ReflectorOutput) -> bool:
+    """False for a reflection that stopped early (budget, compaction limit, loop guard, error): its text is
+    a partial synthesis or the deterministic fallback (the CLI exits with `EXIT_INCOMPLETE`)."""
+    stop = out.raw.get("rr_trace", {}).get("stop_reason", "completed")
+    return bool(stop == "completed")
+
+
+def configure_core_logging(*, worker_warnings: bool = True) -> None:
+    """Route the Temporal core's (Rust) log lines through Python logging (`temporalio.core`), one line each.
+
+    Without this the core writes multi-line records straight to stderr, e.g. a client's WARN each time it
+    retries a query the server refused for a moment ("consistent query buffer is full"). The client's
+    retry warnings are dropped (a call that finally fails raises, and the CLI reports that); the
+    worker's warnings (failing workflow tasks, `Task not found when completing`) are kept when
+    `worker_warnings`. Call once, before any client connects (only the CLI does: it owns the process).
+    """
+    from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig
+
+    core = "WARN" if worker_warnings else "ERROR"
+    targets = {"temporalio_common": core, "temporalio_sdk_core": core, "temporalio_sdk": core,
+               "temporal_sdk_bridge": core, "temporalio_client": "ERROR"}
+    spec = ",".join(["ERROR", *(f"{t}={lvl}" for t, lvl in targets.items())])
+    logger = logging.getLogger("temporalio.core")
+    forwarding = LogForwardingConfig(logger=logger, append_target_to_name=True)
+    Runtime.set_default(
+        Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=spec, forwarding=forwarding))),
+        error_if_already_set=False,
+    )
+
+
 @dataclass
 class Runtime:
     client: Client
@@ -180,6 +327,38 @@ class Runtime:
     embedded_server: bool
     local_worker: bool
     ui_url: str | None = None
+    task_queue: str = ""
+    _start_worker: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    _announce: Callable[[str], None] = field(default=lambda _msg: None, repr=False)
+
+    async def ensure_worker(
+        self, handle: WorkflowHandle[object, ReflectorOutput], wait_s: float = FIRST_TASK_WAIT_S
+    ) -> None:
+        """Make sure a live worker runs the reflection just started: if no worker takes its first task
+        within `wait_s`, run an in-process worker.
+
+        Why decide on the reflection's own first task, not on the task queue's poller list: the server
+        lists a worker as a poller for about a minute after its last poll, so an exited worker (e.g. the
+        in-process worker of the previous `rr reflect`) looks alive; and a live idle worker's
+        `last_access_time` is also up to a minute old (polls are long polls), so no recency threshold
+        separates the two. Whether a worker *started the task* is true now. A live worker starts it
+        within milliseconds, so the wait only costs time when the listed workers are gone. (Starting an
+        in-process worker unconditionally would also work, but it would take other clients' queued
+        reflections and hand them back half done when this command exits.)
+        """
+        if self.local_worker or self._start_worker is None:
+            return
+        if not await has_pollers(self.client, self.task_queue):
+            await self._start_worker()
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not await waiting_for_worker(handle):
+                return
+            await asyncio.sleep(0.1)
+        self._announce(f"the workers listed on task queue {self.task_queue!r} did not take the reflection "
+                       f"within {wait_s:g} s (they have exited)")
+        await self._start_worker()
 
 
 @asynccontextmanager
@@ -193,60 +372,66 @@ async def runtime(
 
     - An explicit `TEMPORAL_ADDRESS` that is unreachable is an error (never silently replaced).
     - The default address, unreachable: start the embedded server on the SQLite file in RR_HOME.
-    - A local worker runs in this process when we started the server, when asked, or when nobody polls
-      the task queue (otherwise the reflection would wait forever).
+    - A namespace (TEMPORAL_NAMESPACE) that does not exist is a `SettingError`.
+    - A local worker runs in this process when we started the server or when asked (`want_worker=True`);
+      with `want_worker=None` (auto) the caller calls `Runtime.ensure_worker` once it has started its
+      reflection, which runs one when no live worker takes it (otherwise it would wait forever).
     """
     from reflector.devserver import DevServer, DevServerError, free_port, is_reachable
 
-    server: DevServer | None = None
-    address = settings.address
-    if not is_reachable(address):
-        if settings.address_explicit:
-            raise ReflectError(f"Temporal server at TEMPORAL_ADDRESS={address} is not reachable")
-        settings.home.mkdir(parents=True, exist_ok=True)
-        host, _, port_s = address.rpartition(":")
-        port = int(port_s) if host in ("localhost", "127.0.0.1") and port_s.isdigit() else free_port()
-        ui_port = port + 1000 if port + 1000 < 65536 else free_port()
-        server = DevServer(db_file=settings.db_file, port=port, ui_port=ui_port, ui=True)
-        announce(f"no Temporal server at {address}: starting the embedded dev server (SQLite {settings.db_file})")
-        try:
-            address = await server.astart()
-        except DevServerError as e:
-            raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
-        announce(f"embedded server on {address}, Web UI {server.ui_url}")
-    try:
+    async with AsyncExitStack() as stack:
+        server: DevServer | None = None
+        address = settings.address
+        if not is_reachable(address):
+            if settings.address_explicit:
+                raise ReflectError(f"Temporal server at TEMPORAL_ADDRESS={address} is not reachable")
+            usable_dir(settings.home, "RR_HOME")
+            host, _, port_s = address.rpartition(":")
+            port = int(port_s) if host in ("localhost", "127.0.0.1") and port_s.isdigit() else free_port()
+            ui_port = port + 1000 if port + 1000 < 65536 else free_port()
+            server = DevServer(db_file=settings.db_file, port=port, ui_port=ui_port, ui=True)
+            announce(f"no Temporal server at {address}: starting the embedded dev server (SQLite {settings.db_file})")
+            try:
+                address = await server.astart()
+            except DevServerError as e:
+                raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
+            stack.push_async_callback(server.astop)
+            announce(f"embedded server on {address}, Web UI {server.ui_url}")
+        converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
         try:
             client = await Client.connect(
-                address, namespace=settings.namespace, data_converter=data_converter(settings),
-                plugins=[PydanticAIPlugin()],
+                address, namespace=settings.namespace, data_converter=converter, plugins=[PydanticAIPlugin()],
             )
         except Exception as e:
             raise ReflectError(f"cannot connect to Temporal at {address}: {e}") from e
-        local = want_worker if want_worker is not None else (server is not None or not await has_pollers(
-            client, settings.task_queue
-        ))
-        rt = Runtime(client, address, server is not None, local, server.ui_url if server else None)
-        if not local:
-            yield rt
-            return
-        from activities import sandbox_cells
-        from reflector.worker import build_worker
-        from sandbox.isolation import IsolationUnavailable
+        await check_namespace(client, address)
+        rt = Runtime(client, address, server is not None, False, server.ui_url if server else None,
+                     task_queue=settings.task_queue, _announce=announce)
 
-        try:
-            isolation = await sandbox_cells.check_isolation(settings)
-        except IsolationUnavailable as e:
-            raise ReflectError(str(e)) from None
-        announce(f"running an in-process worker on task queue {settings.task_queue!r} "
-                 f"(sandbox: {isolation.summary()})")
-        if isolation.mode == "language-only":
-            announce(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}")
-        worker = build_worker(client, settings.task_queue)
-        async with worker:
+        async def start_worker() -> None:
+            if rt.local_worker:
+                return
+            from activities import sandbox_cells
+            from reflector.worker import build_worker
+            from sandbox.isolation import IsolationUnavailable
+
+            usable_dir(settings.blob_dir, settings.blob_dir_setting)
             try:
-                yield rt
-            finally:
-                await sandbox_cells.shutdown()
-    finally:
-        if server is not None:
-            await server.astop()
+                isolation = await sandbox_cells.check_isolation(settings)
+            except IsolationUnavailable as e:
+                raise ReflectError(str(e)) from None
+            announce(f"running an in-process worker on task queue {settings.task_queue!r} "
+                     f"(sandbox: {isolation.summary()})")
+            if isolation.mode == "language-only":
+                announce(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}")
+            worker = build_worker(client, settings.task_queue)
+            await stack.enter_async_context(worker)
+            stack.push_async_callback(sandbox_cells.shutdown)
+            rt.local_worker = True
+
+        rt._start_worker = start_worker
+        if want_worker or (want_worker is None and server is not None):
+            await start_worker()
+        elif want_worker is False:
+            rt._start_worker = None
+        yield rt
