@@ -107,6 +107,10 @@ def run_findings(run, task_info, steps_limit=10):
         truth_source = None
     final = run.get("final_answer")
     matches, missing = compare(final, truth)
+    # a structured ground truth (tau-bench): actions against actions, outputs against what the agent said
+    actions_ok, missing_actions, unexpected_actions = compare_actions(run.get("actions"), run.get("expected_actions"))
+    said = [s.get("content") for s in steps if isinstance(s, dict) and s.get("role") == "assistant"]
+    outputs_missing = missing_outputs(run.get("expected_outputs"), said)
     cited = set()
     texts = [str(s.get("content", "")) for s in steps if isinstance(s, dict)] + [str(final or "")]
     for text in texts:
@@ -134,6 +138,12 @@ def run_findings(run, task_info, steps_limit=10):
         "ground_truth_source": truth_source,
         "answer_matches": matches,
         "missing_from_answer": missing,
+        "actions_match": actions_ok,
+        "agent_actions": [short(action_text(a), 300) for a in state_changing(run.get("actions"), True)[:5]],
+        "expected_actions": [short(action_text(a), 300) for a in state_changing(run.get("expected_actions"), False)[:5]],
+        "missing_actions": missing_actions,
+        "unexpected_actions": unexpected_actions,
+        "missing_outputs": outputs_missing[:5],
         "reward": run.get("reward"),
         "feedback": short(task_info.get("feedback") or run.get("feedback"), 300),
         "cited_skill_ids": sorted(cited)[:30],
@@ -145,7 +155,8 @@ def batch_findings(view, task_info):
     failing = [
         f for f in per_run
         if (f["reward"] is not None and f["reward"] < 1)
-        or (f["reward"] is None and (f["answer_matches"] is False or f["n_failing_steps"]))
+        or (f["reward"] is None and (f["answer_matches"] is False or f["actions_match"] is False
+                                     or f["n_failing_steps"]))
     ]
     tools = collections.Counter()
     for f in failing:
@@ -160,12 +171,14 @@ def batch_findings(view, task_info):
         "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "failing_runs": [
             {"id": f["id"] if f["id"] is not None else i, "reward": f["reward"],
-             "answer_matches": f["answer_matches"], "n_failing_steps": f["n_failing_steps"]}
+             "answer_matches": f["answer_matches"], "actions_match": f["actions_match"],
+             "n_failing_steps": f["n_failing_steps"]}
             for i, f in enumerate(failing[:25])
         ],
         "failing_tools": [[name, count] for name, count in tools.most_common(5)],
         "n_runs_with_tool_errors": sum(1 for f in failing if f["n_failing_steps"]),
         "n_failing_runs_answer_mismatch": sum(1 for f in failing if f["answer_matches"] is False),
+        "n_failing_runs_action_mismatch": sum(1 for f in failing if f["actions_match"] is False),
     }
     if failing:
         out["example_run"] = failing[0]
@@ -191,7 +204,7 @@ def findings():
 
 result = findings()
 line = json.dumps(result, ensure_ascii=False, default=str)
-for key in ("example_run", "failing_runs", "tool_calls", "question", "feedback"):
+for key in ("example_run", "failing_runs", "tool_calls", "question", "feedback", "agent_actions", "expected_actions"):
     if len(line) <= MAX_LINE:
         break
     result.pop(key, None)
@@ -356,21 +369,29 @@ def _step_ref(step: dict[str, Any]) -> str:
 def _verdict(f: dict[str, Any]) -> tuple[bool, str]:
     """(failed?, one-line verdict) from reward, answer comparison and tool errors."""
     reward, match, n_fail = f.get("reward"), f.get("answer_matches"), f.get("n_failing_steps", 0)
+    acts, outs = f.get("actions_match"), f.get("missing_outputs") or []
     problems = []
     if reward is not None and reward < 1:
         problems.append(f"the run's reward is {reward}")
     if match is False:
         problems.append("the final answer does not match the ground truth")
+    if acts is False:
+        problems.append("the agent's state-changing actions differ from the expected actions")
+    if outs:
+        problems.append(f"{len(outs)} expected output(s) never stated by the agent")
     if n_fail:
         problems.append(f"{n_fail} tool result(s) look like errors")
     if problems:
         return True, "; ".join(problems)
-    if match is None:
+    if match is None and acts is None:
         return (
             False,
             "no tool result looks like an error and no ground truth was available to check the answer",
         )
-    return False, "no tool result looks like an error and the final answer matches the ground truth"
+    checked = (["the final answer matches the ground truth"] if match else []) + (
+        ["the agent's actions match the expected actions"] if acts else []
+    )
+    return False, "no tool result looks like an error and " + " and ".join(checked)
 
 
 def _run_draft(f: dict[str, Any], skillbook_ids: list[str]) -> ReflectionDraft:
@@ -391,6 +412,13 @@ def _run_draft(f: dict[str, Any], skillbook_ids: list[str]) -> ReflectionDraft:
             f"{_q(f.get('ground_truth'))} (from {f.get('ground_truth_source')})"
             + (f"; it lacks {_q(missing[0], 200)}." if missing else ".")
         )
+    if f.get("actions_match") is False:
+        errors.append(_actions_mismatch(f))
+    if f.get("missing_outputs"):
+        errors.append(
+            "The agent never stated the expected output(s) "
+            + ", ".join(_q(o, 100) for o in f["missing_outputs"][:3]) + "."
+        )
     errors += [f"{_step_ref(s)} returned an error: {_q(s.get('content'))}." for s in failing[:3]]
     if f.get("reward") is not None and f["reward"] < 1:
         errors.append(f"Reward {f['reward']}; feedback: {_q(f.get('feedback'))}.")
@@ -404,6 +432,28 @@ def _run_draft(f: dict[str, Any], skillbook_ids: list[str]) -> ReflectionDraft:
         key_insight=_key_insight(f, failed),
         extracted_learnings=_run_learnings(f, failed)[:4],
         skill_tags=_skill_tags(f, skillbook_ids, failed),
+    )
+
+
+def _actions_mismatch(f: dict[str, Any]) -> str:
+    """What differs between the agent's state-changing actions and the expected ones (by name and arguments)."""
+    parts = []
+    if f.get("missing_actions"):
+        parts.append("expected but not taken: " + "; ".join(_q(a, 200) for a in f["missing_actions"][:2]))
+    if f.get("unexpected_actions"):
+        parts.append("taken but not expected: " + "; ".join(_q(a, 200) for a in f["unexpected_actions"][:2]))
+    return (
+        "The agent's state-changing actions differ from the expected actions (compared by name and arguments)"
+        + (": " + "; ".join(parts) if parts else "") + "."
+    )
+
+
+def _outcome_missed(f: dict[str, Any]) -> bool:
+    return (
+        f.get("answer_matches") is False
+        or f.get("actions_match") is False
+        or bool(f.get("missing_outputs"))
+        or (f.get("reward") is not None and f["reward"] < 1)
     )
 
 
@@ -421,7 +471,12 @@ def _root_cause(f: dict[str, Any], failed: bool) -> str:
         )
     elif failing:
         parts.append(f"The first failure is {_step_ref(failing[0])}: {_q(failing[0].get('content'))}.")
-    if f.get("answer_matches") is False or (f.get("reward") is not None and f["reward"] < 1):
+    if f.get("actions_match") is False and not failing:
+        parts.append(
+            "No tool reported an error: the agent chose state-changing calls (or arguments) other than the "
+            "ones the task required, so the outcome differs although every call succeeded."
+        )
+    elif _outcome_missed(f):
         if failing:
             parts.append(
                 "The run then ended without the expected result, so the agent did not recover from it."
@@ -444,7 +499,16 @@ def _correct_approach(f: dict[str, Any], failed: bool) -> str:
         steps.append(
             f"verify the result against the task before answering; the expected answer was {_q(f.get('ground_truth'))}"
         )
-    elif f.get("reward") is not None and f["reward"] < 1:
+    if f.get("actions_match") is False:
+        missing = f.get("missing_actions") or []
+        steps.append(
+            "make exactly the state-changing calls the task requires, with the arguments it requires"
+            + (f" (expected: {_q(missing[0], 200)})" if missing else "")
+        )
+    if f.get("missing_outputs"):
+        steps.append("tell the user the information the task requires (" + ", ".join(f["missing_outputs"][:3]) + ")")
+    outcome_named = f.get("answer_matches") is False or f.get("actions_match") is False or f.get("missing_outputs")
+    if not outcome_named and f.get("reward") is not None and f["reward"] < 1:
         steps.append("check the required outcome (expected actions/outputs) before ending the run")
     return "The agent should " + "; then ".join(steps) + "."
 
@@ -456,6 +520,11 @@ def _key_insight(f: dict[str, Any], failed: bool) -> str:
         return "Retrying an identical failing tool call does not help; the error message says what to change."
     if f.get("failing_steps"):
         return "A tool error is information: its message says what to fix before the next call."
+    if f.get("actions_match") is False:
+        return (
+            "For a task that changes state, the calls are the outcome: each one must match what the task "
+            "requires, name and arguments, whatever the agent says afterwards."
+        )
     return "The final result was not checked against what the task required before the run ended."
 
 
@@ -500,7 +569,19 @@ def _run_learnings(f: dict[str, Any], failed: bool) -> list[ExtractedLearning]:
                 justification="The answer differed from the ground truth; a final check would have caught it.",
             )
         )
-    elif f.get("reward") is not None and f["reward"] < 1:
+    if f.get("actions_match") is False:
+        learnings.append(
+            ExtractedLearning(
+                learning="Before each state-changing call, check every argument against what the user asked for "
+                "and what the policy allows.",
+                atomicity_score=0.75,
+                evidence=_actions_evidence(f),
+                justification="The agent's state-changing calls differed from the expected ones in name or arguments.",
+            )
+        )
+    if f.get("answer_matches") is not False and f.get("actions_match") is not False and (
+        f.get("reward") is not None and f["reward"] < 1
+    ):
         learnings.append(
             ExtractedLearning(
                 learning="Before ending, confirm every action the task requires has been completed.",
@@ -524,10 +605,23 @@ def _mismatch_evidence(f: dict[str, Any]) -> str:
     return text + "."
 
 
+def _actions_evidence(f: dict[str, Any]) -> str:
+    """The expected actions the agent did not take and those it took unexpectedly (printed action texts)."""
+    parts = []
+    if f.get("missing_actions"):
+        parts.append("expected actions not taken: " + "; ".join(_q(a, 200) for a in f["missing_actions"][:2]))
+    if f.get("unexpected_actions"):
+        parts.append("actions taken but not expected: " + "; ".join(_q(a, 200) for a in f["unexpected_actions"][:2]))
+    if f.get("reward") is not None:
+        parts.append(f"reward {f['reward']}")
+    return "; ".join(parts) + "."
+
+
 def _skill_tags(f: dict[str, Any], skillbook_ids: list[str], failed: bool) -> list[SkillTag]:
     """Tag only skills that are both in the prompt's skillbook and cited in the trace."""
     cited = set(f.get("cited_skill_ids") or [])
-    tag = "harmful" if failed else "helpful" if f.get("answer_matches") is True else "neutral"
+    checked_ok = f.get("answer_matches") is True or f.get("actions_match") is True
+    tag = "harmful" if failed else "helpful" if checked_ok else "neutral"
     return [SkillTag(id=sid, tag=tag) for sid in dict.fromkeys(skillbook_ids) if sid in cited]
 
 
@@ -568,6 +662,17 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
                 justification="The same tool failing across runs points to a recurring misuse.",
             )
         )
+    act_mism = f.get("n_failing_runs_action_mismatch", 0)
+    if act_mism:
+        learnings.append(
+            ExtractedLearning(
+                learning="Before ending a run, compare the state-changing calls made with exactly what the task requires.",
+                atomicity_score=0.7,
+                evidence=f"{act_mism} of {n_fail} failing runs made state-changing calls that differ from the expected "
+                f"actions (by name and arguments); e.g. {run_ids}.",
+                justification="Most failures are wrong or missing actions, not crashes.",
+            )
+        )
     mism = f.get("n_failing_runs_answer_mismatch", 0)
     if mism:
         learnings.append(
@@ -597,8 +702,9 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
         error_identification=f"{n_fail} of {n_runs} runs failed: {run_ids}"
         + (f"; most common failing tools: {tools}." if tools else "."),
         root_cause_analysis=(
-            f"{f.get('n_runs_with_tool_errors', 0)} failing runs contain tool errors and {mism} end with a result "
-            "that does not match the ground truth. (Rule-based inference from the findings, not an LLM judgement.)"
+            f"{f.get('n_runs_with_tool_errors', 0)} failing runs contain tool errors, {mism} end with a result "
+            f"that does not match the ground truth and {act_mism} made state-changing calls other than the expected "
+            "ones. (Rule-based inference from the findings, not an LLM judgement.)"
         ),
         correct_approach="Act on tool errors instead of repeating calls, and verify the required outcome before ending each run.",
         key_insight=(

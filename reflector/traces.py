@@ -16,6 +16,11 @@ Canonical single-run view (`normalize` for one run)::
                 "tool_name", "is_error"}],
      "metadata": {...}, "raw": <the run as read>}
 
+A tau-bench run also has `actions` (the agent's tool calls: `{"name", "arguments", "step",
+"is_error"}`), `expected_actions` (`{"name", "arguments"}`) and `expected_outputs`; its
+`final_answer` is the agent's last message verbatim and its `ground_truth` is None (the ground
+truth is actions, compared with actions by `reflector.answers`, not text).
+
 Canonical batch view (a list of runs, e.g. a whole tau-bench file)::
 
     {"format", "runs": [<single-run views>], "metadata": {"n_runs", ...}, "raw": <data>}
@@ -63,19 +68,6 @@ _ERROR_RE = re.compile(
     r"\b(error|errors|exception|traceback|not found|invalid|no such file|enoent|permission denied)\b"
     r"|exited with code [1-9]",
     re.IGNORECASE,
-)
-# Tool-name prefixes that only read state (tau-bench and most tool suites): calls to anything
-# else change the world and are what a tau-bench grader compares with the expected actions.
-_READ_ONLY_PREFIXES = (
-    "transfer_to_human",
-    "get_",
-    "search_",
-    "list_",
-    "find_",
-    "lookup",
-    "read_",
-    "calculate",
-    "think",
 )
 _ACE_KEYS = frozenset(
     {
@@ -712,32 +704,29 @@ def _canon(value: Any) -> Any:
     return value
 
 
-_NO_ACTIONS = "(no database-changing actions)"
-
-
 def _norm_tau_run(run: dict[str, Any]) -> dict[str, Any]:
+    """One tau-bench trajectory. What the agent said and what it did are kept apart, both as recorded:
+    `final_answer` is the text of its last message, verbatim; `actions` are its tool calls and
+    `expected_actions` / `expected_outputs` the task's ground truth, compared with them (actions with
+    actions) by `reflector.answers`. There is no text ground truth to compare the answer with."""
     info = _as_dict(run.get("info"))
     task = _as_dict(info.get("task"))
-    steps = _messages_steps(run.get("traj") or [])
-    expected = [
-        render_call(str(a.get("name")), a.get("kwargs", {}))
-        for a in task.get("actions") or []
-        if isinstance(a, dict) and not str(a.get("name")).startswith(_READ_ONLY_PREFIXES)
+    traj = _as_list(run.get("traj"))
+    steps = _messages_steps(traj)
+    expected: list[dict[str, Any]] = [
+        {"name": str(a.get("name")), "arguments": a.get("kwargs") if a.get("kwargs") is not None else {}}
+        for a in _as_list(task.get("actions"))
+        if isinstance(a, dict)
     ]
-    outputs = [f"output: {o}" for o in task.get("outputs") or []]
-    ground_truth = "\n".join(expected + outputs) or _NO_ACTIONS
-    done = _tau_mutations(steps)
-    last = _last_answer(steps) or ""
-    final = (last + "\n" if last else "") + ("\n".join(done) if done else _NO_ACTIONS)
+    actions = _tau_actions(steps)
     reward = _opt_float(run.get("reward"))
-    return _run_view(
+    view = _run_view(
         "tau-bench",
         run,
         steps,
         question=_opt_str(task.get("instruction")),
-        ground_truth=ground_truth,
         feedback=_tau_feedback(info.get("reward_info"), reward),
-        final_answer=final,
+        final_answer=_last_message_text(traj),
         reward=reward,
         metadata={
             "id": f"task{run.get('task_id')}-trial{run.get('trial')}",
@@ -745,25 +734,44 @@ def _norm_tau_run(run: dict[str, Any]) -> dict[str, Any]:
             "trial": run.get("trial"),
             "user_id": task.get("user_id"),
             "n_expected_actions": len(expected),
-            "n_agent_actions": len(done),
+            "n_agent_actions": len(actions),
         },
     )
+    view["actions"] = actions
+    view["expected_actions"] = expected
+    view["expected_outputs"] = [str(o) for o in _as_list(task.get("outputs"))]
+    return view
 
 
-def _tau_mutations(steps: list[dict[str, Any]]) -> list[str]:
-    """Successful state-changing calls of the agent, in order (what the grader compares)."""
-    done: list[str] = []
-    pending: list[dict[str, str]] = []
+def _last_message_text(messages: list[Any]) -> str | None:
+    """The text of the agent's last message that has any, exactly as recorded (None if it never wrote)."""
+    for msg in reversed(messages):
+        if isinstance(msg, dict) and msg.get("role") == "assistant":
+            text = _text(msg.get("content"))
+            if text.strip():
+                return text
+    return None
+
+
+def _tau_actions(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every tool call of the agent, in order: name, arguments (parsed when they are JSON), the step
+    that made it, and whether its result reads like an error (None: no result recorded)."""
+    actions: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
     for s in steps:
         if s["role"] == "assistant":
-            pending.extend(c for c in s["tool_calls"] if not c["name"].startswith(_READ_ONLY_PREFIXES))
-        elif s["role"] == "tool" and s["tool_name"] and not s["tool_name"].startswith(_READ_ONLY_PREFIXES):
-            match = next((c for c in pending if c["name"] == s["tool_name"]), None)
+            for c in s["tool_calls"]:
+                args = _loads_embedded(c["arguments"]) if c["arguments"].strip() else {}
+                action = {"name": c["name"], "arguments": c["arguments"] if args is _FAIL else args,
+                          "step": s["index"], "is_error": None}
+                actions.append(action)
+                pending.append(action)
+        elif s["role"] == "tool" and s["tool_name"]:
+            match = next((a for a in pending if a["name"] == s["tool_name"]), None)
             if match is not None:
                 pending.remove(match)
-                if not s["is_error"]:
-                    done.append(render_call(match["name"], match["arguments"]))
-    return done
+                match["is_error"] = bool(s["is_error"])
+    return actions
 
 
 def _tau_feedback(reward_info: Any, reward: float | None) -> str:
@@ -778,7 +786,7 @@ def _tau_feedback(reward_info: Any, reward: float | None) -> str:
     if isinstance(outs, dict):
         missing = [str(k) for k, ok in outs.items() if not ok]
         if missing:
-            parts.append("expected outputs missing from the answer: " + ", ".join(missing))
+            parts.append("expected outputs the agent never stated: " + ", ".join(missing))
     if detail.get("r_actions") == 0:
         parts.append("the database state after the agent's actions differs from the expected one")
     return "; ".join(parts)

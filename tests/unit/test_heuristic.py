@@ -331,10 +331,12 @@ def test_real_tau_bench_failed_run() -> None:
     view = normalize(run)
     draft, h, _ = reflect(view, {"question": view["question"], "ground_truth": None, "feedback": None})
     f = findings_of(h)
-    assert f["format"] == "tau-bench" and f["reward"] == 0.0 and f["answer_matches"] is False
-    assert f["missing_from_answer"]
-    assert (
-        "does not match the ground truth" in draft.error_identification and "reward is 0.0" in draft.reasoning
+    assert f["format"] == "tau-bench" and f["reward"] == 0.0 and f["actions_match"] is False
+    assert f["answer_matches"] is None  # there is no text ground truth: the agent's words are not compared
+    assert f["missing_actions"] or f["unexpected_actions"]
+    assert "differ from the expected actions" in draft.error_identification and "reward is 0.0" in draft.reasoning
+    assert f["final_answer"] == " ".join(view["final_answer"].split())[:597] + "..." or (
+        f["final_answer"] == " ".join(view["final_answer"].split())
     )
     assert_evidence_from_findings(draft, f)
     assert len(h.outputs[0]) < 20_000
@@ -351,3 +353,99 @@ def test_real_tau_bench_batch_line_is_bounded() -> None:
     assert f["n_runs"] == 120 and f["n_failing_runs"] == 84
     assert "84 of 120 runs failed" in draft.error_identification
     assert 1 <= len(draft.extracted_learnings) <= 4
+
+
+# ---- tau-bench: actions against actions, the agent's words verbatim ------------------------
+
+
+def _tau(actions: list[dict[str, Any]], final: str, reward: float, expected: list[dict[str, Any]] | None = None,
+         outputs: list[str] | None = None) -> dict[str, Any]:
+    """A tau-bench-shaped run: the agent's calls (name, arguments as the JSON string the API sent, result)."""
+    traj: list[dict[str, Any]] = [{"role": "system", "content": "policy"},
+                                  {"role": "user", "content": "Please cancel Z7GOZK, it costs $250."}]
+    for i, (name, args, result) in enumerate((a["name"], a["arguments"], a["result"]) for a in actions):
+        traj.append({"role": "assistant", "content": None,
+                     "tool_calls": [{"id": f"c{i}", "function": {"name": name, "arguments": args}}]})
+        traj.append({"role": "tool", "tool_call_id": f"c{i}", "name": name, "content": result})
+    traj += [{"role": "assistant", "content": final}, {"role": "user", "content": "ok ###STOP###"}]
+    expected = expected if expected is not None else [
+        {"name": "get_reservation_details", "kwargs": {"reservation_id": "Z7GOZK"}},
+        {"name": "cancel_reservation", "kwargs": {"reservation_id": "Z7GOZK", "refund": 250}},
+    ]
+    return {"task_id": 7, "trial": 0, "reward": reward, "traj": traj,
+            "info": {"task": {"user_id": "u7", "instruction": "Cancel Z7GOZK", "actions": expected,
+                              "outputs": outputs or []},
+                     "reward_info": {"reward": reward, "info": {"r_actions": reward}}}}
+
+
+def test_tau_bench_saying_the_action_is_not_taking_it() -> None:
+    # the agent writes the expected call as text but never makes it: its words must not count as the action
+    final = "Done: cancel_reservation(refund=250, reservation_id=Z7GOZK)"
+    run = _tau([{"name": "get_reservation_details", "arguments": '{"reservation_id": "Z7GOZK"}',
+                 "result": '{"status": "active"}'}], final, 0.0)
+    view = normalize(run)
+    assert view["final_answer"] == final
+    draft, h, _ = reflect(view)
+    f = findings_of(h)
+    assert f["actions_match"] is False and f["answer_matches"] is None and f["agent_actions"] == []
+    assert f["missing_actions"] == ["cancel_reservation(refund=250, reservation_id=Z7GOZK)"]
+    assert f["final_answer"] == final
+    assert "expected but not taken" in draft.error_identification
+    assert "The final answer" not in draft.error_identification  # nothing to quote: no text ground truth
+    assert_evidence_from_findings(draft, f)
+
+
+def test_tau_bench_right_action_in_other_words_matches() -> None:
+    # same action: other key order, 250.0 for 250, a failed attempt first; the final text mentions none of it
+    actions = [
+        {"name": "cancel_reservation", "arguments": '{"reservation_id": "Z7G0ZK", "refund": 250}',
+         "result": "Error: reservation not found"},
+        {"name": "cancel_reservation", "arguments": '{"refund": 250.0, "reservation_id": "Z7GOZK"}',
+         "result": '{"status": "cancelled"}'},
+    ]
+    draft, h, _ = reflect(normalize(_tau(actions, "All set, have a nice day!", 1.0)))
+    f = findings_of(h)
+    assert f["actions_match"] is True and f["missing_actions"] == [] and f["unexpected_actions"] == []
+    assert f["agent_actions"] == ["cancel_reservation(refund=250, reservation_id=Z7GOZK)"]
+    assert "differ from the expected actions" not in draft.reasoning + draft.error_identification
+    # without the tool error the verdict says what was checked
+    ok, h2, _ = reflect(normalize(_tau(actions[1:], "All set, have a nice day!", 1.0)))
+    assert "the agent's actions match the expected actions" in ok.reasoning
+
+
+def test_tau_bench_wrong_arguments_are_named() -> None:
+    actions = [{"name": "cancel_reservation", "arguments": '{"reservation_id": "Z7GOZK", "refund": 25}',
+                "result": '{"status": "cancelled"}'}]
+    draft, h, _ = reflect(normalize(_tau(actions, "Cancelled with a $25 refund.", 0.0)))
+    f = findings_of(h)
+    assert f["actions_match"] is False
+    assert f["missing_actions"] == ["cancel_reservation(refund=250, reservation_id=Z7GOZK)"]
+    assert f["unexpected_actions"] == ["cancel_reservation(refund=25, reservation_id=Z7GOZK)"]
+    assert "taken but not expected" in draft.error_identification
+    assert any("expected actions not taken" in x.evidence for x in draft.extracted_learnings)
+    assert_evidence_from_findings(draft, f)
+
+
+def test_tau_bench_expected_outputs_are_looked_for_in_what_the_agent_said() -> None:
+    run = _tau([], "The total is 1,000 dollars.", 0.0, expected=[], outputs=["1000", "327"])
+    draft, h, _ = reflect(normalize(run))
+    f = findings_of(h)
+    assert f["actions_match"] is True and f["missing_outputs"] == ["327"]
+    assert "never stated the expected output" in draft.error_identification
+
+
+def test_answer_rules_compare_actions_by_name_and_arguments() -> None:
+    from reflector.answers import compare_actions, missing_outputs
+
+    expected = [{"name": "get_user_details", "arguments": {"user_id": "u"}},
+                {"name": "book", "arguments": {"x": 1, "y": [1.0, {"b": 2, "a": 1}]}},
+                {"name": "book", "arguments": {"x": 1, "y": [1, {"a": 1, "b": 2}]}}]
+    same = {"name": "book", "arguments": '{"y": [1, {"a": 1, "b": 2}], "x": 1.0}', "is_error": False}
+    assert compare_actions([same, same], expected) == (True, [], [])
+    # a multiset: one booking is not two; a failed call changed nothing; read-only calls do not count
+    failed = {**same, "is_error": True}
+    ok, missing, unexpected = compare_actions([same, failed], expected)
+    assert ok is False and missing == ['book(x=1, y=[1,{"a":1,"b":2}])'] and unexpected == []
+    assert compare_actions([same, same, {"name": "book", "arguments": {"x": 2}}], expected)[2] == ["book(x=2)"]
+    assert compare_actions([same], None) == (None, [], [])
+    assert missing_outputs(["1000", "Mia"], ["It is 1,000.", "hello mia!"]) == []

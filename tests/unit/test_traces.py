@@ -45,6 +45,7 @@ RUN_KEYS = {
     "raw",
 }
 STEP_KEYS = {"index", "role", "content", "tool_calls", "tool_name", "is_error"}
+TAU_KEYS = {"actions", "expected_actions", "expected_outputs"}  # the ground truth is actions, not text
 
 
 # ---- fixtures written here ------------------------------------------------------------------
@@ -480,7 +481,7 @@ def test_detect_format(data: Any, fmt: str) -> None:
 
 
 def _check_run_shape(view: dict[str, Any]) -> None:
-    assert set(view) == RUN_KEYS
+    assert set(view) == (RUN_KEYS | TAU_KEYS if view["format"] == "tau-bench" else RUN_KEYS)
     for i, step in enumerate(view["steps"]):
         assert set(step) == STEP_KEYS and step["index"] == i and isinstance(step["content"], str)
         assert all(
@@ -566,12 +567,48 @@ def test_tau_bench_single_run() -> None:
     v = normalize(_tau_run(0.0))
     _check_run_shape(v)
     assert v["question"] == "Cancel my trip Z7GOZK" and v["reward"] == 0.0
-    # read-only expected actions are left out: the grader compares database changes
-    assert v["ground_truth"] == "cancel_reservation(reservation_id=Z7GOZK)"
-    # only the successful mutating call counts, after the last assistant text
-    assert v["final_answer"] == "Done, it is cancelled.\ncancel_reservation(reservation_id=Z7GOZK)"
+    # what the agent said, verbatim, and nothing else
+    assert v["final_answer"] == "Done, it is cancelled."
+    # what it did and what was expected: structured, side by side, never folded into text
+    assert v["actions"] == [
+        {"name": "cancel_reservation", "arguments": {"reservation_id": "BAD"}, "step": 2, "is_error": True},
+        {"name": "cancel_reservation", "arguments": {"reservation_id": "Z7GOZK"}, "step": 4, "is_error": False},
+    ]
+    assert v["expected_actions"] == [
+        {"name": "get_reservation_details", "arguments": {"reservation_id": "Z7GOZK"}},
+        {"name": "cancel_reservation", "arguments": {"reservation_id": "Z7GOZK"}},
+    ]
+    assert v["expected_outputs"] == [] and v["ground_truth"] is None
     assert "r_actions=0.0" in v["feedback"] and v["metadata"]["id"] == "task3-trial1"
     assert [s["index"] for s in v["steps"] if s["is_error"]] == [3]
+
+
+def test_tau_bench_final_answer_is_the_last_message_verbatim() -> None:
+    run = _tau_run(0.0)
+    said = "  I could not find it.\n\nAnything else? [thinking] kept as written [/thinking]\n"
+    run["traj"][-1]["content"] = said
+    # the agent's last message with text, not a later tool call or the user's reply
+    run["traj"] += [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c", "function": {"name": "transfer_to_human_agents", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "name": "transfer_to_human_agents", "content": "Transfer successful"},
+        {"role": "user", "content": "Thanks ###STOP###"},
+    ]
+    v = normalize(run)
+    assert v["final_answer"] == said
+    assert "(no database-changing actions)" not in json.dumps(v)
+    assert [a["name"] for a in v["actions"]] == ["cancel_reservation", "cancel_reservation", "transfer_to_human_agents"]
+    run["traj"] = [m for m in run["traj"] if m["role"] != "assistant" or m.get("tool_calls")]
+    assert normalize(run)["final_answer"] is None  # an agent that never wrote has no final answer
+
+
+def test_tau_bench_outputs_and_unparsable_arguments_are_kept_as_recorded() -> None:
+    run = _tau_run(1.0)
+    run["info"]["task"]["outputs"] = ["327", 1000]
+    run["traj"][2]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    v = normalize(run)
+    assert v["expected_outputs"] == ["327", "1000"]
+    assert v["actions"][0]["arguments"] == "{not json"
 
 
 def test_tau_bench_batch() -> None:
@@ -668,7 +705,16 @@ def test_real_tau_bench() -> None:
     assert v["format"] == "tau-bench" and v["metadata"]["n_runs"] == 120 and v["metadata"]["n_failed"] == 84
     for run in v["runs"]:
         _check_run_shape(run)
-        assert run["question"] and run["ground_truth"] and run["final_answer"] is not None
+        assert run["question"] and run["ground_truth"] is None and run["final_answer"] is not None
+        traj = run["raw"]["traj"]
+        last = next(m["content"] for m in reversed(traj) if m["role"] == "assistant" and (m.get("content") or "").strip())
+        assert run["final_answer"] == last  # verbatim: nothing appended, nothing stripped
+        calls = [c["function"] for m in traj if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        assert [a["name"] for a in run["actions"]] == [c["name"] for c in calls]
+        assert [a["arguments"] for a in run["actions"]] == [json.loads(c["arguments"]) for c in calls]
+        task = run["raw"]["info"]["task"]
+        assert run["expected_actions"] == [{"name": a["name"], "arguments": a["kwargs"]} for a in task["actions"]]
+        assert run["expected_outputs"] == task["outputs"]
     ids = {r["metadata"]["id"] for r in v["runs"]}
     assert len(ids) == 120
 
