@@ -32,6 +32,7 @@ __all__ = [
     "check_model_name",
     "model_resolver",
     "prepare_workflow_side",
+    "WORKER_MODELS_ENV",
     "workflow_side_model",
     "load_plugins",
     "is_llm",
@@ -129,7 +130,15 @@ _EXTRA_FAMILIES = (
 _SAMPLE_NAMES = {"openrouter": "openai/gpt-4o"}  # prefixes that only accept names of a certain shape
 
 
+_placeholder_providers: dict[str, Provider[Any]] = {}
+WORKER_MODELS_ENV = "RR_WORKER_MODELS"
+
+
 def _placeholder_provider(name: str) -> Provider[Any]:
+    """A provider with a placeholder key; one per family, built when it is prepared (an SDK client
+    costs an SSL context and more: workflow code reuses the prepared one)."""
+    if name in _placeholder_providers:
+        return _placeholder_providers[name]
     try:
         return infer_provider_class(name)(api_key=_WORKFLOW_SIDE_KEY)  # type: ignore[call-arg]
     except Exception:
@@ -151,7 +160,7 @@ def _prepare_family(fam: str, samples: dict[str, str]) -> None:
     if fam in _prepared_families or fam in _unavailable_families:
         return
     try:
-        _placeholder_provider(fam)
+        _placeholder_providers[fam] = _placeholder_provider(fam)
     except Exception as e:  # noqa: BLE001 - ImportError (SDK not installed), UserError (configuration)
         _unavailable_families[fam] = f"{type(e).__name__}: {e}"
         return
@@ -173,16 +182,19 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
 
     - genai-prices' data snapshot (every `Model.__init__` loads it, and usage/price lookups read it);
     - every pydantic-ai profile module (OpenAI-compatible providers pick one by the model's vendor);
-    - for every provider prefix whose SDK is installed (`models=None`; else only the prefixes of
-      `models`), a placeholder provider and a model of that family: its SDK, provider and model
-      modules are imported, so a model name first seen in workflow code resolves without importing
-      anything. A prefix that fails here (SDK not installed, required configuration missing) is
-      remembered, and a model of it is refused without trying again;
-    - the workflow-side objects of `heuristic`, of every registered model, of `RR_MODEL` and of `models`.
+    - for the provider prefix (family) of each model this worker serves, a placeholder provider
+      (kept, workflow code reuses it) and a model of that family: its SDK, provider and model modules
+      are imported, so any model name of that family first seen in workflow code resolves without
+      importing anything. A family that fails here (SDK not installed, required configuration
+      missing) is remembered, and a model of it is refused in workflow code without trying again;
+    - the workflow-side objects of `heuristic`, of every registered model and of the served models.
 
-    Every installed family costs its SDK's import (openai ~0.4 s, google-genai ~0.5 s, anthropic
-    ~1.2 s on an idle machine); a caller that knows which models it serves passes them as `models`.
-    Calling it again only does what is missing.
+    The served models are `RR_MODEL`, `models` and the comma-separated entries of `RR_WORKER_MODELS`
+    (model names, bare provider prefixes such as `openai-chat`, or `*` for every provider family whose
+    SDK is installed). Not every installed family by default: their SDK imports cost seconds at each
+    worker start (openai ~0.4 s, google-genai ~0.5 s, anthropic ~1.2 s idle; 11 s for all of them on
+    a loaded 2-core machine). A model of a family not prepared is still built in workflow code, with
+    its imports, and logged as a warning. Calling this again only does what is missing.
     """
     global _prepared
     import pkgutil
@@ -204,8 +216,13 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
         if fam is not None:
             samples.setdefault(fam, known.split(":", 1)[1])
     default = os.environ.get("RR_MODEL", "").strip()
-    wanted = [*([default] if default else []), *(models or [])]
-    families = {*samples, *_EXTRA_FAMILIES} if models is None else {f for f in map(_family, wanted) if f}
+    listed = [x.strip() for x in os.environ.get(WORKER_MODELS_ENV, "").split(",") if x.strip()]
+    every = "*" in listed
+    listed = [x for x in listed if x != "*"]
+    wanted = [*([default] if default else []), *(models or []), *(x for x in listed if ":" in x)]
+    families = {f for f in map(_family, wanted) if f} | {x for x in listed if ":" not in x}
+    if every:
+        families |= {*samples, *_EXTRA_FAMILIES}
     with warnings.catch_warnings():  # deprecation notices of providers nobody asked for
         warnings.simplefilter("ignore")
         for fam in sorted(families):
@@ -236,9 +253,10 @@ def workflow_side_model(name: str) -> Model:
     client. Building the workflow-side object with a placeholder key means replaying a history
     (`rr replay`, audits) needs no provider credentials.
 
-    This runs in workflow code, so it only uses what `prepare_workflow_side` built or imported: a
-    name it built is returned as is; another name of a prepared provider family is built without
-    importing anything; a family that could not be prepared is refused with the reason.
+    This runs in workflow code, so it uses what `prepare_workflow_side` built or imported: a name it
+    built is returned as is; another name of a prepared provider family is built on the prepared
+    provider without importing anything; a family that could not be prepared is refused with the
+    reason. Only a family the worker was not told to serve is built here from scratch (and logged).
     """
     if name in _factories or name == HEURISTIC:
         return resolve_model(name)  # built by prepare_workflow_side, or a factory registered since
@@ -251,8 +269,9 @@ def workflow_side_model(name: str) -> Model:
     before = len(sys.modules)
     model = _build_workflow_side(name)
     if len(sys.modules) != before and _prepared:
-        log.warning("building model %r imported %d modules in workflow code; prepare_workflow_side() "
-                    "should have imported them at worker start", name, len(sys.modules) - before)
+        log.warning("building model %r imported %d modules in workflow code (a slow first activation); "
+                    "list it or its provider in %s so that workers prepare it at start",
+                    name, len(sys.modules) - before, WORKER_MODELS_ENV)
     _workflow_side[name] = model
     return model
 

@@ -11,18 +11,24 @@ from reflector import models
 
 @pytest.fixture(scope="module")
 def prepared() -> list[str]:
-    return models.prepare_workflow_side()
+    mp = pytest.MonkeyPatch()
+    mp.setenv(models.WORKER_MODELS_ENV, "deepseek, openai:gpt-4o")  # a bare provider prefix and a model name
+    try:
+        return models.prepare_workflow_side(["openai-chat:rr-served"])
+    finally:
+        mp.undo()
 
 
 def test_prepare_builds_the_heuristic_and_registered_models(prepared: list[str]) -> None:
-    assert models.HEURISTIC in prepared
+    assert prepared[0] == models.HEURISTIC and {"openai-chat:rr-served", "openai:gpt-4o"} <= set(prepared)
     assert models.HEURISTIC in models._instances
-    assert {"openai", "openai-chat"} <= models._prepared_families
+    assert {"openai", "openai-chat", "deepseek"} <= models._prepared_families
+    assert "anthropic" not in models._prepared_families  # not served here: its SDK import is not paid
 
 
 def test_a_new_name_of_a_prepared_family_resolves_without_importing(prepared: list[str]) -> None:
     before = set(sys.modules)
-    for name in ("openai-chat:rr-never-seen-1", "openai:rr-never-seen-2", "deepseek:deepseek-chat"):
+    for name in ("openai-chat:rr-never-seen-1", "openai:rr-never-seen-2", "deepseek:deepseek-reasoner"):
         assert models.workflow_side_model(name).model_name == name.split(":", 1)[1]
     assert set(sys.modules) - before == set()
 
@@ -39,5 +45,5 @@ def test_a_family_that_could_not_be_prepared_is_refused_with_the_reason(
 
 def test_preparing_again_does_nothing_new(prepared: list[str]) -> None:
     before = set(sys.modules)
-    models.prepare_workflow_side()
+    models.prepare_workflow_side(["openai-chat:rr-served"])
     assert set(sys.modules) - before == set()
