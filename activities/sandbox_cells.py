@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +91,7 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
     sessions = SessionManager(
         Path(settings.blob_dir) / "sessions",
         max_live=max_live,
-        fsync=os.environ.get("RR_JOURNAL_FSYNC") == "1",
+        fsync=settings.journal_fsync,
         archive_root=settings.blob_dir,
         isolation=settings.sandbox_isolation,
     )

@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 
 from activities import model_requests, sandbox_cells
 from activities.summarise import summarise
-from reflector.models import load_plugins
+from reflector.models import load_plugins, prepare_workflow_side
 from reflector.payload_storage import data_converter
 from reflector.settings import SettingError, Settings, env_number
 from sandbox.isolation import IsolationUnavailable
@@ -68,9 +68,16 @@ def build_worker(
     max_concurrent_workflow_tasks: int | None = None,
     max_live_sandboxes: int | None = None,
     extra_workflows: Sequence[type] = (),
+    models: Sequence[str] | None = None,
 ) -> Worker:
-    """A worker for reflections on `task_queue`; the sandbox session manager is process-wide."""
+    """A worker for reflections on `task_queue`; the sandbox session manager is process-wide.
+
+    Everything workflow code needs to resolve the models this worker serves is built here, before
+    it polls (`prepare_workflow_side`: the heuristic, registered models, `RR_MODEL`, `models` and
+    `RR_WORKER_MODELS`, with their provider families): workflow code never imports a module or loads data.
+    """
     load_plugins()
+    prepare_workflow_side(models)
     if max_concurrent_activities is None:
         # Regular activities: summaries (and the model requests of workflows recorded before model requests
         # became local activities). A worker that accepts more than it can run promptly lets them sit
@@ -116,11 +123,16 @@ async def run_worker(settings: Settings | None = None) -> None:
     if not is_reachable(settings.address):
         raise SettingError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
                                 "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+    from reflector.client import check_namespace
+    from reflector.settings import usable_dir
+
+    usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
     try:
         isolation = await sandbox_cells.check_isolation(settings)
     except IsolationUnavailable as exc:
         raise SettingError(str(exc)) from None
     client = await connect(settings.address, settings.namespace, settings=settings)
+    await check_namespace(client, settings.address)
     worker = build_worker(client, settings.task_queue)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
