@@ -18,7 +18,7 @@ from typing import Any
 
 from temporalio import activity
 
-from reflector.answers import answers_match
+from reflector.answers import answers_match, compare_actions
 from reflector.blobstore import BlobStore
 from reflector.cells import (
     CLOSE_ACTIVITY,
@@ -56,11 +56,24 @@ __all__ = [
 
 FACTS_MARKER = "RR_FACTS "
 # Read what the deterministic fallback needs from the already-loaded trace (no second parse here).
-FACTS_CODE = (
-    'print("RR_FACTS " + json.dumps({"final_answer": traces.get("final_answer") if isinstance(traces, dict) '
-    'else None, "ground_truth": task.get("ground_truth") or (traces.get("ground_truth") '
-    'if isinstance(traces, dict) else None)}, default=str)[:50000])'
-)
+# What the deterministic fallback compares (run once per session, journaled like any cell): the final
+# answer and the ground truth, and, where the trace has expected actions (tau-bench), the agent's
+# actions and the expected ones, so actions are compared with actions, never with text. Each part is
+# bounded so the printed line stays valid JSON; its helper is removed again from the namespace.
+FACTS_CODE = """def rr_facts_line():
+    view = traces if isinstance(traces, dict) else {}
+    truth = task.get("ground_truth") or view.get("ground_truth")
+    facts = {"final_answer": view.get("final_answer"), "ground_truth": truth}
+    acts = {"actions": view.get("actions"), "expected_actions": view.get("expected_actions")}
+    if isinstance(acts["expected_actions"], list) and len(json.dumps(acts, default=str)) < 40000:
+        facts.update(acts)
+    text = json.dumps(facts, default=str)
+    if len(text) > 45000:
+        text = json.dumps({k: None if facts[k] is None else str(facts[k])[:20000]
+                           for k in ("final_answer", "ground_truth")})
+    return "RR_FACTS " + text
+print(rr_facts_line())
+del rr_facts_line"""
 
 
 log = logging.getLogger("rr.sandbox")
@@ -187,10 +200,21 @@ async def _run(
 def _facts(outcome: CellOutcome) -> TraceFacts:
     for line in outcome.output.splitlines():
         if line.startswith(FACTS_MARKER):
-            data = json.loads(line[len(FACTS_MARKER) :])
+            try:
+                data = json.loads(line[len(FACTS_MARKER) :])
+            except ValueError:  # a cut-off line (a cell's output is bounded): no facts, no wrong claim
+                return TraceFacts()
+            if not isinstance(data, dict):
+                return TraceFacts()
             final, truth = data.get("final_answer"), data.get("ground_truth")
             final = None if final is None else str(final)
             truth = None if truth is None else str(truth)
+            if isinstance(data.get("expected_actions"), list):
+                ok, missing, unexpected = compare_actions(data.get("actions"), data["expected_actions"])
+                return TraceFacts(
+                    final_answer=final, ground_truth=truth, answer_correct=ok, actions_checked=ok is not None,
+                    missing_actions=missing[:20], unexpected_actions=unexpected[:20],
+                )
             return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth))
     return TraceFacts()
 

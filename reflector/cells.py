@@ -68,6 +68,11 @@ class TraceFacts(BaseModel):
     final_answer: str | None = None
     ground_truth: str | None = None
     answer_correct: bool | None = None
+    # Traces with expected actions (tau-bench): `answer_correct` then says whether the agent's
+    # state-changing actions match them (by name and arguments), and these name the differences.
+    actions_checked: bool = False
+    missing_actions: list[str] = []
+    unexpected_actions: list[str] = []
 
 
 class PrepareSessionResult(BaseModel):

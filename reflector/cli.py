@@ -186,7 +186,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     rt: c.Runtime | None = None
     wf_id = address = ""
     try:
-        async with c.runtime(settings, announce=_say) as rt:
+        async with c.runtime(settings, announce=_say, models=[model]) as rt:
             address = rt.address
             handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id)
             wf_id = handle.id

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from reflector.blobstore import BlobStore, blob_uri
-from reflector.models import check_model_name, load_plugins
+from reflector.models import check_model_name, load_plugins, prepare_workflow_side
 from reflector.payload_storage import blob_dir_of, data_converter, external_storage
 from reflector.settings import SettingError, Settings, usable_dir
 from reflector.traces import detect_format, read_trace_file
@@ -254,6 +254,7 @@ def make_replayer(blob_dir: Path | str) -> Replayer:
     from workflows.reflection import ReflectionWorkflow
 
     load_plugins()  # the workflow resolves its model by name: models registered by plugins must be known
+    prepare_workflow_side()  # as a worker does: replayed workflow code must not import either
     dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
     return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
 
@@ -367,6 +368,7 @@ async def runtime(
     *,
     want_worker: bool | None = None,
     announce: Callable[[str], None] = lambda _msg: None,
+    models: Sequence[str] = (),
 ) -> AsyncIterator[Runtime]:
     """Connect to Temporal, starting the embedded dev server and an in-process worker when needed.
 
@@ -424,7 +426,7 @@ async def runtime(
                      f"(sandbox: {isolation.summary()})")
             if isolation.mode == "language-only":
                 announce(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}")
-            worker = build_worker(client, settings.task_queue)
+            worker = build_worker(client, settings.task_queue, models=list(models) or None)
             await stack.enter_async_context(worker)
             stack.push_async_callback(sandbox_cells.shutdown)
             rt.local_worker = True

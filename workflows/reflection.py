@@ -305,7 +305,15 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
     }[stop_reason]
     facts = state.facts
     verdict = ""
-    if facts.answer_correct is not None:
+    if facts.actions_checked:
+        verdict = (
+            f" The agent's state-changing actions {'match' if facts.answer_correct else 'do NOT match'} the "
+            "expected actions (compared by name and arguments)"
+            + (f"; expected but not taken: {'; '.join(facts.missing_actions)[:400]}" if facts.missing_actions else "")
+            + (f"; taken but not expected: {'; '.join(facts.unexpected_actions)[:400]}" if facts.unexpected_actions else "")
+            + "."
+        )
+    elif facts.answer_correct is not None:
         verdict = (
             f" The agent's final answer ({(facts.final_answer or '')[:200]!r}) "
             f"{'matches' if facts.answer_correct else 'does NOT match'} the ground truth "
