@@ -12,23 +12,60 @@ tool ``final_result`` with a reflection whose ``error_identification`` quotes th
 It records every request (path, headers, JSON body) in ``requests`` and can fail the next N requests
 with an HTTP error (``fail_next``) to exercise retries. Each successful reply reports
 ``prompt_tokens``/``completion_tokens`` so usage accounting can be asserted exactly.
+
+For crash and chaos runs (all off by default): ``cells`` makes it call ``execute_code`` that many times
+before answering (still decided from the request alone), ``latency_s`` holds every reply that long (a
+provider round trip, during which a client can be killed), and ``completed`` counts the requests it
+*answered* (status 200, the whole reply written to a client still connected), keyed by
+`request_key` (the endpoint and the canonical JSON body): a key counted twice is a request sent again
+after it had been answered, i.e. paid twice; ``answers`` keeps when and on which path each answer went
+(clients can be told apart by a base URL prefix such as ``http://host:port/w03/v1``: every path ending
+in an endpoint is served); ``nodelay`` sends each reply without Nagle's delay, so that an answer counted
+is an answer delivered. A request whose client went away during ``latency_s`` is not answered and
+only counted in ``abandoned``.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import itertools
 import json
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["OpenAIServer", "RecordedRequest", "CELL_CODE"]
+__all__ = ["OpenAIServer", "RecordedRequest", "CELL_CODE", "cell_code", "request_key"]
 
 CELL_CODE = "print('steps', len(traces.get('steps', [])))"
 CELL_TOOL = "execute_code"
 OUTPUT_TOOL = "final_result"
+
+
+def cell_code(k: int) -> str:
+    """The code of the server's `k`-th `execute_code` call (0: `CELL_CODE`)."""
+    return CELL_CODE if k == 0 else f"print('cell', {k}, {k} * len(traces))"
+
+
+def request_key(path: str, body: dict[str, Any]) -> str:
+    """What identifies a request's content (any base URL prefix before ``/v1/`` ignored): the same key
+    means the same request sent again."""
+    endpoint = path.split("?", 1)[0].rstrip("/").rsplit("/v1/", 1)[-1]
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{endpoint}\n{canonical}".encode()).hexdigest()
+
+
+def _client_gone(sock: socket.socket) -> bool:
+    """True when the peer closed or reset the connection (it sends nothing while awaiting a reply)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 @dataclass(frozen=True)
@@ -95,7 +132,15 @@ class OpenAIServer:
 
     prompt_tokens: int = 100
     completion_tokens: int = 20
+    cells: int = 1  # execute_code calls before the final answer
+    latency_s: float = 0.0  # how long every reply is held
+    # TCP_NODELAY on every connection: the body, written after the headers, then leaves at once instead
+    # of waiting up to ~40 ms for the client's delayed ACK (Nagle), so "answered" means "delivered"
+    nodelay: bool = False
     requests: list[RecordedRequest] = field(default_factory=list)
+    completed: collections.Counter[str] = field(default_factory=collections.Counter)
+    answers: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # key -> [(time.time(), path)]
+    abandoned: int = 0
     _fail: list[tuple[int, int]] = field(default_factory=list)  # [(remaining, status)]
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -124,6 +169,11 @@ class OpenAIServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                if server.nodelay:
+                    self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
@@ -131,6 +181,13 @@ class OpenAIServer:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {"_unparsed": raw.decode(errors="replace")}
+                if server.latency_s > 0:
+                    time.sleep(server.latency_s)
+                    if _client_gone(self.connection):
+                        with server._lock:
+                            server.abandoned += 1
+                        self.close_connection = True
+                        return
                 status, payload, extra = server._handle(self.path, body)
                 with server._lock:
                     server.requests.append(RecordedRequest(
@@ -143,7 +200,17 @@ class OpenAIServer:
                 for k, v in extra.items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True
+                    return
+                if status == 200:
+                    key = request_key(self.path, body)
+                    with server._lock:
+                        server.completed[key] += 1
+                        server.answers.setdefault(key, []).append((time.time(), self.path))
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -168,6 +235,11 @@ class OpenAIServer:
 
     def ok_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.status == 200]
+
+    def duplicated_completions(self) -> dict[str, int]:
+        """request key -> times answered, for every request answered more than once."""
+        with self._lock:
+            return {k: n for k, n in self.completed.items() if n > 1}
 
     # -- protocol -----------------------------------------------------------------------------
 
@@ -204,10 +276,10 @@ class OpenAIServer:
 
     def _chat(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         outputs = _chat_cell_outputs(body.get("messages") or [])
-        if outputs:
+        if len(outputs) >= self.cells:
             name, args = OUTPUT_TOOL, _reflection(outputs)
         else:
-            name, args = CELL_TOOL, {"code": CELL_CODE}
+            name, args = CELL_TOOL, {"code": cell_code(len(outputs))}
         return {
             "id": f"chatcmpl-{n}",
             "object": "chat.completion",
@@ -233,10 +305,10 @@ class OpenAIServer:
 
     def _responses(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         outputs = _responses_cell_outputs(body.get("input") or [])
-        if outputs:
+        if len(outputs) >= self.cells:
             name, args = OUTPUT_TOOL, _reflection(outputs)
         else:
-            name, args = CELL_TOOL, {"code": CELL_CODE}
+            name, args = CELL_TOOL, {"code": cell_code(len(outputs))}
         return {
             "id": f"resp_{n}",
             "object": "response",
