@@ -132,6 +132,10 @@ _SAMPLE_NAMES = {"openrouter": "openai/gpt-4o"}  # prefixes that only accept nam
 
 _placeholder_providers: dict[str, Provider[Any]] = {}
 WORKER_MODELS_ENV = "RR_WORKER_MODELS"
+# The provider families whose SDKs this project installs (pyproject extras): what `rr worker`
+# prepares by default (~2 s at start). A first import of one of these SDKs inside workflow code was
+# seen to trip the deadlock detector mid-import and leave the SDK half-imported for the whole process.
+SHIPPED_FAMILIES = ("openai", "openai-chat", "openai-responses", "anthropic", "google")
 
 
 def _placeholder_provider(name: str) -> Provider[Any]:
@@ -191,7 +195,7 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
 
     The served models are `RR_MODEL`, `models` and the comma-separated entries of `RR_WORKER_MODELS`
     (model names, bare provider prefixes such as `openai-chat`, or `*` for every provider family whose
-    SDK is installed). Not every installed family by default: their SDK imports cost seconds at each
+    SDK is installed); `rr worker` adds `SHIPPED_FAMILIES` unless `RR_WORKER_MODELS` is set. Not every installed family by default: their SDK imports cost seconds at each
     worker start (openai ~0.4 s, google-genai ~0.5 s, anthropic ~1.2 s idle; 11 s for all of them on
     a loaded 2-core machine). A model of a family not prepared is still built in workflow code, with
     its imports, and logged as a warning. Calling this again only does what is missing.
@@ -219,8 +223,9 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
     listed = [x.strip() for x in os.environ.get(WORKER_MODELS_ENV, "").split(",") if x.strip()]
     every = "*" in listed
     listed = [x for x in listed if x != "*"]
-    wanted = [*([default] if default else []), *(models or []), *(x for x in listed if ":" in x)]
-    families = {f for f in map(_family, wanted) if f} | {x for x in listed if ":" not in x}
+    given = list(models or [])
+    wanted = [*([default] if default else []), *(x for x in given if ":" in x), *(x for x in listed if ":" in x)]
+    families = {f for f in map(_family, wanted) if f} | {x for x in [*listed, *given] if ":" not in x}
     if every:
         families |= {*samples, *_EXTRA_FAMILIES}
     with warnings.catch_warnings():  # deprecation notices of providers nobody asked for

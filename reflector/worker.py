@@ -131,9 +131,17 @@ async def run_worker(settings: Settings | None = None) -> None:
         isolation = await sandbox_cells.check_isolation(settings)
     except IsolationUnavailable as exc:
         raise SettingError(str(exc)) from None
-    client = await connect(settings.address, settings.namespace, settings=settings)
+    try:
+        client = await connect(settings.address, settings.namespace, settings=settings)
+    except RuntimeError as exc:  # the server went away between the reachability check and the connect
+        raise SettingError(f"cannot connect to the Temporal server at {settings.address}: {exc}") from None
     await check_namespace(client, settings.address)
-    worker = build_worker(client, settings.task_queue)
+    from reflector.models import SHIPPED_FAMILIES, WORKER_MODELS_ENV
+
+    # A long-running worker serves whatever model a client asks for: prepare every shipped provider
+    # family before polling (unless the operator listed what this worker serves).
+    served = None if os.environ.get(WORKER_MODELS_ENV, "").strip() else list(SHIPPED_FAMILIES)
+    worker = build_worker(client, settings.task_queue, models=served)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
