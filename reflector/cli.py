@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=7233)
     s.add_argument("--ui-port", type=int, default=8233)
 
-    sub.add_parser("worker", help="run a worker against TEMPORAL_ADDRESS on RR_TASK_QUEUE")
+    w = sub.add_parser("worker", help="run a worker against TEMPORAL_ADDRESS on RR_TASK_QUEUE")
+    w.add_argument("--processes", type=int, metavar="N",
+                   help="worker processes under one supervisor (default: RR_WORKER_PROCESSES or the cores available)")
 
     r = sub.add_parser("reflect", help="reflect on a trace file and print the reflection")
     r.add_argument("trace", help="trace file (.json or .jsonl)")
@@ -85,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             usable_dir(settings.home, "RR_HOME")
             return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port)
+        if args.cmd == "worker":
+            from reflector.supervisor import run_supervisor, worker_processes
+
+            processes = worker_processes(args.processes)
+            if processes > 1:
+                return run_supervisor(processes)
         from reflector.client import configure_core_logging
 
         configure_core_logging(worker_warnings=args.cmd in ("worker", "reflect"))

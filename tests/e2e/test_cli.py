@@ -120,7 +120,7 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
         env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
-        proc = subprocess.Popen([*_rr_cmd(), "worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen([*_rr_cmd(), "worker", "--processes", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, stdin=subprocess.DEVNULL)
         try:
             assert proc.stdout is not None

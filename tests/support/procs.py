@@ -14,13 +14,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcess:
-    """`rr worker` in a subprocess with the scripted models registered through RR_PLUGINS."""
+    """`rr worker --processes 1` (one worker process, no supervisor) in a subprocess with the scripted
+    models registered through RR_PLUGINS."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.log = log
         self._out = open(log, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reflector.cli", "worker"],
+            [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],
             cwd=REPO_ROOT,
             env={**os.environ, "RR_PLUGINS": "tests.support.scripted", **env},
             stdout=self._out,
