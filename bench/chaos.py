@@ -247,7 +247,7 @@ class WorkerPool:
         out = open(log, "wb")  # noqa: SIM115 - closed in stop_all()
         env = {**os.environ, **self.env, "OPENAI_BASE_URL": f"{self.oai_root}/w{idx:02d}/v1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "reflector.cli", "worker"],
+            [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
