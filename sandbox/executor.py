@@ -668,7 +668,13 @@ class SubprocessExecutor:
 
     async def _death_result(self, t0: float, restarted: bool) -> CellResult:
         proc = self._proc
-        rc = await proc.wait() if proc is not None else None
+        rc: int | None = None
+        if proc is not None:
+            try:  # the channel closed; a host that does not exit (stopped, or a liar) is killed
+                rc = await asyncio.wait_for(proc.wait(), CLOSE_GRACE_S)
+            except TimeoutError:
+                await self._kill()
+                rc = proc.returncode
         tail = self._stderr_tail()
         await self._kill()
         meta: dict[str, Any] = {"returncode": rc}

@@ -279,7 +279,7 @@ def _supervise(child: int) -> None:
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         code = 128 - code
-    if code > 128 and (code - 128) in signal.valid_signals():
+    if code > 128 and (code - 128) in _PASSED_ON_SIGNALS:  # never SIGSTOP & co: that would hang P
         sig = code - 128
         import resource
 
@@ -288,6 +288,17 @@ def _supervise(child: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
     os._exit(code & 0xFF)
+
+
+# Signals whose default action ends a process: P re-raises only these on itself (a breached host
+# choosing its own exit status must not be able to stop P or make it ignore the signal).
+_PASSED_ON_SIGNALS = frozenset(
+    int(s) for s in (
+        signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS,
+        signal.SIGFPE, signal.SIGILL, signal.SIGSYS, signal.SIGTRAP, signal.SIGTERM, signal.SIGINT,
+        signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2,
+    )
+)
 
 
 def _reap(host: int) -> None:

@@ -375,3 +375,16 @@ def _run_as_non_root(base: Path, python: str, setpriv: str, repo: str) -> None:
     assert layers[:2] == ["userns", "namespaces"] and "seccomp" in layers and out["isolation"]["uid"] == 1000, out
     assert out["cell"] == "2\n"
     assert out["breach"].startswith("denied") and SECRET_VALUE not in out["breach"], out
+
+
+async def test_a_host_choosing_its_exit_status_cannot_stall_the_worker(breached: SubprocessExecutor) -> None:
+    """Exit status 128+SIGSTOP must not make the supervisor stop itself (the worker would wait forever)."""
+    import signal
+    import time
+
+    t0 = time.monotonic()
+    result = await breached.run_unguarded(f"import os\nos._exit(128 + {int(signal.SIGSTOP)})")
+    assert not result.ok and result.error_kind == "crash", result
+    assert time.monotonic() - t0 < 10
+    follow = await breached.run_cell("print(1+1)")
+    assert follow.ok and follow.stdout == "2\n"
