@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.executor import SubprocessExecutor
-from sandbox.protocol import SandboxLimits
+from sandbox.protocol import CellResult, SandboxLimits
 
 # RLIMIT_AS must leave room for the interpreter; small enough that a memory bomb fails fast.
 TEST_LIMITS = SandboxLimits(
@@ -51,3 +51,32 @@ def trace_file(tmp_path: Path) -> str:
         json.dumps({"question": "What is 2+2?", "steps": [{"role": "user", "content": "hi"}] * 3})
     )
     return str(path)
+
+
+GUARD = ("guard",)
+CONTAINED = ("guard", "runtime")
+
+
+async def attempt(
+    ex: SubprocessExecutor,
+    code: str,
+    kinds: tuple[str, ...] = GUARD,
+    *,
+    never_printed: tuple[str, ...] = (),
+    never_shown: tuple[str, ...] = (),
+) -> CellResult:
+    """Run an attack, check it was refused/contained, then check the executor still works.
+
+    `never_printed`: texts the cell's stdout must not contain; `never_shown`: nor stdout or error.
+    """
+    result = await ex.run_cell(code)
+    assert not result.ok, f"attack not refused: {result}"
+    assert result.error_kind in kinds, result
+    assert result.error
+    text = result.stdout + (result.error or "")
+    assert SECRET_VALUE not in text
+    assert not any(m in result.stdout for m in never_printed), result
+    assert not any(m in text for m in never_shown), result
+    follow = await ex.run_cell("print(1+1)")
+    assert follow.ok and follow.stdout == "2\n", follow
+    return result

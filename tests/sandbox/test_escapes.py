@@ -12,26 +12,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.executor import SubprocessExecutor
-from sandbox.protocol import CellResult
-from tests.sandbox.conftest import SECRET_NAME, SECRET_VALUE
+from tests.sandbox.conftest import CONTAINED, SECRET_NAME, SECRET_VALUE, attempt
 
 pytestmark = pytest.mark.timeout(30)
-
-GUARD = ("guard",)
-CONTAINED = ("guard", "runtime")
-
-
-async def attempt(ex: SubprocessExecutor, code: str, kinds: tuple[str, ...] = GUARD) -> CellResult:
-    """Run an attack, check it was refused/contained, then check the executor still works."""
-    result = await ex.run_cell(code)
-    assert not result.ok, f"escape not refused: {result}"
-    assert result.error_kind in kinds, result
-    assert result.error
-    assert SECRET_VALUE not in result.stdout + (result.error or "")
-    follow = await ex.run_cell("print(1+1)")
-    assert follow.ok and follow.stdout == "2\n", follow
-    return result
-
 
 # --- class hierarchy walks -------------------------------------------------------------------------
 async def test_subclasses_walk_from_tuple(executor: SubprocessExecutor) -> None:

@@ -19,26 +19,15 @@ from sandbox.executor import SubprocessExecutor
 from sandbox.guards import ALLOWED_MODULES, allowed_modules_text, module_refusal
 from sandbox.namespace import FINAL_ANSWER_MAX_BYTES
 from sandbox.protocol import CellResult
-from tests.sandbox.conftest import SECRET_VALUE, TEST_LIMITS
+from tests.sandbox.conftest import CONTAINED, GUARD, TEST_LIMITS
+from tests.sandbox.conftest import attempt as _attempt
 
 pytestmark = pytest.mark.timeout(30)
 
-GUARD = ("guard",)
-CONTAINED = ("guard", "runtime")
-
 
 async def attempt(ex: SubprocessExecutor, code: str, kinds: tuple[str, ...] = GUARD) -> CellResult:
-    """Run an attack, check it was refused/contained, then check the executor still works."""
-    result = await ex.run_cell(code)
-    assert not result.ok, f"gadget not refused: {result}"
-    assert result.error_kind in kinds, result
-    assert result.error
-    text = result.stdout + (result.error or "")
-    assert SECRET_VALUE not in text
-    assert "__subclasses__" not in result.stdout and "<module '" not in text, result
-    follow = await ex.run_cell("print(1+1)")
-    assert follow.ok and follow.stdout == "2\n", follow
-    return result
+    """The shared attack check, and nothing printed may be a class listing or a module."""
+    return await _attempt(ex, code, kinds, never_printed=("__subclasses__",), never_shown=("<module '",))
 
 
 async def works(ex: SubprocessExecutor, code: str, stdout: str) -> None:
