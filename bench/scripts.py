@@ -16,8 +16,9 @@ from pydantic_ai.usage import RequestUsage
 
 from reflector.models import register_model
 
-STEPS = (20,)
-LATENCIES_MS = (0, 200)
+STEPS = (10, 20)
+LATENCIES_MS = (0, 200)  # what bench/overhead.py runs
+GRID_LATENCIES_MS = (200, 1000, 3000)  # bench/throughput.py --grid
 
 
 def _n_returns(messages: list[ModelMessage]) -> int:
@@ -79,7 +80,7 @@ def model_name(steps: int, latency_ms: int) -> str:
 
 
 for _s in STEPS:
-    for _l in LATENCIES_MS:
+    for _l in sorted({*LATENCIES_MS, *GRID_LATENCIES_MS}):
         register_model(model_name(_s, _l), lambda s=_s, latency=_l: FunctionModel(script(s, latency), model_name=model_name(s, latency)))
 
 

@@ -12,21 +12,22 @@ import signal
 import bench.scripts  # noqa: F401
 from activities import sandbox_cells
 from bench.anchor import AnchorWorkflow
+from reflector.admission import AdmissionControl
 from reflector.settings import Settings
-from reflector.worker import build_worker, connect
+from reflector.worker import activity_admission, build_worker, connect, workflow_admission
 
 
-async def _loop_lag(every_s: float = 0.1) -> None:
-    """Log the worst event-loop lag per 5 s (how late a 100 ms sleep wakes up): heartbeats need the loop."""
-    loop = asyncio.get_running_loop()
-    worst, window_start = 0.0, loop.time()
+async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) -> None:
+    """Log what admission control saw every 5 s: worst event-loop lag, slot limit, slots in use."""
     while True:
-        t = loop.time()
         await asyncio.sleep(every_s)
-        worst = max(worst, loop.time() - t - every_s)
-        if loop.time() - window_start > 5:
-            print(f"loop lag max {worst * 1000:.0f} ms", flush=True)
-            worst, window_start = 0.0, loop.time()
+        parts = []
+        for name, supplier in suppliers.items():
+            s = supplier.stats
+            rate = f", rate {s.rate}" if s.rate else ""
+            parts.append(f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}")
+            s.window_max_lag_s = 0.0
+        print("admission: " + "; ".join(parts), flush=True)
 
 
 async def main() -> None:
@@ -35,9 +36,11 @@ async def main() -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with build_worker(client, s.task_queue, extra_workflows=[AnchorWorkflow]):
+    suppliers = {"workflow tasks": workflow_admission(), "activities": activity_admission()}
+    async with build_worker(client, s.task_queue, extra_workflows=[AnchorWorkflow],
+                            admission=suppliers["workflow tasks"], activity_slots_supplier=suppliers["activities"]):
         print(f"rr worker pid={os.getpid()} ready", flush=True)
-        lag = asyncio.create_task(_loop_lag())
+        lag = asyncio.create_task(_report(suppliers))
         await stop.wait()
         lag.cancel()
     await sandbox_cells.shutdown()

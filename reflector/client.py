@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -26,7 +27,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from reflector.blobstore import BlobStore, blob_uri
-from reflector.models import check_model_name, load_plugins, prepare_workflow_side
+from reflector.models import (
+    SHIPPED_FAMILIES,
+    WORKER_MODELS_ENV,
+    check_model_name,
+    load_plugins,
+    prepare_workflow_side,
+)
 from reflector.payload_storage import blob_dir_of, data_converter, external_storage
 from reflector.settings import SettingError, Settings, usable_dir
 from reflector.traces import detect_format, read_trace_file
@@ -52,10 +59,24 @@ __all__ = [
 ]
 
 # A workflow task that is not completed in this time is handed to another worker: it bounds how long a
-# reflection waits after its worker died (its model requests and cells are local activities that run
-# inside the task, which the SDK renews every 0.8 x this).
+# reflection waits after its worker died during a task. With an in-process model (`heuristic`, function
+# models) the model requests and cells are local activities that run inside the task, which the SDK
+# renews every 0.8 x this: the task is open nearly all the time, so this is the recovery time. With a
+# provider model the requests are regular activities (a dead worker's request is retried after its
+# heartbeat timeout) and a task is open only while cells run, so a longer timeout costs recovery only
+# for a kill during a cell, and gives the SDK's renewal room on a loaded worker: with 4 s, 3 s requests
+# and 200 reflections in flight on 2 cores, first tasks (which start the sandbox host) timed out
+# (bench/throughput.py; BENCHMARKS.md, issue 11).
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=4)
-QUERY_TIMEOUT = WORKFLOW_TASK_TIMEOUT + timedelta(seconds=2)
+PROVIDER_WORKFLOW_TASK_TIMEOUT = timedelta(seconds=10)
+QUERY_TIMEOUT = PROVIDER_WORKFLOW_TASK_TIMEOUT + timedelta(seconds=2)
+
+
+def task_timeout_for(model: str) -> timedelta:
+    """The workflow-task timeout of a reflection with `model` (see above)."""
+    from reflector.models import answers_in_process
+
+    return WORKFLOW_TASK_TIMEOUT if answers_in_process(model) else PROVIDER_WORKFLOW_TASK_TIMEOUT
 # How long `rr reflect` lets the workers listed on the task queue take its reflection's first task before
 # it runs an in-process worker itself (see `Runtime.ensure_worker`).
 FIRST_TASK_WAIT_S = 2.0
@@ -121,7 +142,7 @@ async def start_reflection(
             inp,
             id=wf_id,
             task_queue=task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            task_timeout=task_timeout_for(inp.config.model),
             result_type=ReflectorOutput,
         )
     except WorkflowAlreadyStartedError:
@@ -254,7 +275,9 @@ def make_replayer(blob_dir: Path | str) -> Replayer:
     from workflows.reflection import ReflectionWorkflow
 
     load_plugins()  # the workflow resolves its model by name: models registered by plugins must be known
-    prepare_workflow_side()  # as a worker does: replayed workflow code must not import either
+    # as `rr worker` does: replayed workflow code must not import either (a provider model's first
+    # import in workflow code can trip the deadlock detector on a loaded machine)
+    prepare_workflow_side(None if os.environ.get(WORKER_MODELS_ENV, "").strip() else list(SHIPPED_FAMILIES))
     dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
     return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
 

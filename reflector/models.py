@@ -19,6 +19,8 @@ from typing import Any
 from pydantic_ai.capabilities import ResolveModelId
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model, infer_model
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.models.test import TestModel
 from pydantic_ai.providers import Provider, infer_provider, infer_provider_class
 from temporalio import workflow
 
@@ -34,6 +36,8 @@ __all__ = [
     "prepare_workflow_side",
     "WORKER_MODELS_ENV",
     "workflow_side_model",
+    "answers_in_process",
+    "IN_PROCESS_MODEL_TYPES",
     "load_plugins",
     "is_llm",
 ]
@@ -279,6 +283,24 @@ def workflow_side_model(name: str) -> Model:
                     name, len(sys.modules) - before, WORKER_MODELS_ENV)
     _workflow_side[name] = model
     return model
+
+
+IN_PROCESS_MODEL_TYPES: tuple[type[Model], ...] = (FunctionModel, TestModel)
+"""Models that answer inside the worker process (the heuristic is a `FunctionModel`): no provider round trip."""
+
+
+def answers_in_process(name: str | None) -> bool:
+    """Whether the model called `name` (None: the agent's default, the heuristic) answers inside the
+    worker process rather than over the network. Workflow-side (deterministic: it depends only on
+    the name and on what every worker registers). A name that cannot be resolved here counts as a
+    network model (its request then fails in the activity, with the provider's reason)."""
+    if name is None or name == HEURISTIC:
+        return True
+    try:
+        model = workflow_side_model(name)
+    except UnknownModelError:
+        return False
+    return isinstance(model, IN_PROCESS_MODEL_TYPES)
 
 
 async def _resolve(_ctx: Any, model_id: str) -> Model | None:

@@ -47,10 +47,11 @@ __all__ = [
 ]
 
 PROCESSES_ENV = "RR_WORKER_PROCESSES"
-# per-machine budgets split among the children: (variable, default); the defaults are the worker's
-BUDGETS: tuple[tuple[str, int], ...] = (
-    ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", 30),
-    ("RR_MAX_CONCURRENT_ACTIVITIES", 32),
+# per-machine budgets split among the children: (variable, default); the defaults are the worker's. No
+# default: split only when set (unset, each child's admission control finds its own number of slots)
+BUDGETS: tuple[tuple[str, int | None], ...] = (
+    ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", None),
+    ("RR_MAX_CONCURRENT_ACTIVITIES", None),
     ("RR_MAX_LIVE_SANDBOXES", 256),
 )
 CRASH_LIMIT = 5
@@ -82,8 +83,14 @@ def worker_processes(arg: int | None) -> int:
 
 
 def split_budgets(n: int) -> dict[str, str]:
-    """Each child's share of the per-machine budgets: ceil(total / n), at least 1."""
-    return {name: str(max(1, math.ceil(int(env_number(name, default)) / n))) for name, default in BUDGETS}
+    """Each child's share of the per-machine budgets: ceil(total / n), at least 1 (budgets without a
+    default only when set)."""
+    out = {}
+    for name, default in BUDGETS:
+        if default is None and not os.environ.get(name, "").strip():
+            continue
+        out[name] = str(max(1, math.ceil(int(env_number(name, default or 1)) / n)))
+    return out
 
 
 def _child_cmd() -> list[str]:

@@ -16,10 +16,11 @@ from datetime import timedelta
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from activities import model_requests, sandbox_cells
 from activities.summarise import summarise
+from reflector.admission import AdmissionControl
 from reflector.models import load_plugins, prepare_workflow_side
 from reflector.payload_storage import data_converter
 from reflector.settings import SettingError, Settings, env_number
@@ -35,16 +36,27 @@ WORKFLOWS = [ReflectionWorkflow]
 # After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
 # a short value is what makes recovery fast.
 DEFAULT_STICKY_TIMEOUT_S = 1.0
-DEFAULT_MAX_ACTIVITIES = 32
-# A reflection keeps its workflow task (one slot) while its model requests and cells run as local
-# activities, so this is how many reflections one worker advances at once; more wait, for free, in
-# the server's queue. Too many at once on a CPU-bound worker delays workflow activations past the
-# workflow-task timeout; the task is then retried (a replay, wasted work; requests in flight are
-# awaited, not sent again). Measured in bench/throughput.py, 200 concurrent reflections with a 200 ms
-# model on 2 cores: 50 slots -> 35 steps/s and 220 task timeouts (a slower hour: 9 steps/s, 2,000
-# timeouts); 20 or 30 -> 59-61 steps/s, none. A reflection waiting on a slow model holds its slot
-# without using CPU: with multi-second models, raise it (RR_MAX_CONCURRENT_WORKFLOW_TASKS).
-DEFAULT_MAX_WORKFLOW_TASKS = 30
+ACTIVITIES_ENV = "RR_MAX_CONCURRENT_ACTIVITIES"
+MAX_ADAPTIVE_ACTIVITIES = 2000
+# New reflections (polls of the shared queue) admitted per 0.5 s to start with; admission control then
+# raises or halves it by the loop's lag. Each new reflection starts a sandbox host (~190 ms of CPU): 500
+# admitted at once held the loop 2 s late (bench/throughput.py, 3 s model, 500 in flight).
+NEW_WORK_PER_INTERVAL = 8
+WORKFLOW_TASKS_ENV = "RR_MAX_CONCURRENT_WORKFLOW_TASKS"
+# Local activities (model requests, cells): each reflection in progress runs at most one at a time; the
+# admission controller is what bounds them (at most its `maximum` reflections).
+MAX_LOCAL_ACTIVITIES = 4000
+MAX_NEXUS_TASKS = 10
+
+
+def workflow_admission() -> AdmissionControl:
+    """The default workflow-task slot supplier: slots and the rate of new reflections follow the loop's lag."""
+    return AdmissionControl(initial_rate=NEW_WORK_PER_INTERVAL)
+
+
+def activity_admission() -> AdmissionControl:
+    """The default activity slot supplier: how many run at once follows the loop's lag."""
+    return AdmissionControl(initial=32, maximum=MAX_ADAPTIVE_ACTIVITIES)
 
 
 async def connect(
@@ -69,26 +81,50 @@ def build_worker(
     max_live_sandboxes: int | None = None,
     extra_workflows: Sequence[type] = (),
     models: Sequence[str] | None = None,
+    admission: AdmissionControl | None = None,
+    activity_slots_supplier: AdmissionControl | None = None,
 ) -> Worker:
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide.
 
     Everything workflow code needs to resolve the models this worker serves is built here, before
     it polls (`prepare_workflow_side`: the heuristic, registered models, `RR_MODEL`, `models` and
     `RR_WORKER_MODELS`, with their provider families): workflow code never imports a module or loads data.
+
+    Workflow-task slots: `max_concurrent_workflow_tasks` (or `RR_MAX_CONCURRENT_WORKFLOW_TASKS`) fixes
+    their number; by default `admission` (an `AdmissionControl`, a new one if not given) decides.
+    Activity slots likewise: `max_concurrent_activities` / `RR_MAX_CONCURRENT_ACTIVITIES`, else
+    `activity_slots_supplier` (default `activity_admission()`).
     """
     load_plugins()
     prepare_workflow_side(models)
-    if max_concurrent_activities is None:
-        # Regular activities: summaries (and the model requests of workflows recorded before model requests
-        # became local activities). A worker that accepts more than it can run promptly lets them sit
-        # "started" past their heartbeat timeout and Temporal retries them: a request paid twice. Measured
-        # with 200 concurrent reflections on 2 cores when every model request was a regular activity
-        # (bench/throughput.py): 200 slots -> hundreds of retried attempts, 40 -> 0, at the same steps/s.
-        max_concurrent_activities = int(env_number("RR_MAX_CONCURRENT_ACTIVITIES", DEFAULT_MAX_ACTIVITIES))
-    if max_concurrent_workflow_tasks is None:
-        max_concurrent_workflow_tasks = int(
-            env_number("RR_MAX_CONCURRENT_WORKFLOW_TASKS", DEFAULT_MAX_WORKFLOW_TASKS)
-        )
+    # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
+    # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
+    # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of
+    # retried attempts, 40 -> 0). With a 3 s model, 40 leave the worker idle. So by default their number
+    # follows the event loop's lag as well (`AdmissionControl`, at most MAX_ADAPTIVE_ACTIVITIES);
+    # `max_concurrent_activities` / RR_MAX_CONCURRENT_ACTIVITIES fixes it.
+    if max_concurrent_activities is None and os.environ.get(ACTIVITIES_ENV, "").strip():
+        max_concurrent_activities = int(env_number(ACTIVITIES_ENV, 1))
+    workflow_slots: FixedSizeSlotSupplier | AdmissionControl
+    if max_concurrent_workflow_tasks is None and os.environ.get(WORKFLOW_TASKS_ENV, "").strip():
+        max_concurrent_workflow_tasks = int(env_number(WORKFLOW_TASKS_ENV, 1))
+    if max_concurrent_workflow_tasks is not None:
+        workflow_slots = FixedSizeSlotSupplier(max_concurrent_workflow_tasks)
+    else:
+        # how many reflections this worker advances at once follows how late its event loop runs
+        # (reflector/admission.py: a fixed count idles at slow models and collapses when raised)
+        workflow_slots = admission or workflow_admission()
+    activity_slots: FixedSizeSlotSupplier | AdmissionControl
+    if max_concurrent_activities is not None:
+        activity_slots = FixedSizeSlotSupplier(max_concurrent_activities)
+    else:
+        activity_slots = activity_slots_supplier or activity_admission()
+    tuner = WorkerTuner.create_composite(
+        workflow_supplier=workflow_slots,
+        activity_supplier=activity_slots,
+        local_activity_supplier=FixedSizeSlotSupplier(MAX_LOCAL_ACTIVITIES),
+        nexus_supplier=FixedSizeSlotSupplier(MAX_NEXUS_TASKS),
+    )
     sandbox_cells.configure(max_live=max_live_sandboxes or int(env_number("RR_MAX_LIVE_SANDBOXES", 256)))
     model_requests.configure()
     model_requests.sweep()
@@ -107,10 +143,7 @@ def build_worker(
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
         max_heartbeat_throttle_interval=timedelta(seconds=1),
-        max_concurrent_activities=max_concurrent_activities,
-        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
-        # each running reflection has at most one local activity (a model request or a cell) at a time
-        max_concurrent_local_activities=2 * max_concurrent_workflow_tasks,
+        tuner=tuner,
         **kwargs,  # type: ignore[arg-type]
     )
 

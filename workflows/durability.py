@@ -1,6 +1,23 @@
-"""`TemporalDurability` whose model requests run as local activities on the workflow's worker.
+"""`TemporalDurability` whose in-process model requests run as local activities on the workflow's
+worker, and whose provider requests run as pydantic-ai's regular activities.
 
-Why: with pydantic-ai's regular model-request activity every step of a reflection costs two server
+Two paths, chosen per request by where the model answers (`reflector.models.answers_in_process`):
+
+- A model that answers inside the worker (`heuristic`, `FunctionModel`, `TestModel`) runs as a local
+  activity (below): no server round trip and no message history in the history per step.
+- A provider model (OpenAI, Anthropic, ... : a network round trip of seconds) runs as pydantic-ai's own
+  regular model-request activity, in workflows recorded since the `rr-provider-model-activities`
+  patch. Why: a local activity keeps its workflow task open while it runs, and the SDK keeps an open
+  task alive only by completing it every 0.8 x task timeout, which needs the workflow's activation
+  to have been answered first (temporalio/features#168). Hundreds of reflections each holding a task
+  through a 3 s request on one worker: the renewals come late, tasks time out, whole histories are
+  replayed and the worker collapses (bench/throughput.py, 3 s model, 200 in flight: 415 "Task not
+  found" and falling steps/s, even with admission control; see BENCHMARKS.md). As a regular
+  activity the request holds no workflow task and no slot while the provider thinks, its result is
+  durable in the history the moment it completes (no response cache needed), and a worker that dies
+  during it loses only that attempt (retried after the heartbeat timeout).
+
+Why local for in-process models: with pydantic-ai's regular model-request activity every step of a reflection costs two server
 round trips (schedule and dispatch the activity, then a new workflow task for its result), and the
 activity's input (the whole message history) is written to the history at every step. As a local
 activity the request runs inside the open workflow task: no server round trip per step, and only
@@ -40,18 +57,34 @@ from temporalio import activity, workflow
 from temporalio.workflow import ActivityConfig
 
 from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
+from reflector.models import answers_in_process
 from workflows.session import await_cancel_safe
 
-__all__ = ["LocalModelDurability", "LOCAL_SUFFIX", "LOCAL_MODEL_PATCH", "local_model_requests"]
+__all__ = [
+    "LocalModelDurability",
+    "LOCAL_SUFFIX",
+    "LOCAL_MODEL_PATCH",
+    "PROVIDER_MODEL_PATCH",
+    "local_model_requests",
+    "provider_model_activities",
+]
 
 LOCAL_SUFFIX = "_local"
 LOCAL_MODEL_PATCH = "rr-local-model-requests"
 """Workflows recorded before this change keep replaying their model requests as regular activities."""
+PROVIDER_MODEL_PATCH = "rr-provider-model-activities"
+"""Workflows recorded before this change keep replaying provider model requests as local activities."""
 
 
 def local_model_requests() -> bool:
     """Whether this workflow run schedules model requests as local activities (patch marker)."""
     return workflow.patched(LOCAL_MODEL_PATCH)
+
+
+def provider_model_activities() -> bool:
+    """Whether this workflow run sends provider (network) model requests as regular activities (patch
+    marker; asked only when such a request is made, so histories of in-process models do not change)."""
+    return workflow.patched(PROVIDER_MODEL_PATCH)
 
 
 class _LocalModelRequest:
@@ -74,6 +107,8 @@ class _LocalModelRequest:
     async def __call__(self, params: Any, *, config: object | None = None) -> ModelResponse:
         if not local_model_requests():
             return await self._inner(params, config=config)
+        if not answers_in_process(getattr(params, "model_id", None)) and provider_model_activities():
+            return await self._inner(params, config=config)
         payload = self._inner.operation.parameter_transport.dump(params)
         op_id = cast(ModelRequestId, self._inner.operation.operation_id)
         model_name = getattr(params, "model_id", None) or op_id.model_name
@@ -95,7 +130,8 @@ class _LocalModelRequest:
 
 
 class LocalModelDurability(TemporalDurability[AgentDepsT]):
-    """`TemporalDurability` with (non-streaming) model requests as cached local activities.
+    """`TemporalDurability` with (non-streaming) in-process model requests as cached local activities
+    (provider requests keep pydantic-ai's regular activity, see the module doc).
 
     The local activity is named after pydantic-ai's model-request activity plus `_local`
     (e.g. `rr_reflector__model_request_local`) and must be registered on the worker

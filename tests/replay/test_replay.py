@@ -15,10 +15,14 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 import tests.support.scripted  # noqa: F401  (the recorded runs used the scripted models)
+from reflector.models import prepare_workflow_side
 from reflector.types import ReflectionInput, ReflectorOutput
 from workflows.reflection import WORKFLOW_NAME, ReflectionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+# provider_v1 was recorded with an OpenAI model (its requests as local activities, before the
+# rr-provider-model-activities patch): prepared here as a worker would, so replay imports nothing
+prepare_workflow_side(["openai-chat"])
 
 
 def _load(path: Path) -> WorkflowHistory:

@@ -35,6 +35,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -66,6 +67,10 @@ def _client_gone(sock: socket.socket) -> bool:
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the listen backlog: hundreds of clients connect at once in the benchmarks
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,8 @@ class OpenAIServer:
     # TCP_NODELAY on every connection: the body, written after the headers, then leaves at once instead
     # of waiting up to ~40 ms for the client's delayed ACK (Nagle), so "answered" means "delivered"
     nodelay: bool = False
+    code: Callable[[int], str] = cell_code  # the source of the k-th execute_code call
+    record: bool = True  # keep every request in `requests` (off for long benchmarks: they are big)
     requests: list[RecordedRequest] = field(default_factory=list)
     completed: collections.Counter[str] = field(default_factory=collections.Counter)
     answers: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # key -> [(time.time(), path)]
@@ -144,7 +151,7 @@ class OpenAIServer:
     _fail: list[tuple[int, int]] = field(default_factory=list)  # [(remaining, status)]
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    _httpd: ThreadingHTTPServer | None = None
+    _httpd: _Server | None = None
     _thread: threading.Thread | None = None
 
     # -- control ------------------------------------------------------------------------------
@@ -189,10 +196,11 @@ class OpenAIServer:
                         self.close_connection = True
                         return
                 status, payload, extra = server._handle(self.path, body)
-                with server._lock:
-                    server.requests.append(RecordedRequest(
-                        "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body, status
-                    ))
+                if server.record:
+                    with server._lock:
+                        server.requests.append(RecordedRequest(
+                            "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body, status
+                        ))
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -212,7 +220,7 @@ class OpenAIServer:
                         server.completed[key] += 1
                         server.answers.setdefault(key, []).append((time.time(), self.path))
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="openai-server", daemon=True)
         self._thread.start()
@@ -279,7 +287,7 @@ class OpenAIServer:
         if len(outputs) >= self.cells:
             name, args = OUTPUT_TOOL, _reflection(outputs)
         else:
-            name, args = CELL_TOOL, {"code": cell_code(len(outputs))}
+            name, args = CELL_TOOL, {"code": self.code(len(outputs))}
         return {
             "id": f"chatcmpl-{n}",
             "object": "chat.completion",
@@ -308,7 +316,7 @@ class OpenAIServer:
         if len(outputs) >= self.cells:
             name, args = OUTPUT_TOOL, _reflection(outputs)
         else:
-            name, args = CELL_TOOL, {"code": cell_code(len(outputs))}
+            name, args = CELL_TOOL, {"code": self.code(len(outputs))}
         return {
             "id": f"resp_{n}",
             "object": "response",

@@ -36,12 +36,14 @@ def _run(cmd: list[str], n: int = 2, stop_after: float | None = None) -> tuple[i
 
 
 def test_budgets_are_split_with_ceil_and_at_least_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sv.split_budgets(1) == {"RR_MAX_CONCURRENT_WORKFLOW_TASKS": "30", "RR_MAX_CONCURRENT_ACTIVITIES": "32",
-                                   "RR_MAX_LIVE_SANDBOXES": "256"}
-    assert sv.split_budgets(2) == {"RR_MAX_CONCURRENT_WORKFLOW_TASKS": "15", "RR_MAX_CONCURRENT_ACTIVITIES": "16",
-                                   "RR_MAX_LIVE_SANDBOXES": "128"}
-    assert sv.split_budgets(16) == {"RR_MAX_CONCURRENT_WORKFLOW_TASKS": "2", "RR_MAX_CONCURRENT_ACTIVITIES": "2",
-                                    "RR_MAX_LIVE_SANDBOXES": "16"}
+    # slot counts are not split unless set: each child's admission control finds its own number
+    assert sv.split_budgets(1) == {"RR_MAX_LIVE_SANDBOXES": "256"}
+    assert sv.split_budgets(2) == {"RR_MAX_LIVE_SANDBOXES": "128"}
+    assert sv.split_budgets(16) == {"RR_MAX_LIVE_SANDBOXES": "16"}
+    monkeypatch.setenv("RR_MAX_CONCURRENT_ACTIVITIES", "32")
+    assert sv.split_budgets(2)["RR_MAX_CONCURRENT_ACTIVITIES"] == "16"
+    monkeypatch.setenv("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "30")
+    assert sv.split_budgets(2)["RR_MAX_CONCURRENT_WORKFLOW_TASKS"] == "15"
     monkeypatch.setenv("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "3")
     assert sv.split_budgets(64)["RR_MAX_CONCURRENT_WORKFLOW_TASKS"] == "1"
     monkeypatch.setenv("RR_MAX_LIVE_SANDBOXES", "lots")
@@ -66,12 +68,12 @@ def test_processes_default_env_and_argument(monkeypatch: pytest.MonkeyPatch) -> 
 def test_children_get_their_share_and_are_stopped_by_sigterm() -> None:
     child = ("import os, signal, sys, time\n"
              "signal.signal(signal.SIGTERM, lambda *a: (print('child stopping', flush=True), sys.exit(0)))\n"
-             "print('rr worker pid=%d tasks=%s' % (os.getpid(), os.environ['RR_MAX_CONCURRENT_WORKFLOW_TASKS']),"
+             "print('rr worker pid=%d sandboxes=%s' % (os.getpid(), os.environ['RR_MAX_LIVE_SANDBOXES']),"
              " flush=True)\n"
              "time.sleep(60)\n")
     code, out, err = _run(_script(child), n=3, stop_after=1.5)
     assert code == 0, (out, err)
-    assert out.count("tasks=10") == 3 and out.count("child stopping") == 3, out
+    assert out.count("sandboxes=86") == 3 and out.count("child stopping") == 3, out
     assert "restarting" not in out and "rr: error:" not in err, (out, err)
 
 

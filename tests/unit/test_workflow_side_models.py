@@ -9,8 +9,12 @@ import pytest
 from reflector import models
 
 
+_FAMILIES_BEFORE: set[str] = set()
+
+
 @pytest.fixture(scope="module")
 def prepared() -> list[str]:
+    _FAMILIES_BEFORE.update(models._prepared_families)  # other tests (a replayer) may have prepared some
     mp = pytest.MonkeyPatch()
     mp.setenv(models.WORKER_MODELS_ENV, "deepseek, openai:gpt-4o")  # a bare provider prefix and a model name
     try:
@@ -23,7 +27,8 @@ def test_prepare_builds_the_heuristic_and_registered_models(prepared: list[str])
     assert prepared[0] == models.HEURISTIC and {"openai-chat:rr-served", "openai:gpt-4o"} <= set(prepared)
     assert models.HEURISTIC in models._instances
     assert {"openai", "openai-chat", "deepseek"} <= models._prepared_families
-    assert "anthropic" not in models._prepared_families  # not served here: its SDK import is not paid
+    # not served here: its SDK import is not paid (unless something earlier in this process prepared it)
+    assert "anthropic" not in models._prepared_families - _FAMILIES_BEFORE
 
 
 def test_a_new_name_of_a_prepared_family_resolves_without_importing(prepared: list[str]) -> None:

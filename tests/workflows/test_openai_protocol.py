@@ -25,6 +25,7 @@ from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput
 from tests.support.fixtures import ACE_TRACE, completed_activities, write_trace
 from tests.support.openai_server import CELL_CODE, OpenAIServer
+from workflows.durability import PROVIDER_MODEL_PATCH
 
 API_KEY = "test-key"
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20
@@ -94,8 +95,18 @@ def _sent_cell_calls(prefix: str, body: dict[str, object]) -> list[object]:
 
 
 def _model_attempts(history: WorkflowHistory) -> list[int]:
-    """The attempt number of each model request that completed (local-activity markers record it)."""
+    """The attempt number of each model request that completed."""
     return [r.attempt for r in completed_activities(history.events) if r.is_model_request]
+
+
+def _patches(history: WorkflowHistory) -> set[str]:
+    """Patch ids recorded in the history (core_patch markers)."""
+    out = set()
+    for e in history.events:
+        m = e.marker_recorded_event_attributes
+        if e.HasField("marker_recorded_event_attributes") and m.marker_name == "core_patch":
+            out.add(json.loads(m.details["patch-data"].payloads[0].data)["id"])
+    return out
 
 
 @protocols
@@ -122,8 +133,12 @@ async def test_reflection_completes_over_local_openai_server(
         "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS),
         "requests": 2,
     }
-    # one model-request activity per HTTP request, none retried
+    # one model-request activity per HTTP request, none retried; a provider model's requests are
+    # pydantic-ai's regular activities (they hold no workflow task while the provider thinks)
     assert _model_attempts(history) == [1, 1]
+    requests = [r for r in completed_activities(history.events) if r.is_model_request]
+    assert [(r.name, r.local) for r in requests] == [("agent__rr_reflector__model_request", False)] * 2
+    assert PROVIDER_MODEL_PATCH in _patches(history)
 
     for r in reqs:
         assert r.headers["authorization"] == f"Bearer {API_KEY}"
@@ -160,8 +175,8 @@ async def test_sdk_retries_are_off_and_temporal_retries_the_activity(
     attempts = _model_attempts(history)
     assert len(attempts) == 2, "a retry is a new attempt of the same activity, not a new activity"
     # exactly one HTTP request per activity attempt: the SDK did not retry the error by itself (an SDK
-    # retry would show as 3 HTTP requests in 2 attempts). Model requests are local activities: Temporal
-    # records the attempt that succeeded in its marker, not the failure of the one before.
+    # retry would show as 3 HTTP requests in 2 attempts). Temporal records the attempt that succeeded,
+    # not the failure of the one before.
     assert attempts == [2, 1], attempts
     assert sum(attempts) == len(openai_server.requests), (
         f"{len(openai_server.requests)} HTTP requests in {sum(attempts)} activity attempts: "
@@ -195,15 +210,14 @@ async def test_history_replays_without_credentials(
     assert len(openai_server.requests) == n_http, "replay must not send model requests"
 
 
-async def test_a_retry_after_a_longer_backoff_waits_on_a_workflow_timer(
+async def test_provider_retries_are_the_servers_and_hold_no_workflow_task(
     client, task_queue, settings, tmp_path, openai_server: OpenAIServer
 ) -> None:
-    """Backoffs above the local retry threshold (0.5 s) wait on a workflow timer, which ends the
-    workflow task (the responses so far reach the history) before the request is sent again."""
+    """A provider request is a regular activity: its retries (backoff 0.5 s, then 1 s) are scheduled by
+    the server, with no workflow timer and no workflow task open while they wait."""
     openai_server.fail_next(2, status=500)
     out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), _model_name("openai-chat"))
     assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw
     assert [r.status for r in openai_server.requests] == [500, 500, 200, 200]
-    timers = [e for e in history.events if e.HasField("timer_started_event_attributes")]
-    assert len(timers) == 1  # the 1 s backoff of the third attempt; the 0.5 s one stayed local
+    assert not [e for e in history.events if e.HasField("timer_started_event_attributes")]
     assert _model_attempts(history) == [3, 1]

@@ -1,0 +1,108 @@
+"""Admission control (`reflector.admission`): the limit follows the event loop's lag, gated polls wait
+for a slot, sticky polls and eager tasks never do, slots are never taken back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from reflector.admission import AdmissionControl
+
+
+@dataclass
+class _Ctx:
+    is_sticky: bool = False
+    slot_type: str = "workflow"
+    task_queue: str = "q"
+    worker_identity: str = "w"
+    worker_build_id: str = ""
+    worker_deployment_version: None = None
+
+
+@dataclass
+class _Release:
+    permit: object
+    slot_info: None = None
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="minimum"):
+        AdmissionControl(initial=2, minimum=4)
+    with pytest.raises(ValueError, match="low_lag_s"):
+        AdmissionControl(low_lag_s=0.3, high_lag_s=0.2)
+
+
+def test_limit_grows_only_with_demand_and_a_quiet_loop() -> None:
+    a = AdmissionControl(initial=16, maximum=40)
+    assert a.adjust(0.001) == 16  # quiet loop, but nobody waited for a slot: no reason to grow
+    a._wanted_slots = True
+    assert a.adjust(0.1) == 16  # demand, but the loop is between the thresholds: hold
+    for _ in range(20):
+        a._wanted_slots = True
+        a.adjust(0.001)
+    assert a.stats.limit == 40  # grew to the maximum, not past it
+    assert a.stats.raises >= 3
+
+
+def test_a_late_loop_cuts_below_the_slots_in_use_but_never_below_the_minimum() -> None:
+    a = AdmissionControl(initial=100, minimum=4)
+    for _ in range(50):
+        a._grant()
+    assert a.adjust(0.5) == 45  # 90% of the 50 in use: no new admission until the work drains
+    assert a.stats.in_use == 50  # nothing is taken back
+    for _ in range(50):
+        a.release_slot(_Release(object()))  # type: ignore[arg-type]
+    assert a.adjust(0.5) == 4
+
+
+async def test_gated_polls_wait_sticky_polls_and_eager_tasks_do_not() -> None:
+    a = AdmissionControl(initial=2, minimum=1)
+    p1 = await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
+    await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
+    waiting = asyncio.create_task(a.reserve_slot(_Ctx()))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and a.stats.gated_waits == 1
+    # work already admitted here continues: sticky polls and eager tasks get a slot beyond the limit
+    await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type]
+    assert a.stats.in_use == 4
+    for _ in range(3):
+        a.release_slot(_Release(p1))  # type: ignore[arg-type]
+    await asyncio.wait_for(waiting, 1)  # one below the limit again: the gated poll gets its slot
+    assert a.stats.in_use == 2
+
+
+async def test_the_ticker_sees_a_blocked_loop_and_stops_admitting() -> None:
+    a = AdmissionControl(initial=8, minimum=1, interval_s=0.1, tick_s=0.01, keep_history=50)
+    await a.reserve_slot(_Ctx())  # type: ignore[arg-type]  (starts the controller)
+    for _ in range(5):
+        await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
+    await asyncio.sleep(0.15)
+    time.sleep(0.6)  # an activation hogging the GIL: the loop cannot run
+    await asyncio.sleep(0.25)
+    assert a.stats.max_lag_s > a.high_lag_s
+    assert a.stats.cuts >= 1 and a.stats.limit < 6, a.stats.history
+
+
+async def test_a_rate_limit_spreads_new_work_over_intervals() -> None:
+    """With a rate, gated polls get at most `rate` slots per interval even with slots free: a burst of
+    new reflections (each starts a sandbox host) is spread out instead of landing at once."""
+    a = AdmissionControl(initial=100, initial_rate=3, interval_s=60)  # no automatic step in this test
+    polls = [asyncio.create_task(a.reserve_slot(_Ctx())) for _ in range(7)]  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert sum(p.done() for p in polls) == 3
+    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type]  (eager tasks are not rate limited)
+    a.adjust(0.001)  # next interval, quiet loop, demand: the rate grows
+    assert a.stats.rate == 4
+    await asyncio.sleep(0.05)
+    assert sum(p.done() for p in polls) == 7
+    a.adjust(0.5)  # a late loop halves it, never to 0 (work waiting on the shared queue always advances)
+    assert a.stats.rate == 2
+    a.adjust(0.5)
+    a.adjust(0.5)
+    assert a.stats.rate == 1
+    for p in polls:
+        p.cancel()
