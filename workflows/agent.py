@@ -65,9 +65,12 @@ MODEL_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
     maximum_attempts=6,
 )
-# pydantic-ai heartbeats model requests in the background; a dead worker's in-flight request is retried
-# elsewhere once this expires (its default, 30 s, dominated recovery time).
-MODEL_HEARTBEAT = timedelta(seconds=3)
+# pydantic-ai heartbeats model requests in the background (every half of this); a dead worker's in-flight
+# provider request is retried elsewhere once this expires (its default, 30 s, dominated recovery time).
+# Not shorter: on a loaded worker a late heartbeat fails an attempt whose request is still on the wire,
+# and its retry pays for it again (3 s: 35 requests paid twice at 500 reflections in flight with a 3 s
+# model on 2 cores, bench/throughput.py). In-process models run as local activities and never heartbeat.
+MODEL_HEARTBEAT = timedelta(seconds=10)
 MODEL_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT)
 BASE_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY)
 
