@@ -1,5 +1,8 @@
 """Model requests as local activities, made idempotent by a response cache on the blob store.
 
+This is the path of in-process models (`heuristic`, function models); a provider model's requests are
+pydantic-ai's regular activities and need no cache (`workflows.durability`).
+
 A local activity's result reaches the history (as a marker) only when its workflow task completes,
 and the workflow task of a reflection stays open while the session works through local activities
 (the SDK heartbeats it every 0.8 x task timeout, flushing the markers recorded so far). A worker

@@ -39,7 +39,7 @@ from reflector.cells import (
 )
 from reflector.settings import Settings
 from reflector.types import TraceRef
-from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
+from sandbox.executor import SubprocessExecutor, close_zygotes, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
@@ -144,6 +144,7 @@ async def check_isolation(settings: Settings | None = None) -> IsolationReport:
 async def shutdown() -> None:
     if _runtime is not None:
         await _runtime.sessions.close_all()
+    await close_zygotes()
 
 
 def _rt() -> _Runtime:

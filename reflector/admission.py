@@ -1,28 +1,32 @@
-"""Admission control: how many reflections one worker process advances at once, decided by how late
-its event loop runs, not by a fixed count.
+"""Admission control: how much work one worker process takes on at once, decided by how late its
+event loop runs, not by fixed counts.
 
-Why: a reflection holds its workflow task (one slot) while its model requests and cells run as local
-activities, so the slot count is the number of reflections in progress. A fixed count is wrong at
-every latency but one: with a 200 ms model, 30 slots saturate two cores; with a 3 s model, 30 slots
-leave the worker idle while hundreds of reflections wait; and raised to 300, the worker collapses
-(bench/throughput.py, 3 s model, 300 in flight: 9.4 steps/s and 161 ms of CPU per step, against
-29 steps/s and 16 ms at 100). The collapse: past the CPU the worker has, activations queue behind each
-other (they share one GIL), an open workflow task's heartbeat (the SDK completes it every 0.8 x task
-timeout while local activities run) waits for the activation in progress, the task times out, the
-server hands it out again, the worker replays the whole history — more CPU, more timeouts.
+Why: with an in-process model a reflection holds its workflow task (one slot) while its model requests
+and cells run as local activities, and with a provider model each request holds an activity slot
+while the provider thinks. A fixed count is wrong at every latency but one: 30 workflow-task slots
+saturate two cores with a 200 ms model, and leave the worker idle with a 3 s one (9 steps/s, 200
+reflections waiting); raised to 200 the worker collapses (bench/throughput.py, BENCHMARKS.md issue 11:
+"Task not found when completing", tasks timing out and whole histories replayed). Past the CPU the
+worker has, everything queues behind one GIL, an open task's renewal comes late, and a heartbeat comes
+late: the server hands the task or the request to another attempt, and the work is done (or paid) twice.
 
-So the worker admits *new* work only while it keeps up. A ticker on the worker's event loop measures
-how late it wakes (the loop shares the GIL with the workflow activations: when they queue, the ticker
-is late by about as long); every control interval the limit on workflow-task slots grows while the
-lag stays under `low_lag_s` and there is demand (a poll waited for a slot), and drops to below the
-slots in use when the lag passes `high_lag_s` (AIMD, as in TCP congestion control). Slots are never
-taken back: reflections already admitted keep running, and the ones not admitted wait, at no cost,
-in the server's task queue. Only polls of the shared task queue (new reflections, or workflows not in
-this worker's cache) are gated: sticky polls and eager tasks continue work already admitted here, and
-holding them back would let their tasks fall back to the shared queue and be replayed from scratch.
+So a worker admits new work only while it keeps up. A ticker on the event loop measures how late it
+wakes (the loop shares the GIL with the workflow activations and the provider clients: when they
+queue, the ticker is late by about as long). Every control interval the limit on slots grows while
+the worst lag stays under `low_lag_s` and work waited for a slot, and drops to below the slots in use
+when the lag passes `high_lag_s` (AIMD, as in TCP congestion control). Slots are never taken back:
+work already admitted keeps running, and what is not admitted waits, at no cost, in the server's
+queues (where another worker may take it).
 
-`RR_MAX_CONCURRENT_WORKFLOW_TASKS=N` replaces this with a fixed count (temporalio's
-`FixedSizeSlotSupplier`).
+For workflow tasks only polls of the shared task queue are gated (new reflections, or workflows not
+in this worker's cache): sticky polls and eager tasks continue work admitted here, and holding them
+back would send their tasks back to the shared queue to be replayed from scratch. Those gated polls
+can also be rate-limited (`initial_rate` grants per interval, raised and halved like the limit, never
+below 1 so the shared queue always advances): each new reflection starts a sandbox host (~190 ms of
+CPU), and 500 admitted at once held the loop 2 s late.
+
+`RR_MAX_CONCURRENT_WORKFLOW_TASKS=N` / `RR_MAX_CONCURRENT_ACTIVITIES=N` replace this with a fixed
+count (temporalio's `FixedSizeSlotSupplier`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ WORKFLOW_TASKS_ENV = "RR_MAX_CONCURRENT_WORKFLOW_TASKS"
 # admission controller is what bounds them (at most its `maximum` reflections).
 MAX_LOCAL_ACTIVITIES = 4000
 MAX_NEXUS_TASKS = 10
+GRACEFUL_SHUTDOWN = timedelta(seconds=25)
 
 
 def workflow_admission() -> AdmissionControl:
@@ -143,6 +144,9 @@ def build_worker(
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
         max_heartbeat_throttle_interval=timedelta(seconds=1),
+        # A stopping worker lets the provider requests in flight (regular activities) finish rather than
+        # cancel them to be sent again elsewhere; within the supervisor's 30 s grace.
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         tuner=tuner,
         **kwargs,  # type: ignore[arg-type]
     )

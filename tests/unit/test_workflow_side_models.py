@@ -8,7 +8,6 @@ import pytest
 
 from reflector import models
 
-
 _FAMILIES_BEFORE: set[str] = set()
 
 
@@ -52,3 +51,23 @@ def test_preparing_again_does_nothing_new(prepared: list[str]) -> None:
     before = set(sys.modules)
     models.prepare_workflow_side(["openai-chat:rr-served"])
     assert set(sys.modules) - before == set()
+
+
+def test_in_process_models_are_told_apart_from_provider_models(prepared: list[str]) -> None:
+    """In-process models keep local-activity requests and the 4 s task timeout; provider models get
+    regular activities and 10 s (workflows.durability, reflector.client)."""
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from reflector.client import PROVIDER_WORKFLOW_TASK_TIMEOUT, WORKFLOW_TASK_TIMEOUT, task_timeout_for
+
+    def answer(messages: object, info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("x")])
+
+    models.register_model("rr-test-in-process", FunctionModel(answer))
+    for name in (None, models.HEURISTIC, "rr-test-in-process"):
+        assert models.answers_in_process(name), name
+    for name in ("openai-chat:rr-served", "openai:rr-never-seen-3", "rr-nowhere:model"):
+        assert not models.answers_in_process(name), name
+    assert task_timeout_for(models.HEURISTIC) == WORKFLOW_TASK_TIMEOUT
+    assert task_timeout_for("openai-chat:rr-served") == PROVIDER_WORKFLOW_TASK_TIMEOUT > WORKFLOW_TASK_TIMEOUT

@@ -15,6 +15,7 @@ from reflector import client as rr
 from reflector.settings import Settings
 from reflector.types import ReflectionConfig, ReflectorOutput
 from tests.support.fixtures import completed_activities, write_trace
+from workflows.durability import PROVIDER_MODEL_PATCH
 
 HISTORIES: list[WorkflowHistory] = []
 
@@ -67,6 +68,12 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
     # they were handed to the local activity in process (this test's worker runs in this process), and
     # every hand-over was released once the workflow had the response
     assert len(taken) == 4 and len(set(taken)) == 4 and not set(taken) & set(model_requests._handed)
+    # an in-process model never asks for the provider patch: its histories are as before
+    assert PROVIDER_MODEL_PATCH.encode() not in b"".join(
+        p.data for e in hist.events if e.marker_recorded_event_attributes.marker_name == "core_patch"
+        for p in e.marker_recorded_event_attributes.details["patch-data"].payloads
+    )
+    assert hist.events[0].workflow_execution_started_event_attributes.workflow_task_timeout.ToSeconds() == 4
 
 
 async def test_response_cache_holds_responses_while_running_and_is_deleted_at_the_end(
