@@ -1,0 +1,115 @@
+"""Hosts forked from the worker's zygote (`sandbox/zygote.py`): they are the zygote's children, hold
+exactly the fds a directly started host holds, and a dead zygote costs nothing but its speed-up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import executor
+from sandbox.executor import ZYGOTE_ENV, SubprocessExecutor
+from sandbox.isolation import landlock_abi
+from tests.sandbox.conftest import TEST_LIMITS
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(sys.platform != "linux" or landlock_abi() < 1, reason="needs Linux with Landlock"),
+]
+
+OPEN_FDS = (
+    "import os\n"
+    "fds = []\n"
+    "for fd in range(256):\n"
+    "    try:\n"
+    "        os.fstat(fd)\n"
+    "        fds.append(fd)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print(fds)\n"
+)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _ancestors(pid: int) -> list[int]:
+    """pid's parent, grandparent, ... up to this test process (the host runs under its supervisor)."""
+    out = []
+    while pid > 1 and pid != os.getpid():
+        pid = _ppid(pid)
+        out.append(pid)
+    return out
+
+
+def _zygote_pid() -> int:
+    z = executor._zygotes[sys.executable]
+    assert z._proc is not None
+    return z._proc.pid
+
+
+async def _started(trace_file: str, **kw: object) -> SubprocessExecutor:
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", **kw)  # type: ignore[arg-type]
+    await ex.start(trace_file, "auto", {"task": {"question": "q"}})
+    return ex
+
+
+async def test_hosts_are_forks_of_one_zygote(trace_file: str) -> None:
+    a, b = await _started(trace_file), await _started(trace_file)
+    try:
+        zygote = _zygote_pid()
+        assert a.host_pid is not None and b.host_pid is not None
+        assert zygote in _ancestors(a.host_pid) and zygote in _ancestors(b.host_pid)
+        assert _ppid(zygote) == os.getpid()
+        assert b"sandbox.zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes()
+        assert (await a.run_cell("x = 6 * 7\nprint(x)")).stdout.strip() == "42"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_forked_host_holds_the_fds_of_a_directly_started_one(
+    trace_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Assuming the breach (guards off): nothing of the zygote (its socket to the worker, its pipes)
+    leaks into a host."""
+    seen = {}
+    for zygote in ("1", "0"):
+        monkeypatch.setenv(ZYGOTE_ENV, zygote)
+        ex = await _started(trace_file, unguarded_for_tests=True)
+        try:
+            assert ex.host_pid is not None
+            forked = sys.executable in executor._zygotes and _zygote_pid() in _ancestors(ex.host_pid)
+            assert forked == (zygote == "1")
+            result = await ex.run_unguarded(OPEN_FDS)
+            assert result.ok, result
+            seen[zygote] = result.stdout.strip()
+        finally:
+            await ex.close()
+    assert seen["1"] == seen["0"], seen
+
+
+async def test_a_dead_zygote_stops_no_host_and_the_next_host_still_starts(trace_file: str) -> None:
+    ex = await _started(trace_file)
+    try:
+        old = _zygote_pid()
+        os.kill(old, signal.SIGKILL)
+        for _ in range(100):  # the worker notices the zygote's socket closing
+            if not executor._zygotes[sys.executable].alive:
+                break
+            await asyncio.sleep(0.02)
+        assert (await ex.run_cell("print('still here')")).stdout.strip() == "still here"
+    finally:
+        await asyncio.wait_for(ex.close(), 10)  # its exit is seen through a pidfd now
+    again = await _started(trace_file)
+    try:
+        assert (await again.run_cell("print(1 + 1)")).stdout.strip() == "2"
+        assert again.host_pid is not None and _zygote_pid() != old
+        assert _zygote_pid() in _ancestors(again.host_pid)
+    finally:
+        await again.close()
