@@ -20,7 +20,7 @@ from temporalio.worker import FixedSizeSlotSupplier, Worker, WorkerTuner
 
 from activities import model_requests, sandbox_cells
 from activities.summarise import summarise
-from reflector.admission import AdmissionControl
+from reflector.admission import AdmissionControl, StartDelay
 from reflector.models import load_plugins, prepare_workflow_side
 from reflector.payload_storage import data_converter
 from reflector.settings import SettingError, Settings, env_number
@@ -120,6 +120,10 @@ def build_worker(
         activity_slots = FixedSizeSlotSupplier(max_concurrent_activities)
     else:
         activity_slots = activity_slots_supplier or activity_admission()
+    interceptors = [StartDelay(
+        activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
+        local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
+    )]
     tuner = WorkerTuner.create_composite(
         workflow_supplier=workflow_slots,
         activity_supplier=activity_slots,
@@ -148,6 +152,7 @@ def build_worker(
         # cancel them to be sent again elsewhere; within the supervisor's 30 s grace.
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         tuner=tuner,
+        interceptors=interceptors,
         **kwargs,  # type: ignore[arg-type]
     )
 

@@ -11,6 +11,13 @@ have done exactly that and nothing else (no limits applied yet, no trace, no cel
 one and only sends the trace path, the extra variables and the limits. A pooled host is used by one
 session only and discarded with it, and has the same scrubbed environment and fixed hash seed as a
 directly spawned one, so isolation and replay determinism are unchanged.
+
+Why a zygote: starting a host with `python -m sandbox.host` costs ~190 ms of CPU (measured under the
+default isolation); with many short sessions that was a third of the worker side's CPU per step. Hosts
+are therefore forks of one per-worker fork server (`sandbox.zygote`, ~25 ms per host including its
+first cell) that did the imports once; the child runs the same `sandbox.host.main` a started host
+runs, so its lockdown is the same. If the zygote cannot be started or dies, hosts are started directly
+(`RR_SANDBOX_ZYGOTE=0` forces that).
 """
 
 from __future__ import annotations

@@ -106,3 +106,14 @@ async def test_a_rate_limit_spreads_new_work_over_intervals() -> None:
     assert a.stats.rate == 1
     for p in polls:
         p.cancel()
+
+
+def test_a_reported_start_delay_counts_like_loop_lag() -> None:
+    """Activities the worker polled but began late (`StartDelay`) cut the limit though the loop is quiet."""
+    a = AdmissionControl(initial=40, minimum=1)
+    for _ in range(20):
+        a._grant()
+    a.observe(0.1)
+    a.observe(1.5)  # the worst of the interval counts
+    assert a.adjust(0.001) == 18 and a.stats.last_lag_s == 1.5
+    assert a.adjust(0.001) == 18  # consumed: the next interval starts clean (no demand: no raise)
