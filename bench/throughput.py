@@ -19,7 +19,7 @@ Either way the script is `--steps` cells, then the answer (steps + 1 model reque
     python -m bench.throughput [--concurrency 50 200] [--steps 10] [--latency 200] [--kinds anchor rr]
                                [--transport http|function] [--worker-processes N]
 
-Columns: steps/s (model requests per second of wall time); CPU ms/step of the worker (hosts included)
+Columns: steps/s (model requests the reflections report, per second of wall time); CPU ms/step of the worker (hosts included)
 and of the server; wall / latency bound (the bound is (steps+1) x latency: a reflection cannot be
 faster); WFT timeouts (workflow tasks that timed out while a worker held them, from the histories;
 "not found" counts the worker's "Task not found" warnings; "sticky fallbacks" are tasks that waited on
@@ -281,8 +281,8 @@ async def run_point(kind: Kind, n: int, steps: int, latency: int, model: str, en
     paid_twice = calls.count() - calls0 - used
     timeouts, sticky_fallbacks, wft_failed = await _history_counts(handles)
     mb = 1024 * 1024
-    return [kind.name, latency, n, wall, total_steps / wall, (w1 - w0) / total_steps * 1000,
-            (o1 - o0) / total_steps * 1000, (s1 - s0) / total_steps * 1000, (d1 - d0) / total_steps * 1000, wall / ((steps + 1) * latency / 1000), timeouts,
+    return [kind.name, latency, n, wall, used / wall, (w1 - w0) / used * 1000,
+            (o1 - o0) / used * 1000, (s1 - s0) / used * 1000, (d1 - d0) / used * 1000, wall / ((steps + 1) * latency / 1000), timeouts,
             kind.not_found_warnings() - nf0, sticky_fallbacks, wft_failed, paid_twice, mem.worker_peak / mb, mem.hosts_peak / mb,
             mem.hosts_peak_count, mem.total_pss_peak / mb / n]
 

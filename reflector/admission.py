@@ -88,6 +88,7 @@ class AdmissionControl(CustomSlotSupplier):
         keep_history: int = 0,
         initial_rate: int = 0,
         max_rate: int = 1000,
+        growth: int = 8,
     ) -> None:
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum ({minimum}) <= initial ({initial}) <= maximum ({maximum})")
@@ -100,6 +101,7 @@ class AdmissionControl(CustomSlotSupplier):
             raise ValueError(f"need 0 <= initial_rate ({initial_rate}) <= max_rate ({max_rate})")
         self.stats = AdmissionStats(limit=initial, rate=initial_rate)
         self.max_rate = max_rate
+        self.growth = max(1, growth)  # a raise adds limit // growth (at least 1)
         self._tokens = initial_rate
         self._keep_history = keep_history
         self._outstanding = 0
@@ -198,7 +200,7 @@ class AdmissionControl(CustomSlotSupplier):
                 s.rate = max(1, s.rate // 2)
         elif lag_s < self.low_lag_s:
             if self._wanted_slots and s.limit < self.maximum:
-                s.limit = min(self.maximum, s.limit + max(2, s.limit // 8))
+                s.limit = min(self.maximum, s.limit + max(1, s.limit // self.growth))
                 s.raises += 1
             if self._wanted_tokens and s.rate and s.rate < self.max_rate:
                 s.rate = min(self.max_rate, s.rate + max(1, s.rate // 4))

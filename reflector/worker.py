@@ -57,7 +57,9 @@ def workflow_admission() -> AdmissionControl:
 
 def activity_admission() -> AdmissionControl:
     """The default activity slot supplier: how many run at once follows the loop's lag."""
-    return AdmissionControl(initial=32, maximum=MAX_ADAPTIVE_ACTIVITIES)
+    # Slow growth: the SDK polls activity tasks ahead of the slots granted and begins them one event-loop
+    # turn at a time, so their start delay (what the limit reacts to) shows only once they begin.
+    return AdmissionControl(initial=16, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=16)
 
 
 async def connect(

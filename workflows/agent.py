@@ -66,11 +66,13 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
 )
 # pydantic-ai heartbeats model requests in the background (every half of this); a dead worker's in-flight
-# provider request is retried elsewhere once this expires (its default, 30 s, dominated recovery time).
-# Not shorter: on a loaded worker a late heartbeat fails an attempt whose request is still on the wire,
-# and its retry pays for it again (3 s: 35 requests paid twice at 500 reflections in flight with a 3 s
-# model on 2 cores, bench/throughput.py). In-process models run as local activities and never heartbeat.
-MODEL_HEARTBEAT = timedelta(seconds=10)
+# provider request is retried elsewhere once this expires. Not shorter: the clock starts when the worker
+# polls the task, and a loaded Python worker begins the activities it polled one event-loop turn at a
+# time, so a burst of them can wait seconds before their first heartbeat; a timed-out attempt whose
+# request is already on the wire is then paid twice (3 s: 35 paid twice at 500 reflections in flight
+# with a 3 s model; 10 s: 10 at 500 with a 200 ms model, start delays up to 13 s; bench/throughput.py).
+# 30 s is pydantic-ai's default. In-process models run as local activities and never heartbeat.
+MODEL_HEARTBEAT = timedelta(seconds=30)
 MODEL_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT)
 BASE_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY)
 
