@@ -117,3 +117,11 @@ def test_a_reported_start_delay_counts_like_loop_lag() -> None:
     a.observe(1.5)  # the worst of the interval counts
     assert a.adjust(0.001) == 18 and a.stats.last_lag_s == 1.5
     assert a.adjust(0.001) == 18  # consumed: the next interval starts clean (no demand: no raise)
+
+
+def test_eager_activities_obey_the_limit() -> None:
+    a = AdmissionControl(initial=2, minimum=1)
+    assert a.try_reserve_slot(_Ctx(slot_type="activity")) is not None  # type: ignore[arg-type]
+    assert a.try_reserve_slot(_Ctx(slot_type="activity")) is not None  # type: ignore[arg-type]
+    assert a.try_reserve_slot(_Ctx(slot_type="activity")) is None  # type: ignore[arg-type]  (via the queue)
+    assert a.try_reserve_slot(_Ctx(slot_type="workflow")) is not None  # type: ignore[arg-type]
