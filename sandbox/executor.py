@@ -150,6 +150,7 @@ class _Zygote:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._children: dict[int, _ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the spawn reply was handled
+        self._workdir = ""
 
     async def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -284,7 +285,8 @@ class _Zygote:
                 self._proc.kill()
             with contextlib.suppress(Exception):
                 await self._proc.wait()
-        shutil.rmtree(getattr(self, "_workdir", ""), ignore_errors=True)
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
 
 _zygotes: dict[str, _Zygote] = {}
@@ -306,9 +308,12 @@ async def _zygote(python: str) -> _Zygote | None:
     z = _zygotes.get(python)
     if z is not None and z.alive:
         return z
-    if z is not None and z._sock is not None:  # a zygote of an earlier event loop: end it (EOF)
-        z._sock.close()
-        z._sock = None
+    if z is not None:  # a zygote of an earlier event loop (or a dead one): end it (EOF), drop its dir
+        if z._sock is not None:
+            z._sock.close()
+            z._sock = None
+        if z._workdir:
+            shutil.rmtree(z._workdir, ignore_errors=True)
     z = _Zygote(python)
     try:
         await z.start()
