@@ -38,6 +38,7 @@ WORKFLOWS = [ReflectionWorkflow]
 DEFAULT_STICKY_TIMEOUT_S = 1.0
 ACTIVITIES_ENV = "RR_MAX_CONCURRENT_ACTIVITIES"
 MAX_ADAPTIVE_ACTIVITIES = 2000
+ACTIVITY_SLOTS_AT_START = 100
 # New reflections (polls of the shared queue) admitted per 0.5 s to start with; admission control then
 # raises or halves it by the loop's lag. Each new reflection starts a sandbox host (~190 ms of CPU): 500
 # admitted at once held the loop 2 s late (bench/throughput.py, 3 s model, 500 in flight).
@@ -57,9 +58,12 @@ def workflow_admission() -> AdmissionControl:
 
 def activity_admission() -> AdmissionControl:
     """The default activity slot supplier: how many run at once follows the loop's lag."""
-    # Slow growth: the SDK polls activity tasks ahead of the slots granted and begins them one event-loop
-    # turn at a time, so their start delay (what the limit reacts to) shows only once they begin.
-    return AdmissionControl(initial=16, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=16)
+    # Starts at temporalio's fixed default (100) and grows by a quarter per quiet interval: started at 16
+    # and growing by 1/16, the limit trailed the demand at 500 in flight with a 1 s model and the refused
+    # requests waited in the server's queue (rr 17.5 steps/s vs the anchor's 23.2, bench/throughput.py).
+    # It is cut on loop lag and on start delay (the SDK begins polled activities one loop turn at a
+    # time, so a backlog inside the worker shows there).
+    return AdmissionControl(initial=ACTIVITY_SLOTS_AT_START, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=4)
 
 
 async def connect(
