@@ -1,6 +1,271 @@
-"""Worker entry point: `python worker.py` (same as `rr worker`)."""
+"""The composition root: settings -> client -> worker (the workflow, its activities, the models).
 
-from reflector.cli import main
+The only module that imports every layer: `workflows/` (the reflection workflow and its agents),
+`activities/` (model requests, sandbox cells, summaries), `reflector/` (contract, settings, client,
+storage, admission control) and, through the activities, `sandbox/`. `rr worker`, the in-process
+worker of `rr reflect` and `rr replay` come through here; `python worker.py` is `rr worker`.
+
+`PydanticAIPlugin` on the client registers the agent's model-request activities (from the
+workflow's `__pydantic_ai_agents__`) and the pydantic payload converter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.converter import DataConverter
+from temporalio.worker import FixedSizeSlotSupplier, Replayer, Worker, WorkerTuner
+
+from activities import model_requests
+from activities import sandbox as sandbox_activities
+from activities.summarise import summarise
+from reflector.admission import AdmissionControl, StartDelay
+from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
+from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
+from reflector.settings import SettingError, Settings, usable_dir
+from reflector.storage.payloads import blob_dir_of, external_storage
+from sandbox.isolation import IsolationUnavailable
+from workflows.agents import MODEL_ACTIVITIES
+from workflows.reflection import ReflectionWorkflow
+
+__all__ = ["build_worker", "run_worker", "in_process_worker", "make_replayer", "replay", "replay_workflow", "ReplayReport", "WORKFLOWS"]
+
+log = logging.getLogger("rr.worker")
+
+WORKFLOWS = [ReflectionWorkflow]
+MAX_ADAPTIVE_ACTIVITIES = 2000
+ACTIVITY_SLOTS_AT_START = 100
+# New reflections (polls of the shared queue) admitted per 0.5 s to start with; admission control then
+# raises or halves it by the loop's lag. Each new reflection starts a sandbox host (~190 ms of CPU): 500
+# admitted at once held the loop 2 s late (bench/throughput.py, 3 s model, 500 in flight).
+NEW_WORK_PER_INTERVAL = 8
+# Local activities (model requests, cells): each reflection in progress runs at most one at a time; the
+# admission controller is what bounds them (at most its `maximum` reflections).
+MAX_LOCAL_ACTIVITIES = 4000
+MAX_NEXUS_TASKS = 10
+GRACEFUL_SHUTDOWN = timedelta(seconds=25)
+
+
+def workflow_admission() -> AdmissionControl:
+    """The default workflow-task slot supplier: slots and the rate of new reflections follow the loop's lag."""
+    return AdmissionControl(initial_rate=NEW_WORK_PER_INTERVAL)
+
+
+def activity_admission() -> AdmissionControl:
+    """The default activity slot supplier: how many run at once follows the loop's lag."""
+    # Starts at temporalio's fixed default (100) and grows by a quarter per quiet interval: started at 16
+    # and growing by 1/16, the limit trailed the demand at 500 in flight with a 1 s model and the refused
+    # requests waited in the server's queue (rr 17.5 steps/s vs the anchor's 23.2, bench/throughput.py).
+    # It is cut on loop lag and on start delay (the SDK begins polled activities one loop turn at a
+    # time, so a backlog inside the worker shows there).
+    return AdmissionControl(initial=ACTIVITY_SLOTS_AT_START, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=4)
+
+
+def build_worker(
+    client: Client,
+    task_queue: str,
+    *,
+    max_cached_workflows: int | None = None,
+    sticky_timeout_s: float | None = None,
+    max_concurrent_activities: int | None = None,
+    max_concurrent_workflow_tasks: int | None = None,
+    max_live_sandboxes: int | None = None,
+    extra_workflows: Sequence[type] = (),
+    models: Sequence[str] | None = None,
+    admission: AdmissionControl | None = None,
+    activity_slots_supplier: AdmissionControl | None = None,
+    settings: Settings | None = None,
+) -> Worker:
+    """A worker for reflections on `task_queue`; the sandbox session manager is process-wide.
+
+    Everything workflow code needs to resolve the models this worker serves is built here, before
+    it polls (`prepare_workflow_side`: the heuristic, registered models, `RR_MODEL`, `models` and
+    `RR_WORKER_MODELS`, with their provider families): workflow code never imports a module or loads data.
+
+    Workflow-task slots: `max_concurrent_workflow_tasks` (or `RR_MAX_CONCURRENT_WORKFLOW_TASKS`) fixes
+    their number; by default `admission` (an `AdmissionControl`, a new one if not given) decides.
+    Activity slots likewise: `max_concurrent_activities` / `RR_MAX_CONCURRENT_ACTIVITIES`, else
+    `activity_slots_supplier` (default `activity_admission()`).
+    """
+    settings = settings or Settings.from_env()
+    load_plugins(",".join(settings.plugins))
+    prepare_workflow_side(models, settings=settings)
+    # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
+    # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
+    # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of
+    # retried attempts, 40 -> 0). With a 3 s model, 40 leave the worker idle. So by default their number
+    # follows the event loop's lag as well (`AdmissionControl`, at most MAX_ADAPTIVE_ACTIVITIES);
+    # `max_concurrent_activities` / RR_MAX_CONCURRENT_ACTIVITIES fixes it.
+    if max_concurrent_activities is None:
+        max_concurrent_activities = settings.max_concurrent_activities
+    workflow_slots: FixedSizeSlotSupplier | AdmissionControl
+    if max_concurrent_workflow_tasks is None:
+        max_concurrent_workflow_tasks = settings.max_concurrent_workflow_tasks
+    if max_concurrent_workflow_tasks is not None:
+        workflow_slots = FixedSizeSlotSupplier(max_concurrent_workflow_tasks)
+    else:
+        # how many reflections this worker advances at once follows how late its event loop runs
+        # (reflector/admission.py: a fixed count idles at slow models and collapses when raised)
+        workflow_slots = admission or workflow_admission()
+    activity_slots: FixedSizeSlotSupplier | AdmissionControl
+    if max_concurrent_activities is not None:
+        activity_slots = FixedSizeSlotSupplier(max_concurrent_activities)
+    else:
+        activity_slots = activity_slots_supplier or activity_admission()
+    interceptors = [StartDelay(
+        activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
+        local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
+    )]
+    tuner = WorkerTuner.create_composite(
+        workflow_supplier=workflow_slots,
+        activity_supplier=activity_slots,
+        local_activity_supplier=FixedSizeSlotSupplier(MAX_LOCAL_ACTIVITIES),
+        nexus_supplier=FixedSizeSlotSupplier(MAX_NEXUS_TASKS),
+    )
+    sandbox_activities.configure(max_live=max_live_sandboxes or None)  # None: RR_MAX_LIVE_SANDBOXES (Settings)
+    model_requests.configure()
+    model_requests.sweep()
+    sticky = sticky_timeout_s if sticky_timeout_s is not None else settings.sticky_timeout_s
+    kwargs: dict[str, object] = {}
+    if max_cached_workflows is not None:
+        kwargs["max_cached_workflows"] = max_cached_workflows
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[*WORKFLOWS, *extra_workflows],
+        activities=[*sandbox_activities.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise],
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
+        # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
+        # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
+        max_heartbeat_throttle_interval=timedelta(seconds=1),
+        # A stopping worker lets the provider requests in flight (regular activities) finish rather than
+        # cancel them to be sent again elsewhere; within the supervisor's 30 s grace.
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        tuner=tuner,
+        interceptors=interceptors,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def run_worker(settings: Settings | None = None) -> None:
+    """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
+    settings = settings or Settings.from_env()
+    from reflector.devserver import is_reachable
+
+    if not is_reachable(settings.address):
+        raise SettingError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
+                                "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+
+    usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
+    try:
+        isolation = await sandbox_activities.check_isolation(settings)
+    except IsolationUnavailable as exc:
+        raise SettingError(str(exc)) from None
+    try:
+        client = await connect(settings.address, settings.namespace, settings=settings)
+    except RuntimeError as exc:  # the server went away between the reachability check and the connect
+        raise SettingError(f"cannot connect to the Temporal server at {settings.address}: {exc}") from None
+    await check_namespace(client, settings.address)
+    # A long-running worker serves whatever model a client asks for: prepare every shipped provider
+    # family before polling (unless the operator listed what this worker serves).
+    served = None if settings.worker_models else list(SHIPPED_FAMILIES)
+    worker = build_worker(client, settings.task_queue, models=served, settings=settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"rr worker pid={os.getpid()} on {settings.address} task queue {settings.task_queue!r}",
+        flush=True,
+    )
+    print(f"sandbox: {isolation.summary()}", flush=True)
+    if isolation.mode == "language-only":
+        print(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}", file=sys.stderr, flush=True)
+    async with worker:
+        await stop.wait()
+    await sandbox_activities.shutdown()
+
+
+def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
+    """What `rr reflect` runs when no live worker takes its reflection (`reflector.client.runtime`)."""
+
+    async def start(client: Client, settings: Settings, stack: AsyncExitStack, announce: Callable[[str], None]) -> None:
+        usable_dir(settings.blob_dir, settings.blob_dir_setting)
+        try:
+            isolation = await sandbox_activities.check_isolation(settings)
+        except IsolationUnavailable as e:
+            raise ReflectError(str(e)) from None
+        announce(f"running an in-process worker on task queue {settings.task_queue!r} "
+                 f"(sandbox: {isolation.summary()})")
+        if isolation.mode == "language-only":
+            announce(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}")
+        worker = build_worker(client, settings.task_queue, models=list(models) or None)
+        await stack.enter_async_context(worker)
+        stack.push_async_callback(sandbox_activities.shutdown)
+
+    return start
+
+
+async def replay_workflow(client: Client, workflow_id: str, settings: Settings | None = None) -> int:
+    """Replay a workflow's history against the current code; returns the number of events replayed.
+
+    Externally stored payloads are read from the client's blob store (else that of `settings`, else
+    the environment's) through a read-only driver: a replay never adds a blob.
+    """
+    return (await replay(client, workflow_id, settings)).events
+
+
+_CLOSE_EVENTS = frozenset({
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+})
+
+
+@dataclass
+class ReplayReport:
+    events: int
+    running: bool  # the history was partial: the reflection had not finished when it was fetched
+
+
+async def replay(client: Client, workflow_id: str, settings: Settings | None = None) -> ReplayReport:
+    """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    running = not history.events or history.events[-1].event_type not in _CLOSE_EVENTS
+    blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
+    await make_replayer(blob_dir).replay_workflow(history)
+    return ReplayReport(events=len(history.events), running=running)
+
+
+def make_replayer(blob_dir: Path | str) -> Replayer:
+    """A `Replayer` for reflections that reads external payloads from `blob_dir` and never writes."""
+    from workflows.reflection import ReflectionWorkflow
+
+    settings = Settings.from_env()
+    load_plugins(",".join(settings.plugins))  # the workflow resolves its model by name: plugins' models must be known
+    # as `rr worker` does: replayed workflow code must not import either (a provider model's first
+    # import in workflow code can trip the deadlock detector on a loaded machine)
+    prepare_workflow_side(None if settings.worker_models else list(SHIPPED_FAMILIES), settings=settings)
+    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
+    return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
+
 
 if __name__ == "__main__":
+    from reflector.cli import main
+
     raise SystemExit(main(["worker"]))

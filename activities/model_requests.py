@@ -49,7 +49,7 @@ from pydantic_ai.messages import ModelResponse
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from reflector.cells import session_key
+from reflector.contract import FORGET_ACTIVITY, session_key
 from reflector.settings import Settings
 
 __all__ = [
@@ -62,12 +62,10 @@ __all__ = [
     "response_dir",
     "sweep",
     "STALE_AFTER_S",
-    "FORGET_ACTIVITY",
     "DRAINING_ERROR",
     "LOCAL_RETRY_THRESHOLD",
 ]
 
-FORGET_ACTIVITY = "rr.model.forget_responses"
 NOT_HANDED_OVER_ERROR = "ModelRequestNotHandedOver"
 DRAINING_ERROR = "WorkerDraining"
 DRAIN_RETRY_DELAY = timedelta(seconds=1)

@@ -13,10 +13,11 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, TextPar
 from pydantic_ai.settings import ModelSettings
 from temporalio import activity
 
-from reflector.blobstore import BlobStore
-from reflector.compaction import SUMMARISE_ACTIVITY, SUMMARY_MARKER, SummariseInput, SummariseResult
+from reflector.compaction import SUMMARY_MARKER
+from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
 from reflector.models import resolve_model
 from reflector.settings import Settings
+from reflector.storage.blobs import BlobStore
 
 __all__ = ["summarise", "render_transcript"]
 

@@ -17,8 +17,9 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     import bench.scripts  # noqa: F401  (registers the bench models)
-    from reflector.models import HEURISTIC, model_resolver
-    from reflector.types import ReflectionDraft
+    from reflector.contract import ReflectionDraft
+    from reflector.models import HEURISTIC
+    from workflows.agents import model_resolver
 
 anchor_tools: FunctionToolset[None] = FunctionToolset(id="anchor_tools")
 _namespaces: dict[str, dict[str, object]] = {}
@@ -30,7 +31,7 @@ async def execute_code(code: str) -> str:
     ns = _namespaces.setdefault("ns", {})
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        exec(code, ns)  # noqa: S102 - benchmark anchor, trusted scripted code
+        exec(code, ns)  # benchmark anchor, trusted scripted code
     return buf.getvalue()
 
 

@@ -2,7 +2,7 @@
 
 Two setups, each with its own embedded dev server (127.0.0.1, a free port, a temp SQLite file), its
 own blob store shared by all its workers, its own task queue, its own local OpenAI-protocol server
-(`tests/support/openai_server.py`, in this process, loopback only) and worker subprocesses
+(`reflector/testing/openai_server.py`, in this process, loopback only) and worker subprocesses
 (`python -m reflector.cli worker`, i.e. `rr worker`, stdout/stderr in a log file per worker):
 
 1. **uncrashed**: the N reflections, nothing killed, started one after the other over about as long as
@@ -74,11 +74,11 @@ from temporalio.service import RPCError
 
 from bench.common import table
 from reflector import client as rr
+from reflector.client import connect
+from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.devserver import DevServer, free_port
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
-from reflector.worker import connect
-from tests.support.openai_server import OpenAIServer, request_key
+from reflector.testing.openai_server import OpenAIServer, request_key
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = (REPO / "reflector" / "examples" / "failed_math.json", REPO / "reflector" / "examples" / "tool_error.json")
@@ -244,7 +244,7 @@ class WorkerPool:
     def spawn(self) -> _Worker:
         idx = len(self.all)
         log = self.root / f"worker-{idx:02d}.log"
-        out = open(log, "wb")  # noqa: SIM115 - closed in stop_all()
+        out = open(log, "wb")  # closed in stop_all(
         env = {**os.environ, **self.env, "OPENAI_BASE_URL": f"{self.oai_root}/w{idx:02d}/v1"}
         proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],

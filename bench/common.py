@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reflector import client as rr
+from reflector.contract import ReflectionConfig, TraceRef
 from reflector.devserver import DevServer
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, TraceRef
 
 TRACE = {
     "question": "What is 17 * 24?",
@@ -94,5 +94,8 @@ def median(xs: list[float]) -> float:
 def table(headers: list[str], rows: list[list[object]]) -> str:
     cells = [headers] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+
     return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])

@@ -19,10 +19,11 @@ from pathlib import Path
 import bench.scripts  # noqa: F401  (registers bench-long-59)
 from bench.common import bench_home, table, upload_bench_trace
 from reflector import client as rr
+from reflector.client import connect
+from reflector.contract import ReflectionConfig
 from reflector.devserver import DevServer
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig
-from reflector.worker import build_worker, connect
+from worker import build_worker
 
 
 def _dir_bytes(path: Path) -> int:

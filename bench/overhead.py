@@ -18,7 +18,8 @@ import uuid
 import bench.scripts as scripts
 from bench.anchor import AnchorWorkflow, plain_agent
 from bench.common import median, start, start_bench_env, table
-from reflector.worker import build_worker, connect
+from reflector.client import connect
+from worker import build_worker
 
 STEPS = 20
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import bench.scripts as scripts
 from bench.common import median, start, start_bench_env, table
-from reflector.worker import connect
+from reflector.client import connect
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20

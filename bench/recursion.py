@@ -15,11 +15,12 @@ import json
 import uuid
 
 import bench.scripts  # noqa: F401
-import tests.support.scripted  # noqa: F401  (the plan-driven scripted model `scripted-plan`)
+import reflector.testing.scripted  # noqa: F401  (the plan-driven scripted model `scripted-plan`)
 from bench.common import start_bench_env, table
 from reflector import client as rr
-from reflector.types import ReflectionConfig
-from reflector.worker import build_worker, connect
+from reflector.client import connect
+from reflector.contract import ReflectionConfig
+from worker import build_worker
 
 CHILD = {"code": ["print('child cell 1')", "print('child cell 2')", "print('child cell 3')"], "children": [], "after": []}
 ROOT = {"code": ["print('root')"], "children": [CHILD] * 8, "after": []}

@@ -23,7 +23,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from reflector.cells import (
+    from reflector.contract import (
         CLOSE_ACTIVITY,
         PREFILL_CODE,
         PREPARE_ACTIVITY,
@@ -33,8 +33,8 @@ with workflow.unsafe.imports_passed_through():
         CloseSessionInput,
         PrepareSessionInput,
         PrepareSessionResult,
+        TraceRef,
     )
-    from reflector.types import TraceRef
 
 CELL = "x = 1"
 _LA_TIMEOUT = timedelta(seconds=120)
@@ -100,16 +100,17 @@ async def _direct(n: int) -> tuple[list[float], list[float], list[float], list[f
     ns: dict[str, object] = {}
     for _ in range(n):
         t0 = time.perf_counter()
-        exec(CELL, ns)  # noqa: S102 - the in-process reference (trusted benchmark code)
+        exec(CELL, ns)  # the in-process reference (trusted benchmark code
         in_process.append((time.perf_counter() - t0) * 1000)
     return direct, in_process, prefill[0], prefill[2]
 
 
 async def main(n: int, reps: int) -> None:
     from bench.common import bench_home, median, table, upload_bench_trace
+    from reflector.client import connect
     from reflector.devserver import DevServer
     from reflector.settings import Settings
-    from reflector.worker import build_worker, connect
+    from worker import build_worker
 
     direct, in_process, prefill_cold, prefill_pool = await _direct(n)
     home = bench_home()

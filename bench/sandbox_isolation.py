@@ -44,7 +44,7 @@ async def cold_start(trace: Path, mode: IsolationMode) -> float:
 
 async def direct(home: Path, trace: Path, mode: IsolationMode, cells: int) -> tuple[float, list[float]]:
     """(pooled first cell ms, per-cell ms) for one session."""
-    from reflector.cells import PREFILL_CODE
+    from reflector.contract import PREFILL_CODE
 
     sessions = SessionManager(home / f"j-{mode}-{uuid.uuid4().hex[:6]}", pool_size=2, isolation=mode, fsync=False)
     kw = {"trace_path": str(trace), "trace_format": "auto", "extra_vars": {"task": {}}, "limits": SandboxLimits()}
@@ -69,12 +69,13 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
     One dev server and one worker; the worker's session manager is swapped between the modes
     before every run (modes alternate, so machine noise hits both alike).
     """
-    from activities import sandbox_cells
+    from activities import sandbox as sandbox_activities
     from bench.common import upload_bench_trace
     from bench.sandbox_cells import CellsWorkflow
+    from reflector.client import connect
     from reflector.devserver import DevServer
     from reflector.settings import Settings
-    from reflector.worker import build_worker, connect
+    from worker import build_worker
 
     trace = upload_bench_trace(Settings.from_env())
     server = DevServer(None, ui=False)
@@ -86,11 +87,11 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
         async with build_worker(client, tq, extra_workflows=[CellsWorkflow]):
             for rep in range(reps + 1):  # the first round warms up and is discarded
                 for mode in MODES:
-                    await sandbox_cells.shutdown()
+                    await sandbox_activities.shutdown()
                     os.environ["RR_SANDBOX_ISOLATION"] = mode
-                    sandbox_cells.configure(Settings.from_env(), max_live=64)
+                    sandbox_activities.configure(Settings.from_env(), max_live=64)
                     for n in (0, cells):
-                        await sandbox_cells._rt().sessions.prewarm()
+                        await sandbox_activities._rt().sessions.prewarm()
                         sid = f"bench-{uuid.uuid4().hex[:10]}"
                         t0 = time.perf_counter()
                         ok = await client.execute_workflow(
@@ -99,7 +100,7 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
                         assert ok == n, (ok, n)
                         if rep:
                             walls[(mode, n)].append(time.perf_counter() - t0)
-            await sandbox_cells.shutdown()
+            await sandbox_activities.shutdown()
     finally:
         server.stop()
     return {

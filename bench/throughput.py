@@ -54,8 +54,8 @@ from temporalio.client import Client, WorkflowHandle
 import bench.scripts as scripts
 from bench.anchor import AnchorWorkflow
 from bench.common import BenchEnv, start, start_bench_env, table
-from reflector.worker import connect
-from tests.support.openai_server import OpenAIServer
+from reflector.client import connect
+from reflector.testing.openai_server import OpenAIServer
 
 REPO = Path(__file__).resolve().parents[1]
 GRID_LATENCIES_MS = scripts.GRID_LATENCIES_MS

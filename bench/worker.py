@@ -10,11 +10,12 @@ import os
 import signal
 
 import bench.scripts  # noqa: F401
-from activities import sandbox_cells
+from activities import sandbox as sandbox_activities
 from bench.anchor import AnchorWorkflow
 from reflector.admission import AdmissionControl
+from reflector.client import connect
 from reflector.settings import Settings
-from reflector.worker import activity_admission, build_worker, connect, workflow_admission
+from worker import activity_admission, build_worker, workflow_admission
 
 
 async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) -> None:
@@ -43,7 +44,7 @@ async def main() -> None:
         lag = asyncio.create_task(_report(suppliers))
         await stop.wait()
         lag.cancel()
-    await sandbox_cells.shutdown()
+    await sandbox_activities.shutdown()
 
 
 if __name__ == "__main__":

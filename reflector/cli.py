@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_core_logging(worker_warnings=args.cmd in ("worker", "reflect"))
         if args.cmd == "worker":
-            from reflector.worker import run_worker
+            from worker import run_worker
 
             asyncio.run(run_worker(settings))
             return 0
@@ -143,9 +143,9 @@ def _say(msg: str) -> None:
 
 async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     from reflector import client as c
+    from reflector.contract import ReflectionConfig
     from reflector.models import HEURISTIC, is_llm
     from reflector.render import render_progress, render_reflection
-    from reflector.types import ReflectionConfig
 
     model = args.model or settings.model or HEURISTIC
     overrides: dict[str, object] = {"model": model}
@@ -171,7 +171,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         feedback=args.feedback,
         skillbook=skillbook,
         mode=args.mode,
-        config=ReflectionConfig(**overrides),  # type: ignore[arg-type]
+        config=ReflectionConfig(**overrides),
     )
     if not is_llm(model):
         _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
@@ -194,7 +194,9 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     rt: c.Runtime | None = None
     wf_id = address = ""
     try:
-        async with c.runtime(settings, announce=_say, models=[model]) as rt:
+        from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
+
+        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([model])) as rt:
             address = rt.address
             handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id)
             wf_id = handle.id
@@ -214,7 +216,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
 
 def _finished(out: object) -> int:
     from reflector import client as c
-    from reflector.types import ReflectorOutput
+    from reflector.contract import ReflectorOutput
 
     assert isinstance(out, ReflectorOutput)
     if c.is_complete(out):
@@ -248,8 +250,8 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
     from temporalio.client import WorkflowExecutionStatus
 
     from reflector import client as c
+    from reflector.contract import PROGRESS_QUERY, Progress
     from reflector.render import render_progress, render_reflection
-    from reflector.types import Progress
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         handle = rt.client.get_workflow_handle(args.id)
@@ -260,7 +262,7 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
                 # a query waits for a worker; with none taking the reflection's tasks it would only time out
                 if not await c.waiting_for_worker(handle):
                     line = render_progress(
-                        await handle.query("progress", result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
+                        await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
                     )
             except Exception:  # progress is best effort; the state (running) is not
                 pass
@@ -277,7 +279,9 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         try:
-            report = await c.replay(rt.client, args.id)
+            from worker import replay
+
+            report = await replay(rt.client, args.id)
         except (SettingError, RPCError):
             raise
         except Exception as e:

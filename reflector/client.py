@@ -7,37 +7,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
-from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState, TaskQueueType
+from temporalio.api.enums.v1 import PendingWorkflowTaskState, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.converter import DataConverter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Replayer
 
-from reflector.blobstore import BlobStore, blob_uri
-from reflector.models import (
-    SHIPPED_FAMILIES,
-    WORKER_MODELS_ENV,
-    check_model_name,
-    load_plugins,
-    prepare_workflow_side,
+from reflector.contract import (
+    PROGRESS_QUERY,
+    WORKFLOW_NAME,
+    Progress,
+    ReflectionConfig,
+    ReflectionInput,
+    ReflectorOutput,
+    TraceRef,
 )
-from reflector.payload_storage import blob_dir_of, data_converter, external_storage
+from reflector.models import (
+    check_model_name,
+)
 from reflector.settings import SettingError, Settings, usable_dir
+from reflector.storage.blobs import BlobStore, blob_uri
+from reflector.storage.payloads import data_converter
 from reflector.traces import detect_format, read_trace_file
-from reflector.types import Progress, ReflectionConfig, ReflectionInput, ReflectorOutput, TraceRef
 
 __all__ = [
     "ReflectError",
@@ -46,11 +47,8 @@ __all__ = [
     "start_reflection",
     "wait_for_result",
     "fetch_result",
-    "replay_workflow",
     "runtime",
     "Runtime",
-    "ReplayReport",
-    "replay",
     "check_namespace",
     "is_complete",
     "configure_core_logging",
@@ -83,6 +81,21 @@ FIRST_TASK_WAIT_S = 2.0
 # Exit code of `rr reflect` / `rr result` for a reflection that finished but is incomplete (stop reason
 # other than "completed": budget spent, compaction limit, loop guard or error; a partial or fallback text).
 EXIT_INCOMPLETE = 4
+
+
+async def connect(
+    address: str, namespace: str = "default", *, settings: Settings | None = None, read_only: bool = False
+) -> Client:
+    """A client whose large payloads go to the blob store of `settings` (default: from the environment).
+
+    `read_only=True` never writes a blob (for clients that only inspect or replay workflows).
+    """
+    dc = data_converter(settings or Settings.from_env(), read_only=read_only)
+    return await Client.connect(address, namespace=namespace, data_converter=dc, plugins=[PydanticAIPlugin()])
+
+
+InProcessWorker = Callable[[Client, Settings, AsyncExitStack, Callable[[str], None]], Awaitable[None]]
+"""Starts a worker inside this process on `client` and registers its shutdown on the exit stack."""
 
 
 class ReflectError(RuntimeError):
@@ -121,7 +134,7 @@ def build_input(
         ground_truth=ground_truth,
         feedback=feedback,
         skillbook=skillbook,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         config=config,
     )
 
@@ -133,12 +146,10 @@ def new_workflow_id(trace: TraceRef) -> str:
 async def start_reflection(
     client: Client, inp: ReflectionInput, task_queue: str, workflow_id: str | None = None
 ) -> WorkflowHandle[object, ReflectorOutput]:
-    from workflows.reflection import ReflectionWorkflow
-
     wf_id = workflow_id or new_workflow_id(inp.trace)
     try:
-        handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(  # type: ignore[call-overload]
-            ReflectionWorkflow.run,
+        handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(
+            WORKFLOW_NAME,
             inp,
             id=wf_id,
             task_queue=task_queue,
@@ -184,8 +195,6 @@ async def wait_for_result(
     and `on_worker_back()` when a worker takes it again; progress is not queried meanwhile (a query
     needs a worker and would only time out).
     """
-    from workflows.reflection import ReflectionWorkflow
-
     result_task = asyncio.ensure_future(handle.result(rpc_timeout=None))
     waiting_since: float | None = None
     warned = False
@@ -215,10 +224,7 @@ async def wait_for_result(
             try:
                 # The server answers a query when the workflow task in progress ends: the session's
                 # task is renewed every 0.8 x task timeout, so allow a little more than one task.
-                prog: Progress = await handle.query(  # type: ignore[call-overload]
-                    ReflectionWorkflow.progress,
-                    rpc_timeout=QUERY_TIMEOUT,
-                )
+                prog = await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=QUERY_TIMEOUT)
             except Exception:  # a query can fail while no worker holds the workflow; progress is best effort
                 continue
             maybe = on_progress(prog)
@@ -234,52 +240,6 @@ async def fetch_result(client: Client, workflow_id: str) -> ReflectorOutput:
     handle = client.get_workflow_handle(workflow_id, result_type=ReflectorOutput)
     out: ReflectorOutput = await handle.result()
     return out
-
-
-async def replay_workflow(client: Client, workflow_id: str, settings: Settings | None = None) -> int:
-    """Replay a workflow's history against the current code; returns the number of events replayed.
-
-    Externally stored payloads are read from the client's blob store (else that of `settings`, else
-    the environment's) through a read-only driver: a replay never adds a blob.
-    """
-    return (await replay(client, workflow_id, settings)).events
-
-
-_CLOSE_EVENTS = frozenset({
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
-})
-
-
-@dataclass
-class ReplayReport:
-    events: int
-    running: bool  # the history was partial: the reflection had not finished when it was fetched
-
-
-async def replay(client: Client, workflow_id: str, settings: Settings | None = None) -> ReplayReport:
-    """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one."""
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    running = not history.events or history.events[-1].event_type not in _CLOSE_EVENTS
-    blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
-    await make_replayer(blob_dir).replay_workflow(history)
-    return ReplayReport(events=len(history.events), running=running)
-
-
-def make_replayer(blob_dir: Path | str) -> Replayer:
-    """A `Replayer` for reflections that reads external payloads from `blob_dir` and never writes."""
-    from workflows.reflection import ReflectionWorkflow
-
-    load_plugins()  # the workflow resolves its model by name: models registered by plugins must be known
-    # as `rr worker` does: replayed workflow code must not import either (a provider model's first
-    # import in workflow code can trip the deadlock detector on a loaded machine)
-    prepare_workflow_side(None if os.environ.get(WORKER_MODELS_ENV, "").strip() else list(SHIPPED_FAMILIES))
-    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
-    return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
 
 
 async def has_pollers(client: Client, task_queue: str) -> bool:
@@ -391,14 +351,15 @@ async def runtime(
     *,
     want_worker: bool | None = None,
     announce: Callable[[str], None] = lambda _msg: None,
-    models: Sequence[str] = (),
+    in_process_worker: InProcessWorker | None = None,
 ) -> AsyncIterator[Runtime]:
     """Connect to Temporal, starting the embedded dev server and an in-process worker when needed.
 
     - An explicit `TEMPORAL_ADDRESS` that is unreachable is an error (never silently replaced).
     - The default address, unreachable: start the embedded server on the SQLite file in RR_HOME.
     - A namespace (TEMPORAL_NAMESPACE) that does not exist is a `SettingError`.
-    - A local worker runs in this process when we started the server or when asked (`want_worker=True`);
+    - A local worker (`in_process_worker`, from the composition root: `worker.in_process_worker`) runs in
+      this process when we started the server or when asked (`want_worker=True`);
       with `want_worker=None` (auto) the caller calls `Runtime.ensure_worker` once it has started its
       reflection, which runs one when no live worker takes it (otherwise it would wait forever).
     """
@@ -436,27 +397,14 @@ async def runtime(
         async def start_worker() -> None:
             if rt.local_worker:
                 return
-            from activities import sandbox_cells
-            from reflector.worker import build_worker
-            from sandbox.isolation import IsolationUnavailable
-
-            usable_dir(settings.blob_dir, settings.blob_dir_setting)
-            try:
-                isolation = await sandbox_cells.check_isolation(settings)
-            except IsolationUnavailable as e:
-                raise ReflectError(str(e)) from None
-            announce(f"running an in-process worker on task queue {settings.task_queue!r} "
-                     f"(sandbox: {isolation.summary()})")
-            if isolation.mode == "language-only":
-                announce(f"WARNING: {sandbox_cells.LANGUAGE_ONLY_WARNING}")
-            worker = build_worker(client, settings.task_queue, models=list(models) or None)
-            await stack.enter_async_context(worker)
-            stack.push_async_callback(sandbox_cells.shutdown)
+            if in_process_worker is None:
+                raise ReflectError("no worker takes this reflection and none can run in this process")
+            await in_process_worker(client, settings, stack, announce)
             rt.local_worker = True
 
         rt._start_worker = start_worker
         if want_worker or (want_worker is None and server is not None):
             await start_worker()
-        elif want_worker is False:
+        elif want_worker is False or in_process_worker is None:
             rt._start_worker = None
         yield rt

@@ -1,4 +1,4 @@
-"""Compaction policy (pure, runs in workflow code) and the summarise activity's contract.
+"""Compaction policy (pure, runs in workflow code).
 
 Before each model request the workflow estimates the prompt's tokens from its characters and a
 chars-per-token ratio calibrated on the provider's reported prompt tokens. Over the threshold it
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pydantic import BaseModel, ConfigDict
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -23,19 +22,17 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
+from reflector.contract import EXECUTE_CODE_TOOL
+
 __all__ = [
     "PLACEHOLDER",
     "SUMMARY_MARKER",
-    "SUMMARISE_ACTIVITY",
-    "SummariseInput",
-    "SummariseResult",
     "message_chars",
     "microcompact",
     "compacted_history",
     "transcript_json",
 ]
 
-SUMMARISE_ACTIVITY = "rr.summarise"
 SUMMARY_MARKER = "SUMMARISE_TRANSCRIPT"
 PLACEHOLDER = (
     "[output of an earlier cell removed to save context; the data is still in the sandbox variables, "
@@ -45,24 +42,6 @@ CONTINUATION = (
     "Continue the reflection from the summary above. The full earlier transcript is in the sandbox "
     "variable `history` (a list of messages); your variables and helpers are unchanged."
 )
-
-
-class SummariseInput(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str
-    transcript_json: str
-    workflow_id: str
-    depth: int = 0
-    max_output_tokens: int = 2_000
-
-
-class SummariseResult(BaseModel):
-    summary: str
-    archive_ref: str
-    model: str
-    input_tokens: int = 0
-    output_tokens: int = 0
 
 
 def _part_chars(part: object) -> int:
@@ -83,7 +62,7 @@ def microcompact(messages: list[ModelMessage], keep_recent: int) -> tuple[list[M
         for i, m in enumerate(messages)
         if isinstance(m, ModelRequest)
         for j, p in enumerate(m.parts)
-        if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code" and p.content != PLACEHOLDER
+        if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL and p.content != PLACEHOLDER
     ]
     victims = positions[: max(0, len(positions) - keep_recent)]
     if not victims:

@@ -327,7 +327,7 @@ class DevServer:
             self.log_file = Path(name)
         else:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._log_handle = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_handle = open(self.log_file, "ab")  # closed in stop(
         try:
             self._proc = subprocess.Popen(
                 argv,

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic_ai.capabilities import ResolveModelId
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.providers import Provider, infer_provider, infer_provider_class
-from temporalio import workflow
 
 from reflector.heuristic import make_heuristic_model
+from reflector.settings import WORKER_MODELS_ENV, SettingError, Settings
 
 __all__ = [
     "HEURISTIC",
@@ -32,7 +30,6 @@ __all__ = [
     "register_model",
     "resolve_model",
     "check_model_name",
-    "model_resolver",
     "prepare_workflow_side",
     "WORKER_MODELS_ENV",
     "workflow_side_model",
@@ -135,7 +132,6 @@ _SAMPLE_NAMES = {"openrouter": "openai/gpt-4o"}  # prefixes that only accept nam
 
 
 _placeholder_providers: dict[str, Provider[Any]] = {}
-WORKER_MODELS_ENV = "RR_WORKER_MODELS"
 # The provider families whose SDKs this project installs (pyproject extras): what `rr worker`
 # prepares by default (~2 s at start). A first import of one of these SDKs inside workflow code was
 # seen to trip the deadlock detector mid-import and leave the SDK half-imported for the whole process.
@@ -149,7 +145,7 @@ def _placeholder_provider(name: str) -> Provider[Any]:
         return _placeholder_providers[name]
     try:
         return infer_provider_class(name)(api_key=_WORKFLOW_SIDE_KEY)  # type: ignore[call-arg]
-    except Exception:
+    except Exception:  # a sample name the family refuses; the imports are done
         return infer_provider(name)
 
 
@@ -160,7 +156,7 @@ def _family(name: str) -> str | None:
 def _build_workflow_side(name: str) -> Model:
     try:
         return infer_model(name, provider_factory=_placeholder_provider)
-    except Exception as e:
+    except Exception as e:  # ImportError (SDK not installed), UserError (configuration
         raise UnknownModelError(f"model {name!r} cannot be used: {e}") from e
 
 
@@ -169,18 +165,18 @@ def _prepare_family(fam: str, samples: dict[str, str]) -> None:
         return
     try:
         _placeholder_providers[fam] = _placeholder_provider(fam)
-    except Exception as e:  # noqa: BLE001 - ImportError (SDK not installed), UserError (configuration)
+    except Exception as e:  # ImportError (SDK not installed), UserError (configuration
         _unavailable_families[fam] = f"{type(e).__name__}: {e}"
         return
     _prepared_families.add(fam)
     try:  # imports the model class and what its constructor loads
         infer_model(f"{fam}:{_SAMPLE_NAMES.get(fam, samples.get(fam, 'rr-prepare'))}",
                     provider_factory=_placeholder_provider)
-    except Exception:  # noqa: BLE001, S110 - a sample name the family refuses; the imports are done
+    except Exception:  # a sample name the family refuses; the imports are done
         pass
 
 
-def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
+def prepare_workflow_side(models: Iterable[str] | None = None, *, settings: Settings | None = None) -> list[str]:
     """Build, before a worker polls, everything workflow code needs to resolve a model; returns the names built.
 
     Workflow code must never import a module or load data: an activation that takes more than 2 s
@@ -198,6 +194,7 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
     - the workflow-side objects of `heuristic`, of every registered model and of the served models.
 
     The served models are `RR_MODEL`, `models` and the comma-separated entries of `RR_WORKER_MODELS`
+    (of `settings`, default: the environment's)
     (model names, bare provider prefixes such as `openai-chat`, or `*` for every provider family whose
     SDK is installed); `rr worker` adds `SHIPPED_FAMILIES` unless `RR_WORKER_MODELS` is set. Not every installed family by default: their SDK imports cost seconds at each
     worker start (openai ~0.4 s, google-genai ~0.5 s, anthropic ~1.2 s idle; 11 s for all of them on
@@ -216,15 +213,16 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
     for info in pkgutil.iter_modules(pydantic_ai.profiles.__path__, pydantic_ai.profiles.__name__ + "."):
         try:
             importlib.import_module(info.name)
-        except Exception:  # noqa: BLE001, S112 - a profile whose optional dependency is missing
+        except Exception:  # a profile whose optional dependency is missing
             continue
     samples: dict[str, str] = {}
     for known in known_model_names():
         fam = _family(known)
         if fam is not None:
             samples.setdefault(fam, known.split(":", 1)[1])
-    default = os.environ.get("RR_MODEL", "").strip()
-    listed = [x.strip() for x in os.environ.get(WORKER_MODELS_ENV, "").split(",") if x.strip()]
+    served = settings or Settings.from_env()
+    default = (served.model or "").strip()
+    listed = list(served.worker_models)
     every = "*" in listed
     listed = [x for x in listed if x != "*"]
     given = list(models or [])
@@ -239,7 +237,7 @@ def prepare_workflow_side(models: Iterable[str] | None = None) -> list[str]:
     for unprefixed in ("rr-prepare", "test"):  # the error path (name suggestions) and pydantic-ai's test model
         try:
             infer_model(unprefixed)
-        except Exception:  # noqa: BLE001, S110
+        except Exception:  # a profile whose optional dependency is missing
             pass
     built = []
     for name in dict.fromkeys([HEURISTIC, *_factories, *wanted]):
@@ -303,27 +301,14 @@ def answers_in_process(name: str | None) -> bool:
     return isinstance(model, IN_PROCESS_MODEL_TYPES)
 
 
-async def _resolve(_ctx: Any, model_id: str) -> Model | None:
-    if workflow.in_workflow():
-        return workflow_side_model(model_id)
-    return resolve_model(model_id)
-
-
-def model_resolver() -> ResolveModelId[Any]:
-    """The capability that lets `agent.run(model='heuristic')` and registered names resolve."""
-    return ResolveModelId(_resolve)
-
-
 def load_plugins(spec: str | None = None) -> list[str]:
-    """Import the comma-separated modules in `RR_PLUGINS` (they register models or tools).
+    """Import the comma-separated modules in `spec` (default: `RR_PLUGINS`); they register models or tools.
 
     A module that cannot be imported (missing, or failing at import) is a `SettingError` naming it.
     """
-    from reflector.settings import SettingError
-
-    spec = spec if spec is not None else os.environ.get("RR_PLUGINS", "")
+    names = [x.strip() for x in spec.split(",") if x.strip()] if spec is not None else Settings.from_env().plugins
     loaded = []
-    for mod in filter(None, (s.strip() for s in spec.split(","))):
+    for mod in names:
         try:
             importlib.import_module(mod)
         except Exception as e:  # ImportError, or anything the plugin's own import raises

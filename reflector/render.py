@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+from reflector.contract import Progress, ReflectorOutput
 from reflector.models import is_llm
-from reflector.types import Progress, ReflectorOutput
 
 __all__ = ["render_reflection", "render_progress"]
 

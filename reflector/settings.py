@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
+from sandbox.protocol import MAX_LIVE_HOSTS
 
 __all__ = [
     "Settings",
@@ -18,6 +19,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_TASK_QUEUE",
     "DEFAULT_NO_WORKER_WARN_S",
+    "WORKER_MODELS_ENV",
 ]
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -26,6 +28,12 @@ DEFAULT_MAX_TRACE_BYTES = 512 * 1024**2
 # `rr reflect` says so on the terminal when its reflection's next step has waited this long for a
 # worker (env RR_NO_WORKER_WARN_S; tests use a short value).
 DEFAULT_NO_WORKER_WARN_S = 15.0
+WORKER_MODELS_ENV = "RR_WORKER_MODELS"
+WORKFLOW_TASKS_ENV = "RR_MAX_CONCURRENT_WORKFLOW_TASKS"
+ACTIVITIES_ENV = "RR_MAX_CONCURRENT_ACTIVITIES"
+# After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
+# a short value is what makes recovery fast.
+DEFAULT_STICKY_TIMEOUT_S = 1.0
 
 
 class SettingError(ValueError):
@@ -93,6 +101,17 @@ class Settings:
     sandbox_isolation: IsolationMode = "auto"
     journal_fsync: bool = False
     no_worker_warn_s: float = DEFAULT_NO_WORKER_WARN_S
+    # live sandbox hosts per worker process (RR_MAX_LIVE_SANDBOXES; LRU ones are stopped)
+    max_live_sandboxes: int = MAX_LIVE_HOSTS
+    # fork sandbox hosts from the worker's fork server (RR_SANDBOX_ZYGOTE; "0": start each directly)
+    sandbox_zygote: bool = True
+    # models this worker prepares before polling (RR_WORKER_MODELS: names, provider prefixes or `*`)
+    worker_models: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()  # modules imported at start (RR_PLUGINS: they register models or tools)
+    # fixed slot counts (RR_MAX_CONCURRENT_WORKFLOW_TASKS / RR_MAX_CONCURRENT_ACTIVITIES); None: admission control
+    max_concurrent_workflow_tasks: int | None = None
+    max_concurrent_activities: int | None = None
+    sticky_timeout_s: float = DEFAULT_STICKY_TIMEOUT_S  # RR_STICKY_TIMEOUT_S
 
     @property
     def blob_dir(self) -> Path:
@@ -124,6 +143,14 @@ class Settings:
             journal_fsync=env_flag("RR_JOURNAL_FSYNC"),
             no_worker_warn_s=env_number("RR_NO_WORKER_WARN_S", DEFAULT_NO_WORKER_WARN_S, integer=False,
                                         minimum=0.1),
+            max_live_sandboxes=int(env_number("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS)),
+            sandbox_zygote=env.get("RR_SANDBOX_ZYGOTE", "1") != "0",
+            worker_models=_names(env.get(WORKER_MODELS_ENV, "")),
+            plugins=_names(env.get("RR_PLUGINS", "")),
+            max_concurrent_workflow_tasks=_optional_count(WORKFLOW_TASKS_ENV),
+            max_concurrent_activities=_optional_count(ACTIVITIES_ENV),
+            sticky_timeout_s=env_number("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S, integer=False,
+                                        minimum=0.1),
         )
 
 
@@ -132,3 +159,11 @@ def _isolation(raw: str | None) -> IsolationMode:
         return parse_mode(raw)
     except ValueError as exc:
         raise SettingError(str(exc)) from None
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def _optional_count(name: str) -> int | None:
+    return int(env_number(name, 1)) if os.environ.get(name, "").strip() else None

@@ -35,6 +35,7 @@ from types import FrameType
 from typing import IO
 
 from reflector.settings import SettingError, env_number
+from sandbox.protocol import MAX_LIVE_HOSTS
 
 __all__ = [
     "PROCESSES_ENV",
@@ -52,7 +53,7 @@ PROCESSES_ENV = "RR_WORKER_PROCESSES"
 BUDGETS: tuple[tuple[str, int | None], ...] = (
     ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", None),
     ("RR_MAX_CONCURRENT_ACTIVITIES", None),
-    ("RR_MAX_LIVE_SANDBOXES", 256),
+    ("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS),
 )
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 30.0

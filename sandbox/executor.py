@@ -5,19 +5,16 @@ worker; the host gets no inherited secrets (the environment is built from scratc
 working directory, OS limits, and a hard wall-clock timeout enforced here by SIGKILL of its process
 group (a cell that swallows every exception in `while True` cannot outlive it).
 
-Why a pool: a new host costs ~110 ms before its first cell (interpreter start and importing the
-trace normaliser), most of a session's first-cell latency. `HostPool` keeps a few *idle* hosts that
-have done exactly that and nothing else (no limits applied yet, no trace, no cell); `start()` takes
-one and only sends the trace path, the extra variables and the limits. A pooled host is used by one
-session only and discarded with it, and has the same scrubbed environment and fixed hash seed as a
-directly spawned one, so isolation and replay determinism are unchanged.
+A pool of idle pre-started hosts (`sandbox.pool.HostPool`) can be given to the executor: `start()`
+then takes one and only sends the trace path, the extra variables and the limits.
 
 Why a zygote: starting a host with `python -m sandbox.host` costs ~190 ms of CPU (measured under the
 default isolation); with many short sessions that was a third of the worker side's CPU per step. Hosts
 are therefore forks of one per-worker fork server (`sandbox.zygote`, ~25 ms per host including its
-first cell) that did the imports once; the child runs the same `sandbox.host.main` a started host
-runs, so its lockdown is the same. If the zygote cannot be started or dies, hosts are started directly
-(`RR_SANDBOX_ZYGOTE=0` forces that).
+first cell; its worker end is `sandbox.zygote_client`) that did the imports once; the child runs the
+same `sandbox.host.main.main` a started host runs, so its lockdown is the same. If the zygote cannot be
+started or dies, hosts are started directly (`zygote=False` forces that; the worker's
+`RR_SANDBOX_ZYGOTE=0`).
 """
 
 from __future__ import annotations
@@ -31,27 +28,27 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sandbox import isolation as isolation_defaults
 from sandbox.archive import read_archive_blob
-from sandbox.framing import HEADER, decode, encode
-from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
-from sandbox.output import truncate
+from sandbox.host.output import truncate
+from sandbox.isolation import IsolationMode
 from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
+from sandbox.wire import HEADER, WORKDIR_PREFIX, decode, encode, host_env
+from sandbox.zygote_client import _ForkedProcess, _zygote
+
+if TYPE_CHECKING:
+    from sandbox.pool import HostPool
 
 __all__ = [
     "SubprocessExecutor",
-    "HostPool",
-    "host_env",
-    "isolation_mode_from_env",
     "DEFAULT_RESTART_NOTE",
     "START_TIMEOUT_S",
 ]
@@ -61,10 +58,8 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0  # loading a large trace can take a while; cells have their own timeout
 SNAPSHOT_TIMEOUT_S = 120.0  # pickling / restoring a large namespace (cells keep their own timeout)
 CLOSE_GRACE_S = 1.0
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 STDERR_TAIL_BYTES = 4096
 DEFAULT_RESTART_NOTE = "the host was restarted with a fresh namespace (variables from earlier cells are gone)"
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 # Every frame from a host is untrusted input (a breached host writes whatever it likes on its
 # protocol fd): replies are bounded, must be JSON objects answering the request they follow (`n`),
 # and anything else stops that host and fails that request only.
@@ -72,38 +67,8 @@ MAX_REPLY_BYTES = 16 * 1024**2  # a cell reply: stdout (<= max_output_chars), er
 MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes; also never more than the host's memory limit
 MAX_ASKS = 64  # questions (ARCHIVE reads) a host may ask during one request
 _ERROR_KINDS = frozenset({"syntax", "guard", "runtime", "timeout", "memory", "crash", "output"})
-_TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # sandbox.host.TEST_UNGUARDED_ENV (tests only)
-_TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # sandbox.host.TEST_MISSING_ENV (tests only)
 _request_ids = itertools.count(1)
 Answer = Callable[[Any], Awaitable[tuple[dict[str, Any], bytes]]]
-
-
-def isolation_mode_from_env() -> IsolationMode:
-    """`RR_SANDBOX_ISOLATION` (auto | strict | language-only); ValueError names a bad value."""
-    return parse_mode(os.environ.get(ISOLATION_ENV))
-
-
-def host_env(
-    workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool = False, missing: tuple[str, ...] = ()
-) -> dict[str, str]:
-    """The host's whole environment: built from scratch so no secret of the worker leaks in."""
-    env = {
-        "PATH": SAFE_PATH,
-        "PYTHONHASHSEED": "0",
-        "PYTHONPATH": _PROJECT_ROOT,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONNOUSERSITE": "1",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "TZ": "UTC",
-        "HOME": workdir,
-        ISOLATION_ENV: isolation,
-    }
-    if unguarded:
-        env[_TEST_UNGUARDED_ENV] = "1"
-    if missing:
-        env[_TEST_MISSING_ENV] = ",".join(missing)
-    return env
 
 
 class _HostDied(Exception):
@@ -114,216 +79,6 @@ class _ProtocolError(_HostDied):
     """A reply that breaks the protocol: the host is alive but can no longer be trusted."""
 
 
-class _ForkedProcess:
-    """The parts of `asyncio.subprocess.Process` the executor uses, for a host forked by the zygote
-    (`sandbox.zygote`): the zygote is its parent and reports its exit status."""
-
-    def __init__(self, pid: int, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> None:
-        self.pid, self.stdin, self.stdout = pid, stdin, stdout
-        self.returncode: int | None = None
-        self._transport: asyncio.BaseTransport | None = None  # the stdin pipe's (closed by _close_pipes)
-        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    def _set_exit(self, rc: int) -> None:
-        if self.returncode is None:
-            self.returncode = rc
-        if not self._exited.done():
-            self._exited.set_result(self.returncode)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
-
-
-class _Zygote:
-    """The worker's end of the fork server: started on first use, one per event loop.
-
-    If it cannot be started or dies, hosts are started with `python -m sandbox.host` as before (and a
-    new zygote is tried for the next one). Hosts it started whose exit it can no longer report (it
-    died) are watched through a pidfd, their status then unknown (reported as -SIGKILL)."""
-
-    def __init__(self, python: str) -> None:
-        self.python = python
-        self.loop = asyncio.get_running_loop()
-        self._sock: socket.socket | None = None
-        self._proc: asyncio.subprocess.Process | None = None
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[int]] = {}
-        self._children: dict[int, _ForkedProcess] = {}
-        self._early: dict[int, int] = {}  # exits reported before the spawn reply was handled
-        self._workdir = ""
-
-    async def start(self) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
-        try:
-            with open(os.path.join(workdir, "zygote.stderr"), "wb") as log_fh:
-                self._proc = await asyncio.create_subprocess_exec(
-                    self.python, "-S", "-s", "-B", "-m", "sandbox.zygote", str(child.fileno()),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log_fh,
-                    cwd=workdir, env=host_env(workdir), pass_fds=[child.fileno()], start_new_session=True,
-                )
-        finally:
-            child.close()
-        self._workdir = workdir
-        parent.setblocking(False)
-        self._sock = parent
-        self.loop.add_reader(parent.fileno(), self._on_readable)
-
-    @property
-    def alive(self) -> bool:
-        return self._sock is not None and asyncio.get_running_loop() is self.loop
-
-    def _on_readable(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                msg = self._sock.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg = b""
-            if not msg:
-                self._lost()
-                return
-            try:
-                obj = json.loads(msg)
-            except ValueError:
-                continue
-            if "spawned" in obj or "failed" in obj:
-                fut = self._pending.pop(int(obj.get("spawned") or obj.get("failed") or 0), None)
-                if fut is not None and not fut.done():
-                    if "spawned" in obj:
-                        fut.set_result(int(obj["pid"]))
-                    else:
-                        fut.set_exception(RuntimeError(f"the zygote could not fork a host: {obj.get('error')}"))
-            elif "exited" in obj:
-                pid, rc = int(obj["exited"]), int(obj["returncode"])
-                child = self._children.pop(pid, None)
-                if child is not None:
-                    child._set_exit(rc)
-                else:
-                    self._early[pid] = rc
-
-    def _lost(self) -> None:
-        """The zygote is gone: fail what waits on it, watch its orphans through pidfds."""
-        if self._sock is not None:
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(RuntimeError("the zygote exited"))
-        self._pending.clear()
-        for pid, child in list(self._children.items()):
-            self._watch_orphan(pid, child)
-        self._children.clear()
-
-    def _watch_orphan(self, pid: int, child: _ForkedProcess) -> None:
-        try:
-            fd = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            child._set_exit(-signal.SIGKILL)
-            return
-
-        def done() -> None:
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            child._set_exit(-signal.SIGKILL)
-
-        self.loop.add_reader(fd, done)
-
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stderr_path: str) -> _ForkedProcess:
-        assert self._sock is not None
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        spawn_id = next(self._ids)
-        fut: asyncio.Future[int] = self.loop.create_future()
-        self._pending[spawn_id] = fut
-        try:
-            msg = json.dumps({"spawn": spawn_id, "argv": argv, "env": env, "cwd": cwd}).encode()
-            socket.send_fds(self._sock, [msg], [in_r, out_w, err])
-        except OSError:
-            self._pending.pop(spawn_id, None)
-            for fd in (in_r, in_w, out_r, out_w, err):
-                os.close(fd)
-            self._lost()
-            raise
-        for fd in (in_r, out_w, err):
-            os.close(fd)
-        try:
-            pid = await asyncio.wait_for(fut, START_TIMEOUT_S)
-        except BaseException:
-            os.close(in_w)
-            os.close(out_r)
-            raise
-        reader = asyncio.StreamReader(limit=2**16, loop=self.loop)
-        await self.loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0))
-        transport, protocol = await self.loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0)
-        )
-        writer = asyncio.StreamWriter(transport, protocol, None, self.loop)
-        proc = _ForkedProcess(pid, writer, reader)
-        proc._transport = transport
-        if pid in self._early:
-            proc._set_exit(self._early.pop(pid))
-        elif self._sock is None:
-            self._watch_orphan(pid, proc)
-        else:
-            self._children[pid] = proc
-        return proc
-
-    async def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
-        if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-            with contextlib.suppress(Exception):
-                await self._proc.wait()
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-_zygotes: dict[str, _Zygote] = {}
-ZYGOTE_ENV = "RR_SANDBOX_ZYGOTE"  # "0": start every host with python -m sandbox.host (no fork server)
-
-
-async def close_zygotes() -> None:
-    """Stop this process's host fork servers (the hosts they started are stopped by their sessions)."""
-    for z in list(_zygotes.values()):
-        if z.loop is asyncio.get_running_loop():
-            await z.close()
-    _zygotes.clear()
-
-
-async def _zygote(python: str) -> _Zygote | None:
-    """The running zygote of this event loop for `python`, started if needed; None if it cannot be."""
-    if os.environ.get(ZYGOTE_ENV, "1") == "0" or not hasattr(socket, "send_fds"):
-        return None
-    z = _zygotes.get(python)
-    if z is not None and z.alive:
-        return z
-    if z is not None:  # a zygote of an earlier event loop (or a dead one): end it (EOF), drop its dir
-        if z._sock is not None:
-            z._sock.close()
-            z._sock = None
-        if z._workdir:
-            shutil.rmtree(z._workdir, ignore_errors=True)
-    z = _Zygote(python)
-    try:
-        await z.start()
-    except OSError as exc:
-        log.warning("sandbox: cannot start the host fork server (%s); starting hosts one by one", exc)
-        return None
-    _zygotes[python] = z
-    return z
-
-
 HostProcess = asyncio.subprocess.Process | _ForkedProcess
 
 
@@ -332,9 +87,6 @@ class _HostProc:
     proc: HostProcess
     workdir: str
     stderr_path: str
-
-
-WORKDIR_PREFIX = "rr-sandbox-"
 
 
 def sweep_stale_workdirs(root: str | None = None) -> int:
@@ -361,10 +113,13 @@ async def _launch(
     isolation: IsolationMode = "auto",
     unguarded: bool = False,
     missing: tuple[str, ...] = (),
+    *,
+    zygote: bool = True,
 ) -> _HostProc:
     """Spawn `python -m sandbox.host` in a fresh empty directory with a scrubbed environment.
 
     Without `limits_arg` (pooled hosts) the host applies the OS limits from its `start` request.
+    With `zygote` the host is forked from the worker's fork server if it can be (`sandbox.zygote`).
     """
     workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
     stderr_path = os.path.join(workdir, "host.stderr")
@@ -372,10 +127,10 @@ async def _launch(
     # a host's start-up CPU, and site-packages stays off its sys.path (and off its Landlock read list)
     args = [python, "-S", "-s", "-B", "-m", "sandbox.host"] + ([limits_arg] if limits_arg is not None else [])
     env = host_env(workdir, isolation, unguarded=unguarded, missing=missing)
-    zygote = await _zygote(python)
-    if zygote is not None:
+    server = await _zygote(python) if zygote else None
+    if server is not None:
         try:
-            forked = await zygote.spawn(["sandbox.host", *args[6:]], env, workdir, stderr_path)
+            forked = await server.spawn(["sandbox.host", *args[6:]], env, workdir, stderr_path, START_TIMEOUT_S)
             return _HostProc(forked, workdir, stderr_path)
         except (OSError, RuntimeError) as exc:
             log.warning("sandbox: the host fork server failed (%s); starting this host directly", exc)
@@ -483,121 +238,6 @@ async def _kill_host(host: _HostProc) -> None:
     _close_pipes(host.proc)
 
 
-class HostPool:
-    """A few pre-spawned idle hosts, refilled in the background after each take.
-
-    An idle host has imported the trace normaliser (`warm`) and nothing else; each is handed out
-    once. Bound to the event loop it was first used on (hosts of another loop are discarded).
-    """
-
-    def __init__(
-        self,
-        size: int = 2,
-        *,
-        python: str = sys.executable,
-        warm_timeout_s: float = START_TIMEOUT_S,
-        isolation: IsolationMode | None = None,
-    ) -> None:
-        self.size = max(0, size)
-        self.isolation: IsolationMode = isolation or isolation_mode_from_env()
-        self._python = python
-        self._warm_timeout_s = warm_timeout_s
-        self._idle: deque[_HostProc] = deque()
-        self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = asyncio.Event()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
-    async def take(self) -> _HostProc | None:
-        """An idle warm host, or None (the caller spawns one); schedules a refill either way.
-
-        If none is idle but one is warming up, wait for it: it started earlier than a new spawn would.
-        """
-        if self.size <= 0:
-            return None
-        self._bind()
-        host = self._pop()
-        if host is None and self._task is not None and not self._task.done():
-            self._ready.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), self._warm_timeout_s)
-            host = self._pop()
-        if host is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        self.fill()
-        return host
-
-    def _pop(self) -> _HostProc | None:
-        while self._idle:
-            candidate = self._idle.popleft()
-            if candidate.proc.returncode is None:
-                return candidate
-            _kill_sync(candidate)
-        return None
-
-    def fill(self) -> None:
-        """Start the background refill if it is not running (needs a running loop)."""
-        if self.size <= 0:
-            return
-        self._bind()
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._refill())
-
-    async def wait_full(self) -> None:
-        """Fill the pool and wait until every idle host is warm (benchmarks, tests, worker start)."""
-        self.fill()
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
-            if len(self._idle) < self.size:
-                self.fill()
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        while self._idle:
-            await _kill_host(self._idle.popleft())
-
-    def _bind(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            while self._idle:  # pipes of another (closed) loop: unusable
-                _kill_sync(self._idle.popleft())
-            self._task = None
-            self._ready = asyncio.Event()
-            self._loop = loop
-
-    async def _refill(self) -> None:
-        while len(self._idle) < self.size:
-            host: _HostProc | None = None
-            try:
-                host = await _launch(self._python, None, self.isolation)
-                resp, _ = await asyncio.wait_for(_exchange(host.proc, {"op": "warm"}), self._warm_timeout_s)
-                if not resp.get("ok"):
-                    raise RuntimeError(str(resp))
-            except asyncio.CancelledError:
-                if host is not None:
-                    await _kill_host(host)
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs the pool hit
-                log.warning("sandbox host pool: warm-up failed: %s", exc)
-                if host is not None:
-                    await _kill_host(host)
-                return
-            finally:
-                self._ready.set()
-            self._idle.append(host)
-
-
 class SubprocessExecutor:
     """One live sandbox session backed by a `python -m sandbox.host` subprocess.
 
@@ -617,20 +257,24 @@ class SubprocessExecutor:
         index_data: bool = False,
         archive_root: str | os.PathLike[str] | None = None,
         isolation: IsolationMode | None = None,
+        zygote: bool = True,
         unguarded_for_tests: bool = False,
         missing_for_tests: tuple[str, ...] = (),
     ) -> None:
         """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from (the
         worker reads them for the host, see `_answer_archive`).
 
-        `isolation`: the OS layer the host must apply (`sandbox.isolation`; default from
-        `RR_SANDBOX_ISOLATION`, i.e. `auto`). `unguarded_for_tests`: let `run_unguarded` run code with
+        `isolation`: the OS layer the host must apply (`sandbox.isolation`; None: `sandbox.isolation.DEFAULT_MODE`, `auto`; the worker
+        passes its `RR_SANDBOX_ISOLATION`). `zygote`: fork hosts from the worker's fork server
+        (`sandbox.zygote`) rather than starting each with `python -m sandbox.host` (the worker passes
+        its `RR_SANDBOX_ZYGOTE`). `unguarded_for_tests`: let `run_unguarded` run code with
         the language guards off, to prove what the OS layer holds (tests only); `missing_for_tests`:
         isolation layers the host treats as unavailable (tests of the refusal paths).
         """
         self.missing_for_tests = tuple(missing_for_tests)
         self.limits = limits or SandboxLimits()
-        self.isolation_mode: IsolationMode = isolation or isolation_mode_from_env()
+        self.isolation_mode: IsolationMode = isolation or isolation_defaults.DEFAULT_MODE
+        self.zygote = zygote
         self.unguarded_for_tests = unguarded_for_tests
         self.isolation: dict[str, Any] = {}  # what the last started host reported (`IsolationReport`)
         self.restart_note = restart_note
@@ -833,7 +477,12 @@ class SubprocessExecutor:
         self.pooled = host is not None
         if host is None:
             host = await _launch(
-                self._python, self._limits_arg(), self.isolation_mode, self.unguarded_for_tests, self.missing_for_tests
+                self._python,
+                self._limits_arg(),
+                self.isolation_mode,
+                self.unguarded_for_tests,
+                self.missing_for_tests,
+                zygote=self.zygote,
             )
         self._proc, self._workdir, self._stderr_path = host.proc, host.workdir, host.stderr_path
         self.spawn_count += 1

@@ -1,6 +1,6 @@
 """The OS layer of the sandbox: what holds when the language guards are bypassed.
 
-Why: the guards in `sandbox.guards` / `sandbox.safe_modules` are a language-level filter, and an
+Why: the guards in `sandbox.host.guards` / `sandbox.host.safe_modules` are a language-level filter, and an
 attacker who reads them finds gadgets (14 were found in one afternoon, each giving code execution in
 the host and, from there, the worker's secrets through `/proc/<ppid>/environ`). So every host runs,
 before any model code, under layers that do not depend on Python at all:
@@ -61,6 +61,10 @@ __all__ = [
 
 ISOLATION_ENV = "RR_SANDBOX_ISOLATION"
 IsolationMode = Literal["auto", "strict", "language-only"]
+DEFAULT_MODE: IsolationMode = "auto"
+"""The mode of hosts whose creator names none (the worker always names its `RR_SANDBOX_ISOLATION`; the test
+suite sets this from the same variable, so that `RR_SANDBOX_ISOLATION=language-only pytest` reaches every
+host it starts)."""
 MODES: tuple[IsolationMode, ...] = ("auto", "strict", "language-only")
 NOBODY = 65534
 
@@ -118,7 +122,7 @@ class IsolationReport:
         abi = data.get("landlock_abi")
         uid = data.get("uid")
         return cls(
-            mode=mode if mode in MODES else "auto",  # type: ignore[arg-type]
+            mode=mode if mode in MODES else "auto",
             layers=[str(x) for x in layers] if isinstance(layers, list) else [],
             missing={str(k): str(v) for k, v in missing.items()} if isinstance(missing, dict) else {},
             landlock_abi=abi if isinstance(abi, int) else 0,

@@ -1,22 +1,38 @@
 """The executor protocol: how the worker side talks to a sandbox backend.
 
 A backend (subprocess host today; a container, gVisor or nsjail host tomorrow) implements
-`Executor`. Workflows never import this package; activities do.
+`Executor`. Workflows never import this package; activities do. `SessionManager`
+(`sandbox.sessions`) makes executors durable; what it is given and returns is defined here too.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-__all__ = ["CellResult", "SandboxLimits", "Executor", "ErrorKind"]
+__all__ = [
+    "CellResult",
+    "SandboxLimits",
+    "Executor",
+    "ErrorKind",
+    "ExecutorFactory",
+    "Inherit",
+    "MAX_LIVE_HOSTS",
+]
+
+# Live sandbox hosts a worker process keeps (least recently used ones are stopped; their state comes
+# back from the journal). The worker's `RR_MAX_LIVE_SANDBOXES` defaults to it (`reflector.settings`).
+MAX_LIVE_HOSTS = 256
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:@=+-]{1,200}$"  # session ids usable as a file name as they are
 
 ErrorKind = Literal["syntax", "guard", "runtime", "timeout", "memory", "crash", "output"]
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Named limits of one sandbox host (see ARCHITECTURE.md section 4)."""
+    """Named limits of one sandbox host (memory, CPU time, wall clock per cell, output size)."""
 
     cell_timeout_s: float = 60.0
     max_output_chars: int = 50_000
@@ -52,3 +68,9 @@ class Executor(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+
+ExecutorFactory = Callable[[SandboxLimits], Executor]
+# A parent's namespace export: the bytes, or the path of an immutable file holding them (a
+# content-addressed blob: read only when a host is (re)started, so cells do not pay for loading it).
+Inherit = bytes | os.PathLike[str]

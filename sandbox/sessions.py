@@ -13,7 +13,7 @@ Recovery path (new worker, dead host, retry of the same seq, host evicted): fres
 journal entries with seq < current in order (output discarded), then run the cell.
 
 Bounded recovery (`snapshot_every=N`): after every N-th journaled cell the host is asked for a
-snapshot of its namespace (`sandbox.snapshot`: picklable user variables, helpers as source,
+snapshot of its namespace (`sandbox.host.snapshot`: picklable user variables, helpers as source,
 references into the preloaded data), written atomically next to the journal as
 `snapshot-<seq>.pkl` with a `.json` sidecar holding the host's starting point. Recovery then loads
 the latest snapshot with seq < current and replays only the later entries. Snapshots are skipped
@@ -23,7 +23,7 @@ generator, ...): the full replay stays the fallback, so correctness never depend
 First-cell latency: new hosts come from a `HostPool` of pre-spawned idle hosts (`pool_size`).
 
 Child sessions (`recurse`): `export_namespace(parent, seq, ...)` returns a self-contained copy of the
-parent's state after cell `seq` (bytes; see `sandbox.snapshot.take_export`) without running or
+parent's state after cell `seq` (bytes; see `sandbox.host.snapshot.take_export`) without running or
 journaling anything; a child's `run_cell(..., inherit=those bytes)` loads it into every host it
 starts for the session, right after `start` and before the snapshot / journal replay, so the
 inherited state is part of the child's starting point (its start key includes the export's digest:
@@ -34,9 +34,10 @@ Archived transcripts: hosts get `archive_root` (the blob store) so cells can run
 `history.extend(ARCHIVE("<sha256>"))`; such a cell is journaled like any other, and a replay reads
 the same immutable blob again. The blobs must stay in the store while the session can be rebuilt.
 
-Durability (`fsync`): every journal entry, snapshot and sidecar is written to a temp file and renamed
-into place, so a reader sees a whole file or none. With `fsync=True` the file and its directory are
-fsynced before the cell's result is returned: entries survive a power loss / kernel crash. With
+Durability (`fsync`; the files are `sandbox.journal`'s): every journal entry, snapshot and sidecar is
+written to a temp file and renamed into place, so a reader sees a whole file or none. With
+`fsync=True` the file and its directory are fsynced before the cell's result is returned: entries
+survive a power loss / kernel crash. With
 `fsync=False` they sit in the page cache: they survive a crash or kill of the worker process (the
 kernel still writes them back) but not of the machine; after a machine crash a session may lose its
 latest entries and rebuild an *older* state (a later cell then fails visibly, e.g. NameError, rather
@@ -47,35 +48,38 @@ worker's CPU under load), so workers on one machine may prefer `fsync=False`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
 import os
 import re
-import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.executor import HostPool, SubprocessExecutor, isolation_mode_from_env
+from sandbox import isolation as isolation_defaults
+from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
-from sandbox.protocol import CellResult, Executor, SandboxLimits
+from sandbox.journal import Journal, RebuildFailed, inherit_digest, load_inherit
+from sandbox.pool import HostPool
+from sandbox.protocol import (
+    MAX_LIVE_HOSTS,
+    SESSION_ID_PATTERN,
+    CellResult,
+    Executor,
+    ExecutorFactory,
+    Inherit,
+    SandboxLimits,
+)
 
 __all__ = [
     "SessionManager",
-    "ExecutorFactory",
     "RESTORED_NOTE",
-    "MAX_LIVE_HOSTS",
     "DEFAULT_POOL_SIZE",
     "DEFAULT_SNAPSHOT_EVERY",
-    "Inherit",
     "SandboxExportError",
 ]
 
-MAX_LIVE_HOSTS = 64
 DEFAULT_POOL_SIZE = 2
 DEFAULT_SNAPSHOT_EVERY = 25
 RESTORED_NOTE = (
@@ -84,14 +88,7 @@ RESTORED_NOTE = (
 )
 # Results after which the host's state is not the journal's state: discard the host.
 _DISCARD_KINDS = frozenset({"timeout", "crash", "memory"})
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
-_SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
-
-ExecutorFactory = Callable[[SandboxLimits], Executor]
-# A parent's namespace export: the bytes, or the path of an immutable file holding them (a
-# content-addressed blob: read only when a host is (re)started, so cells do not pay for loading it).
-Inherit = bytes | os.PathLike[str]
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 
 class SandboxExportError(RuntimeError):
@@ -130,29 +127,33 @@ class SessionManager:
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         archive_root: str | os.PathLike[str] | None = None,
         isolation: IsolationMode | None = None,
+        zygote: bool = True,
     ) -> None:
         """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
         `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
         `archive_root` is the blob store `ARCHIVE(sha256)` reads from (default factory only; None:
         `ARCHIVE` raises a clear error in the cell); `isolation`: the OS layer of the hosts (default
-        factory only; default `RR_SANDBOX_ISOLATION`, see `sandbox.isolation`).
+        factory only; None: `sandbox.isolation.DEFAULT_MODE`, `auto`, see `sandbox.isolation`; the worker passes its `RR_SANDBOX_ISOLATION`);
+        `zygote`: fork the hosts from the worker's fork server (default factory only; see
+        `sandbox.zygote`; the worker passes its `RR_SANDBOX_ZYGOTE`). `max_live`: live hosts kept
+        (least recently used ones are stopped; the worker passes its `RR_MAX_LIVE_SANDBOXES`).
 
         `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning.
         Off, the writes still survive a crash of the worker process (page cache) but not of the
         machine; see the module doc for what a session loses then.
         """
-        self.journal_root = Path(journal_root)
-        self.journal_root.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(journal_root, fsync=fsync)
+        self.journal_root = self.journal.root
         self.archive_root = Path(archive_root) if archive_root is not None else None
         self.snapshot_every = max(0, snapshot_every)
         self.pool: HostPool | None = None
-        self.isolation: IsolationMode = isolation or isolation_mode_from_env()
+        self.isolation: IsolationMode = isolation or isolation_defaults.DEFAULT_MODE
+        self.zygote = zygote
         if executor_factory is None:
-            self.pool = HostPool(pool_size, isolation=self.isolation) if pool_size > 0 else None
+            self.pool = HostPool(pool_size, isolation=self.isolation, zygote=zygote) if pool_size > 0 else None
             executor_factory = self._pooled_factory
         self._factory = executor_factory
         self._max_live = max(1, max_live)
-        self._fsync = fsync
         self._live: OrderedDict[str, _Live] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self.stats = _Stats()
@@ -165,6 +166,7 @@ class SessionManager:
             index_data=self.snapshot_every > 0,
             archive_root=self.archive_root,
             isolation=self.isolation,
+            zygote=self.zygote,
         )
 
     # -- public API --------------------------------------------------------------------------------
@@ -210,7 +212,7 @@ class SessionManager:
                 and live.executor.alive
             ):
                 self._live.move_to_end(session_id)
-                self._forget(session_id, seq, only_this=True)
+                self.journal.forget(session_id, seq, only_this=True)
                 result = await live.executor.run_cell(code)
                 if result.error_kind == "crash":
                     # The host may have died before this cell (killed between cells, OOM killer):
@@ -222,7 +224,7 @@ class SessionManager:
                     live, rebuilt = await self._rebuild(
                         session_id, seq, start_key, trace_path, trace_format, extra_vars, limits, inherit
                     )
-                except _RebuildFailed as exc:
+                except RebuildFailed as exc:
                     return CellResult(ok=False, error_kind="crash", error=str(exc), host_restarted=True)
                 result = await live.executor.run_cell(code)
             assert live is not None
@@ -280,7 +282,7 @@ class SessionManager:
                             inherit,
                             forget=False,
                         )
-                    except _RebuildFailed as exc:
+                    except RebuildFailed as exc:
                         raise SandboxExportError(str(exc)) from None
                 export = getattr(live.executor, "export_namespace", None)
                 if export is None:
@@ -300,7 +302,7 @@ class SessionManager:
         async with self._lock(session_id):
             await self._drop(session_id)
             if delete_journal:
-                shutil.rmtree(self._session_dir(session_id), ignore_errors=True)
+                self.journal.delete(session_id)
         self._locks.pop(session_id, None)
 
     async def close_all(self) -> None:
@@ -317,17 +319,7 @@ class SessionManager:
 
     def journal_entries(self, session_id: str) -> list[tuple[int, str]]:
         """All journal entries of a session as (seq, code), in seq order."""
-        out: list[tuple[int, str]] = []
-        directory = self._session_dir(session_id)
-        if not directory.is_dir():
-            return out
-        for path in sorted(directory.glob("[0-9]*.json")):
-            try:
-                entry = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            out.append((int(entry["seq"]), str(entry["code"])))
-        return out
+        return self.journal.entries(session_id)
 
     # -- internals ---------------------------------------------------------------------------------
     def _lock(self, session_id: str) -> asyncio.Lock:
@@ -335,9 +327,6 @@ class SessionManager:
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
         return lock
-
-    def _session_dir(self, session_id: str) -> Path:
-        return self.journal_root / session_id
 
     async def _rebuild(
         self,
@@ -358,12 +347,12 @@ class SessionManager:
         """
         t0 = time.perf_counter()
         if forget:
-            self._forget(session_id, seq, only_this=False)
+            self.journal.forget(session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
-        blob = await _load_inherit(inherit)
+        blob = await load_inherit(inherit)
         executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
         snap_seq = 0
-        snapshot = self._latest_snapshot(session_id, seq, start_key) if entries else None
+        snapshot = self.journal.latest_snapshot(session_id, seq, start_key) if entries else None
         if snapshot is not None:
             snap_seq, snap_blob = snapshot
             restore = getattr(executor, "restore", None)
@@ -380,7 +369,7 @@ class SessionManager:
             replay = await executor.run_cell(code)
             if replay.error_kind in _DISCARD_KINDS:
                 await executor.close()
-                raise _RebuildFailed(
+                raise RebuildFailed(
                     f"the session could not be rebuilt: replaying cell {entry_seq} failed with "
                     f"{replay.error_kind}: {replay.error}"
                 )
@@ -412,29 +401,8 @@ class SessionManager:
                 await start(trace_path, trace_format, extra_vars, inherit=inherit)
         except Exception as exc:
             await executor.close()
-            raise _RebuildFailed(f"the sandbox could not be started: {exc}") from None
+            raise RebuildFailed(f"the sandbox could not be started: {exc}") from None
         return executor
-
-    def _latest_snapshot(self, session_id: str, seq: int, start_key: str) -> tuple[int, bytes] | None:
-        """The newest readable snapshot taken after a cell < seq from the same starting point."""
-        for snap_seq, path in reversed(self._snapshots(session_id)):
-            if snap_seq >= seq:
-                continue
-            try:
-                meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-                if meta.get("start_key") != start_key or meta.get("seq") != snap_seq:
-                    continue
-                return snap_seq, path.read_bytes()
-            except (OSError, ValueError):
-                continue
-        return None
-
-    def _snapshots(self, session_id: str) -> list[tuple[int, Path]]:
-        directory = self._session_dir(session_id)
-        if not directory.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _SNAPSHOT.match(p.name))]
-        return sorted(found)
 
     async def _maybe_snapshot(self, session_id: str, seq: int, live: _Live, meta: dict[str, Any]) -> None:
         if not self.snapshot_every or seq % self.snapshot_every:
@@ -448,15 +416,8 @@ class SessionManager:
             self.stats.snapshots_refused += 1
             meta["snapshot"] = f"skipped: {resp.get('error')}"
             return
-        directory = self._session_dir(session_id)
-        self._write_atomic(directory / f"snapshot-{seq:08d}.pkl", blob)
-        sidecar = {"seq": seq, "start_key": live.start_key, "size": len(blob)}
-        self._write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
-        for old_seq, path in self._snapshots(session_id):  # keep the newest two
-            if old_seq < seq - self.snapshot_every:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    path.with_suffix(".json").unlink()
+        keep_from = seq - self.snapshot_every  # keep the newest two
+        self.journal.write_snapshot(session_id, seq, live.start_key, blob, keep_from=keep_from)
         self.stats.snapshots_written += 1
         meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
         meta["snapshot_bytes"] = len(blob)
@@ -476,7 +437,7 @@ class SessionManager:
             await self._drop(session_id)
         meta = dict(result.meta)
         if result.error_kind not in _DISCARD_KINDS:
-            self._write_entry(session_id, seq, code)
+            self.journal.write_entry(session_id, seq, code)
             live.last_seq = seq
             await self._maybe_snapshot(session_id, seq, live, meta)
         meta["seq"] = seq
@@ -496,47 +457,6 @@ class SessionManager:
             meta=meta,
         )
 
-    def _write_entry(self, session_id: str, seq: int, code: str) -> None:
-        directory = self._session_dir(session_id)
-        if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
-            if self._fsync:
-                _fsync_dir(self.journal_root)
-        data = json.dumps({"seq": seq, "code": code}, ensure_ascii=False).encode("utf-8")
-        self._write_atomic(directory / f"{seq:08d}.json", data)
-
-    def _write_atomic(self, final: Path, data: bytes) -> None:
-        """Temp file + rename (never torn); with `fsync` the file and its directory reach the disk."""
-        tmp = final.with_name(f".{final.name}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            if self._fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        if self._fsync:
-            _fsync_dir(final.parent)
-
-    def _forget(self, session_id: str, seq: int, *, only_this: bool) -> None:
-        """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
-        directory = self._session_dir(session_id)
-        if only_this:
-            for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    (directory / name).unlink()
-            return
-        if not directory.is_dir():
-            return
-        for path in directory.glob("[0-9]*.json"):
-            with contextlib.suppress(ValueError, FileNotFoundError):
-                if int(path.stem) >= seq:
-                    path.unlink()
-        for snap_seq, path in self._snapshots(session_id):
-            if snap_seq >= seq:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    path.with_suffix(".json").unlink()
-
     async def _drop(self, session_id: str) -> None:
         live = self._live.pop(session_id, None)
         if live is not None:
@@ -553,37 +473,6 @@ class SessionManager:
             await self._drop(session_id)
 
 
-class _RebuildFailed(Exception):
-    pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _inherit_digest(inherit: Inherit) -> str:
-    """sha256 of an export; for a path, its content-addressed file name (no read) or the path."""
-    if isinstance(inherit, bytes | bytearray | memoryview):
-        return hashlib.sha256(inherit).hexdigest()
-    path = Path(inherit)
-    return path.name if _HEX64.match(path.name) else f"path:{path.resolve()}"
-
-
-async def _load_inherit(inherit: Inherit | None) -> bytes | None:
-    if inherit is None or isinstance(inherit, bytes):
-        return inherit
-    if isinstance(inherit, bytearray | memoryview):
-        return bytes(inherit)
-    try:
-        return await asyncio.to_thread(Path(inherit).read_bytes)
-    except OSError as exc:
-        raise _RebuildFailed(f"the inherited namespace could not be read: {exc}") from None
-
-
 def _start_key(
     trace_path: str | None,
     trace_format: str,
@@ -594,5 +483,5 @@ def _start_key(
     """Identity of a host's starting point: a live host started differently cannot take the fast path."""
     parts: list[Any] = [trace_path, trace_format, extra_vars, repr(limits)]
     if inherit is not None:  # sessions without one keep the key (and the snapshots) they had
-        parts.append({"inherit": _inherit_digest(inherit)})
+        parts.append({"inherit": inherit_digest(inherit)})
     return json.dumps(parts, sort_keys=True, default=repr)

@@ -1,5 +1,8 @@
 """A fork server for sandbox hosts: one process imports the host's code once, every host is a fork of it.
 
+This module is the fork server itself (run as `python -m sandbox.zygote <fd>`, it imports nothing of
+the worker side); the worker's end of it is `sandbox.zygote_client`.
+
 Why: a host started with `python -m sandbox.host` spends ~190 ms of CPU before it can run a cell
 (interpreter start, the host's modules, the allowlisted modules it preloads); with 10-step
 reflections that was 17 ms per step, a third of everything the worker side spent per step
@@ -9,7 +12,7 @@ ms, and the forks share its pages until they write them.
 What a fork changes, and why it is safe:
 - The zygote is started like a host (`-S -s -B`, the scrubbed host environment, no secret of the
   worker, its own session) and runs no model code. It is single-threaded, so forking it is sound.
-- Each child runs exactly what `python -m sandbox.host` runs after its imports: `sandbox.host.main`,
+- Each child runs exactly what `python -m sandbox.host` runs after its imports: `sandbox.host.main.main`,
   which enters the namespaces, applies the rlimits and locks itself down (Landlock, seccomp, uid)
   before the first cell. The child gets its own session (`setsid`: the executor kills hosts by
   process group), its stdin/stdout/stderr from the worker (passed over a unix socket), the host's
@@ -40,7 +43,7 @@ MAX_MESSAGE = 1 << 20
 
 
 def _child(fds: list[int], req: dict[str, object], sock: socket.socket) -> int:
-    import sandbox.host as host
+    import sandbox.host.main as host
 
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -72,7 +75,7 @@ def _reap(sock: socket.socket) -> None:
 
 def serve(sock: socket.socket) -> None:
     """Preload the host's code, then fork a host for every request until the worker closes `sock`."""
-    import sandbox.host as host
+    import sandbox.host.main as host
 
     host._preload()
     r, w = os.pipe()

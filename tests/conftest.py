@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
+import sandbox.isolation
 from reflector.devserver import DevServer
+from reflector.settings import Settings
+
+# Hosts the tests build directly (without a worker) follow RR_SANDBOX_ISOLATION too: on a machine without
+# Landlock, `RR_SANDBOX_ISOLATION=language-only pytest` runs the suite without the OS layer.
+sandbox.isolation.DEFAULT_MODE = Settings.from_env().sandbox_isolation
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"

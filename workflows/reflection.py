@@ -23,33 +23,30 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
-    from activities.model_requests import FORGET_ACTIVITY
     from reflector import prompts
-    from reflector.cells import (
+    from reflector.contract import (
         CLOSE_ACTIVITY,
+        EXECUTE_CODE_TOOL,
+        FORGET_ACTIVITY,
         PREPARE_ACTIVITY,
+        PROGRESS_QUERY,
+        WORKFLOW_NAME,
         CloseSessionInput,
         PrepareSessionInput,
         PrepareSessionResult,
-    )
-    from reflector.skillbook import IDS_LINE, parse_skillbook
-    from reflector.types import (
-        WORKFLOW_NAME,
         Progress,
         ReflectionDraft,
         ReflectionInput,
+        ReflectorDeps,
         ReflectorOutput,
         RunTrace,
         StopReason,
     )
-    from workflows.agent import ReflectorDeps, reflector_agent, synthesis_agent
-    from workflows.durability import local_model_requests
-    from workflows.session import (
-        CELL_RETRY,
-        REBUILD_ALLOWANCE_S,
-        SessionEnded,
-        SessionState,
-    )
+    from reflector.skillbook import IDS_LINE, parse_skillbook
+    from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
+    from workflows.agents import reflector_agent, synthesis_agent
+    from workflows.local_model import local_model_requests
+    from workflows.state import SessionEnded, SessionState
 
 __all__ = ["ReflectionWorkflow", "WORKFLOW_NAME"]
 
@@ -76,7 +73,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
     def __init__(self, inp: ReflectionInput) -> None:
         self.state = SessionState.create(inp, workflow.info().workflow_id)
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> Progress:
         return self.state.progress()
 
@@ -157,7 +154,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             retry_policy=CELL_RETRY,
             summary="prefill",
         )
-        state.init_ref, state.seq, state.facts = prep.init_ref, prep.next_seq - 1, prep.facts
+        state.init_ref, state.counters.seq, state.facts = prep.init_ref, prep.next_seq - 1, prep.facts
         state.phase = "thinking"
         return prep
 
@@ -189,7 +186,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             str(p.content)
             for m in messages
             for p in m.parts
-            if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code"
+            if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL
         ]
         findings = "\n---\n".join(outputs)[-SYNTHESIS_FINDINGS_CHARS:] or "(no cell output)"
         notes = "\n".join(t["thought"] for t in state.thoughts)[-2_000:]
@@ -256,16 +253,16 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             draft = _fallback(state, messages, stop_reason, error)
         raw: dict[str, Any] = {
             "rr_trace": RunTrace(
-                total_iterations=state.iterations,
+                total_iterations=state.counters.iterations,
                 subagent_calls=list(state.subagent_calls),
                 timed_out=stop_reason != "completed",
-                compactions=state.compactions,
-                microcompactions=state.microcompactions,
+                compactions=state.counters.compactions,
+                microcompactions=state.counters.microcompactions,
                 depth=state.inp.depth,
                 stop_reason=stop_reason,
-                cells=state.cells,
-                failed_cells=state.failed_cells,
-                continued_as_new=state.runs - 1,
+                cells=state.counters.cells,
+                failed_cells=state.counters.failed_cells,
+                continued_as_new=state.counters.runs - 1,
             ).model_dump(),
             "usage": state.ledger.spent().model_dump(),
             "usage_records": [r.model_dump() for r in state.ledger.records],
@@ -293,7 +290,7 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
         str(p.content)
         for m in messages
         for p in m.parts
-        if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code"
+        if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL
     ]
     seen = outputs[-1][:2_000] if outputs else "(no cell output)"
     why = {
@@ -322,7 +319,7 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
     return ReflectionDraft(
         reasoning=(
             f"INCOMPLETE: the reflection stopped early because {why} ({error}). "
-            f"{state.cells} cells ran ({state.failed_cells} failed). This is not a finding that nothing went wrong."
+            f"{state.counters.cells} cells ran ({state.counters.failed_cells} failed). This is not a finding that nothing went wrong."
             + verdict
         ),
         error_identification=(

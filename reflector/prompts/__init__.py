@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from sandbox.guards import allowed_modules_text
+from sandbox.host.guards import allowed_modules_text
 
 __all__ = ["SYSTEM", "TASK", "ONLINE", "render", "strategy"]
 

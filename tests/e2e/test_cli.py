@@ -96,7 +96,7 @@ def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
     _one_line_error(rr("reflect", str(EXAMPLE), env=env), "not reachable")
 
 
-def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, str], temporal_server) -> None:
     _one_line_error(rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60), "not reachable")
     live = {**home_env, "TEMPORAL_ADDRESS": temporal_server.address}
     for name, value, msg in [("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
@@ -110,7 +110,7 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
                     "RR_MAX_TRACE_BYTES must be a whole number")
 
 
-def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
     import signal
 
     from sandbox.isolation import landlock_abi
@@ -136,21 +136,21 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
             assert "WARNING" in err and "WITHOUT the OS sandbox" in err, err
 
 
-def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:  # type: ignore[no-untyped-def]
+def test_result_of_unknown_id_with_explicit_server(home_env: dict[str, str], temporal_server) -> None:
     p = rr("result", "no-such-reflection", env={**home_env, "TEMPORAL_ADDRESS": temporal_server.address})
     _one_line_error(p, "no-such-reflection")
 
 
-def test_result_of_a_running_reflection_says_so(  # type: ignore[no-untyped-def]
+def test_result_of_a_running_reflection_says_so(
     home_env: dict[str, str], temporal_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import asyncio
     import uuid
 
     from reflector import client as c
+    from reflector.client import connect
+    from reflector.contract import ReflectionConfig
     from reflector.settings import Settings
-    from reflector.types import ReflectionConfig
-    from reflector.worker import connect
 
     async def start() -> str:
         client = await connect(temporal_server.address)

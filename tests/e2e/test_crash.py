@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-import tests.support.scripted  # noqa: F401  (registers the scripted models in this process too)
+import reflector.testing.scripted  # noqa: F401  (registers the scripted models in this process too)
 from reflector import client as rr
+from reflector.client import connect
+from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
-from reflector.worker import connect
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import comparable, write_trace
 from tests.support.procs import WorkerProcess, read_model_log
@@ -32,7 +32,7 @@ def _comparable(out: ReflectorOutput) -> dict[str, object]:
     return comparable(out)
 
 
-async def _wait_for(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+async def _wait_for(cond, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -41,7 +41,7 @@ async def _wait_for(cond, timeout: float = 60.0) -> None:  # type: ignore[no-unt
 
 
 @pytest.fixture
-def crash_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def crash_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     home = tmp_path / "home"
     env = {
         "RR_HOME": str(home),
@@ -58,7 +58,7 @@ def crash_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     return env
 
 
-async def _run(env: dict[str, str], tmp_path: Path, kill_when, tag: str):  # type: ignore[no-untyped-def]
+async def _run(env: dict[str, str], tmp_path: Path, kill_when, tag: str):
     settings = Settings.from_env()
     client = await connect(env["TEMPORAL_ADDRESS"])
     trace = rr.upload_trace(write_trace(tmp_path), settings)
@@ -91,7 +91,7 @@ def _journal(env: dict[str, str], wf_id: str, seq: int) -> Path:
     return Path(env["RR_HOME"]) / "blobs" / "sessions" / wf_id / f"{seq:08d}.json"
 
 
-def _assert_no_completed_request_ran_twice(log: list[dict[str, object]], history, killed_pid: int) -> None:  # type: ignore[no-untyped-def]
+def _assert_no_completed_request_ran_twice(log: list[dict[str, object]], history, killed_pid: int) -> None:
     counts = collections.Counter(e["key"] for e in log)
     twice = [k for k, c in counts.items() if c > 1]
     assert all(c <= 2 for c in counts.values()), counts

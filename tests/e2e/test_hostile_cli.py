@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from tests.support.procs import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
-PLUGINS = "tests.support.scripted"  # registers scripted-paced-20: 20 steps at 0.25 s, slow enough to interrupt
+PLUGINS = "reflector.testing.scripted"  # registers scripted-paced-20: 20 steps at 0.25 s, slow enough to interrupt
 
 
 def _env(env: dict[str, str]) -> dict[str, str]:
@@ -104,16 +104,16 @@ class Workflows:
         self.ids: list[str] = []  # reflections that must have ended by the end of the test
         self.left_running: list[str] = []  # reflections the test leaves running on purpose (terminated after)
 
-    async def _client(self):  # type: ignore[no-untyped-def]
-        from reflector.worker import connect
+    async def _client(self):
+        from reflector.client import connect
 
         return await connect(self.address)
 
     def start_unworked(self, wf_id: str | None = None) -> str:
         """A reflection on a task queue nobody polls: it stays Running until terminated."""
         from reflector import client as c
+        from reflector.contract import ReflectionConfig
         from reflector.settings import Settings
-        from reflector.types import ReflectionConfig
 
         async def start() -> str:
             client = await self._client()
@@ -128,7 +128,7 @@ class Workflows:
 
     def status(self, wf_id: str) -> str:
         async def get() -> str:
-            return str((await (await self._client()).get_workflow_handle(wf_id).describe()).status.name)  # type: ignore[union-attr]
+            return str((await (await self._client()).get_workflow_handle(wf_id).describe()).status.name)
 
         return asyncio.run(get())
 
@@ -151,7 +151,7 @@ class Workflows:
 
 
 @pytest.fixture
-def live(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, str], Workflows]]:  # type: ignore[no-untyped-def]
+def live(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, str], Workflows]]:
     """An env for the session's dev server with a private RR_HOME and task queue (no worker polls it)."""
     env = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
            "RR_TASK_QUEUE": f"hostile-{uuid.uuid4().hex[:8]}"}
@@ -172,7 +172,7 @@ def _started_id(line: str) -> str:
 
 
 @pytest.mark.slow
-def test_second_reflect_without_a_worker_does_not_hang(live) -> None:  # type: ignore[no-untyped-def]
+def test_second_reflect_without_a_worker_does_not_hang(live) -> None:
     env, wfs = live
     for run in (1, 2):
         # the first run's in-process worker has exited, but the server still lists it as a poller
@@ -184,7 +184,7 @@ def test_second_reflect_without_a_worker_does_not_hang(live) -> None:  # type: i
 
 
 @pytest.mark.slow
-def test_reflect_says_when_no_worker_takes_the_reflection(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_reflect_says_when_no_worker_takes_the_reflection(live, tmp_path: Path) -> None:
     env, wfs = live
     env = {**env, "RR_PLUGINS": PLUGINS, "RR_NO_WORKER_WARN_S": "2", "RR_STICKY_TIMEOUT_S": "1"}
     worker = WorkerProcess(env, tmp_path / "worker.log")
@@ -212,14 +212,14 @@ def test_reflect_says_when_no_worker_takes_the_reflection(live, tmp_path: Path) 
 # ------------------------------------------------------------------------------------------------
 
 
-def test_plugins_that_cannot_be_imported(live) -> None:  # type: ignore[no-untyped-def]
+def test_plugins_that_cannot_be_imported(live) -> None:
     env, _ = live
     bad = {**env, "RR_PLUGINS": "no_such_module"}
     _one_line_error(rr("reflect", str(EXAMPLE), env=bad), "RR_PLUGINS: cannot import 'no_such_module'")
     _one_line_error(rr("worker", env=bad), "RR_PLUGINS: cannot import 'no_such_module'")
 
 
-def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
+def _read_only_dir(tmp_path: Path) -> Generator[Path]:
     ro = tmp_path / "read-only"
     ro.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)],
@@ -232,7 +232,7 @@ def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("kind", ["dev-null", "under-a-file", "read-only"])
-def test_unusable_home_or_blob_dir(live, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
+def test_unusable_home_or_blob_dir(live, tmp_path: Path, kind: str) -> None:
     env, _ = live
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -265,7 +265,7 @@ def test_unusable_home_or_blob_dir(live, tmp_path: Path, kind: str) -> None:  # 
             ro_gen.close()
 
 
-def test_disk_full_while_uploading_the_trace(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_disk_full_while_uploading_the_trace(live, tmp_path: Path) -> None:
     env, _ = live
     blobs = tmp_path / "tiny-blobs"
     blobs.mkdir()
@@ -285,7 +285,7 @@ def test_disk_full_while_uploading_the_trace(live, tmp_path: Path) -> None:  # t
         subprocess.run(["umount", str(blobs)], check=False)
 
 
-def test_id_of_a_running_reflection(live) -> None:  # type: ignore[no-untyped-def]
+def test_id_of_a_running_reflection(live) -> None:
     env, wfs = live
     wf_id = wfs.start_unworked()
     p = rr("reflect", str(EXAMPLE), "--id", wf_id, env=env)
@@ -299,7 +299,7 @@ def test_id_of_a_running_reflection(live) -> None:  # type: ignore[no-untyped-de
 # ------------------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_during_reflect_says_what_happens_to_the_reflection(live) -> None:  # type: ignore[no-untyped-def]
+def test_ctrl_c_during_reflect_says_what_happens_to_the_reflection(live) -> None:
     env, wfs = live
     env = {**env, "RR_PLUGINS": PLUGINS}
     run = Running("reflect", str(EXAMPLE), "--model", "scripted-paced-20", env=env)
@@ -326,7 +326,7 @@ def test_ctrl_c_during_reflect_says_what_happens_to_the_reflection(live) -> None
 # ------------------------------------------------------------------------------------------------
 
 
-def test_namespace_that_does_not_exist(live) -> None:  # type: ignore[no-untyped-def]
+def test_namespace_that_does_not_exist(live) -> None:
     env, _ = live
     bad = {**env, "TEMPORAL_NAMESPACE": "no-such-ns"}
     for args in (("reflect", str(EXAMPLE)), ("result", "some-id"), ("replay", "some-id"), ("worker",)):
@@ -335,7 +335,7 @@ def test_namespace_that_does_not_exist(live) -> None:  # type: ignore[no-untyped
         assert "no reflection with id" not in p.stderr, p.stderr
 
 
-def test_bad_payload_threshold_is_a_setting_error(live) -> None:  # type: ignore[no-untyped-def]
+def test_bad_payload_threshold_is_a_setting_error(live) -> None:
     env, _ = live
     for args in (("reflect", str(EXAMPLE)), ("result", "some-id")):
         p = rr(*args, env={**env, "RR_PAYLOAD_THRESHOLD_BYTES": "lots"})
@@ -343,7 +343,7 @@ def test_bad_payload_threshold_is_a_setting_error(live) -> None:  # type: ignore
         assert "cannot connect" not in p.stderr, p.stderr
 
 
-def test_boolean_settings_are_checked(live, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_boolean_settings_are_checked(live, monkeypatch: pytest.MonkeyPatch) -> None:
     env, _ = live
     for args in (("reflect", str(EXAMPLE)), ("worker",)):
         _one_line_error(rr(*args, env={**env, "RR_JOURNAL_FSYNC": "maybe"}), "RR_JOURNAL_FSYNC must be one of")
@@ -357,7 +357,7 @@ def test_boolean_settings_are_checked(live, monkeypatch: pytest.MonkeyPatch) -> 
             env_flag("RR_TEST_FLAG")
 
 
-def test_replay_of_a_running_reflection_says_the_history_is_partial(live) -> None:  # type: ignore[no-untyped-def]
+def test_replay_of_a_running_reflection_says_the_history_is_partial(live) -> None:
     env, wfs = live
     wf_id = wfs.start_unworked()
     p = rr("replay", wf_id, env=env)
@@ -366,7 +366,7 @@ def test_replay_of_a_running_reflection_says_the_history_is_partial(live) -> Non
 
 
 @pytest.mark.slow
-def test_result_of_a_running_reflection_prints_no_core_log(live) -> None:  # type: ignore[no-untyped-def]
+def test_result_of_a_running_reflection_prints_no_core_log(live) -> None:
     env, wfs = live
     env = {**env, "RR_PLUGINS": PLUGINS}
     run = Running("reflect", str(EXAMPLE), "--model", "scripted-paced-20", env=env)
@@ -387,7 +387,7 @@ def test_result_of_a_running_reflection_prints_no_core_log(live) -> None:  # typ
 
 
 @pytest.mark.slow
-def test_incomplete_reflection_exits_4(live) -> None:  # type: ignore[no-untyped-def]
+def test_incomplete_reflection_exits_4(live) -> None:
     env, wfs = live
     p = rr("reflect", str(EXAMPLE), "--max-requests", "1", "--json", env=env)
     assert p.returncode == 4, p.stderr

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-import tests.support.scripted  # noqa: F401  (registers the scripted models in this process too)
+import reflector.testing.scripted  # noqa: F401  (registers the scripted models in this process too)
 from reflector import client as rr
+from reflector.client import connect
+from reflector.contract import ReflectionConfig
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig
-from reflector.worker import connect
 from tests.e2e.test_cli import rr as rr_cli
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import write_trace
@@ -45,10 +45,10 @@ class Supervised:
 
     def __init__(self, env: dict[str, str], log: Path, n: int = 2) -> None:
         self.log = log
-        self._out = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self._out = open(log, "w")  # closed in stop(
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", str(n)],
-            cwd=REPO_ROOT, env={**os.environ, "RR_PLUGINS": "tests.support.scripted", **env},
+            cwd=REPO_ROOT, env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},
             stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -66,7 +66,7 @@ class Supervised:
         except FileNotFoundError:
             return set()
 
-    def wait_for(self, cond, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    def wait_for(self, cond, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not cond():
             if self.proc.poll() is not None:
@@ -87,7 +87,7 @@ class Supervised:
 
 
 @pytest.fixture
-def sup_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def sup_env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     home = tmp_path / "home"
     env = {
         "RR_HOME": str(home),
@@ -110,7 +110,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_env, tmp_path: Path) -> None:
     if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
         pytest.skip("the kernel has no /proc/<pid>/task/<pid>/children")
     log_path = Path(sup_env["RR_TEST_MODEL_LOG"])
@@ -180,7 +180,7 @@ def test_bad_worker_processes_is_one_line_error(tmp_path: Path) -> None:
     _one_error_line(rr_cli("worker", "--processes", "0", env=env, timeout=60), "--processes must be at least 1")
 
 
-def test_a_bad_budget_setting_stops_the_supervisor_before_any_child(tmp_path: Path, temporal_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_budget_setting_stops_the_supervisor_before_any_child(tmp_path: Path, temporal_server) -> None:
     env = {"RR_HOME": str(tmp_path / "home"), "TEMPORAL_ADDRESS": temporal_server.address,
            "RR_MAX_CONCURRENT_ACTIVITIES": "0"}
     p = rr_cli("worker", "--processes", "2", env=env, timeout=60)
@@ -188,13 +188,13 @@ def test_a_bad_budget_setting_stops_the_supervisor_before_any_child(tmp_path: Pa
     assert "started" not in p.stdout, p.stdout
 
 
-def test_a_child_failing_at_start_stops_the_supervisor_with_its_error(tmp_path: Path, temporal_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_child_failing_at_start_stops_the_supervisor_with_its_error(tmp_path: Path, temporal_server) -> None:
     # read by the worker only (not by the supervisor): each child fails with exit 2 and its one-line error
     env = {"RR_HOME": str(tmp_path / "home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_STICKY_TIMEOUT_S": "soon", "RR_WORKER_MODELS": "heuristic"}
+           "RR_PLUGINS": "rr_no_such_plugin", "RR_WORKER_MODELS": "heuristic"}
     t0 = time.monotonic()
     p = rr_cli("worker", "--processes", "2", env=env, timeout=90)
-    _one_error_line(p, "RR_STICKY_TIMEOUT_S must be a number, got 'soon'")
+    _one_error_line(p, "RR_PLUGINS: cannot import 'rr_no_such_plugin'")
     assert len(_STARTED.findall(p.stdout)) == 2, p.stdout  # the children started, once each: no restart
     assert "restarting" not in p.stdout, p.stdout
     assert time.monotonic() - t0 < 60

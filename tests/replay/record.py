@@ -19,13 +19,14 @@ HERE = Path(__file__).parent
 
 async def main(name: str, model: str) -> None:
     os.environ["RR_HOME"] = tempfile.mkdtemp(prefix="rr-record-")
-    import tests.support.scripted  # noqa: F401
+    import reflector.testing.scripted  # noqa: F401
     from reflector import client as rr
+    from reflector.client import connect
+    from reflector.contract import ReflectionConfig
     from reflector.devserver import DevServer
     from reflector.settings import Settings
-    from reflector.types import ReflectionConfig
-    from reflector.worker import build_worker, connect
     from tests.support.fixtures import write_trace
+    from worker import build_worker
 
     server = DevServer(None, ui=False)
     address = await server.astart()

@@ -14,9 +14,9 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-import tests.support.scripted  # noqa: F401  (the recorded runs used the scripted models)
+import reflector.testing.scripted  # noqa: F401  (the recorded runs used the scripted models)
+from reflector.contract import ReflectionInput, ReflectorOutput
 from reflector.models import prepare_workflow_side
-from reflector.types import ReflectionInput, ReflectorOutput
 from workflows.reflection import WORKFLOW_NAME, ReflectionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -35,7 +35,7 @@ async def test_committed_history_replays(path: Path) -> None:
     assert result.replay_failure is None
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+@workflow.defn(name=WORKFLOW_NAME, sandboxed=False)  # like ReflectionWorkflow
 class AlteredReflectionWorkflow(ReflectionWorkflow):
     """Same name, one changed decision: no prefill cell before the agent loop."""
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-import sandbox.sessions as sessions_mod
+import sandbox.journal as journal_mod
 from sandbox.executor import SubprocessExecutor
-from sandbox.namespace import SandboxNamespace
+from sandbox.host.namespace import SandboxNamespace
+from sandbox.host.snapshot import restore_export, take_export
 from sandbox.sessions import SandboxExportError, SessionManager
-from sandbox.snapshot import restore_export, take_export
 from tests.sandbox.conftest import TEST_LIMITS
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,7 +157,7 @@ async def test_corrupt_inherit_fails_the_cell_clearly(tmp_path: Path) -> None:
 
 
 def _exec(ns: SandboxNamespace, code: str) -> None:
-    exec(ns.compile_cell(code), ns.ns)  # noqa: S102 - checked code, as the host does
+    exec(ns.compile_cell(code), ns.ns)  # checked code, as the host does
     ns.restore()
 
 
@@ -262,7 +262,7 @@ async def test_archive_without_root_and_size_cap(tmp_path: Path, monkeypatch: py
     r = await sessions.run_cell("s", 1, "ARCHIVE('a' * 64)", **_kw(None))
     assert "no transcript archive is configured" in (r.error or "")
     await sessions.close_all()
-    from sandbox.namespace import read_archive
+    from sandbox.host.namespace import read_archive
 
     root = tmp_path / "blobs"
     sha = _put_blob(root, json.dumps(MESSAGES).encode())
@@ -273,7 +273,7 @@ async def test_archive_without_root_and_size_cap(tmp_path: Path, monkeypatch: py
 
 # -- durability setting ----------------------------------------------------------------------------
 class _OsWithFsync:
-    """`os` for sandbox.sessions with a counting fsync (the test process's `os` stays untouched)."""
+    """`os` for sandbox.journal with a counting fsync (the test process's `os` stays untouched)."""
 
     def __init__(self, fsync: Any) -> None:
         self.fsync = fsync
@@ -293,7 +293,7 @@ async def test_fsync_flag_covers_journal_and_snapshots(
         calls.append(fd)
         real(fd)
 
-    monkeypatch.setattr(sessions_mod, "os", _OsWithFsync(counting_fsync))
+    monkeypatch.setattr(journal_mod, "os", _OsWithFsync(counting_fsync))
     sessions = SessionManager(tmp_path / "j", fsync=fsync, snapshot_every=1, pool_size=0)
     await _ok(sessions, "s", 1, "x = 1", **_kw(None))
     assert (tmp_path / "j" / "s" / "snapshot-00000001.pkl").exists()

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from activities.sandbox_cells import FACTS_CODE, _facts
-from reflector.cells import CellOutcome
+from activities.sandbox import FACTS_CODE, _facts
+from reflector.contract import CellOutcome
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import TEST_LIMITS
 from tests.unit.test_heuristic import _tau
 
 
-async def _facts_of(tmp_path: Path, trace: dict[str, object], task: dict[str, object]):  # type: ignore[no-untyped-def]
+async def _facts_of(tmp_path: Path, trace: dict[str, Any], task: dict[str, Any]):
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     sessions = SessionManager(tmp_path / "j", pool_size=0, fsync=False)
-    kw = {"trace_path": str(path), "trace_format": "auto", "extra_vars": {"task": task}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {"trace_path": str(path), "trace_format": "auto", "extra_vars": {"task": task}, "limits": TEST_LIMITS}
     try:
         r = await sessions.run_cell("s", 1, FACTS_CODE, **kw)
         assert r.ok, r

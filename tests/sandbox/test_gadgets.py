@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.executor import SubprocessExecutor
-from sandbox.guards import ALLOWED_MODULES, allowed_modules_text, module_refusal
-from sandbox.namespace import FINAL_ANSWER_MAX_BYTES
+from sandbox.host.guards import ALLOWED_MODULES, allowed_modules_text, module_refusal
+from sandbox.host.namespace import FINAL_ANSWER_MAX_BYTES
 from sandbox.protocol import CellResult
 from tests.sandbox.conftest import CONTAINED, GUARD, TEST_LIMITS
 from tests.sandbox.conftest import attempt as _attempt
@@ -113,7 +113,7 @@ async def test_lying_str_archive_name(executor: SubprocessExecutor) -> None:
 
 
 def test_read_archive_needs_an_exact_str(tmp_path: Path) -> None:
-    from sandbox.namespace import read_archive
+    from sandbox.host.namespace import read_archive
 
     class S(str):
         def __getitem__(self, i: object) -> str:
@@ -215,11 +215,11 @@ async def test_type_still_works(executor: SubprocessExecutor) -> None:
 
 # --- 5. writing into real modules (module= / __module__) ---------------------------------------------
 async def test_enum_global_enum_into_guard_module(executor: SubprocessExecutor) -> None:
-    await attempt(executor, "import enum\nenum.global_enum(enum.Enum('E', 'a b', module='sandbox.guards'))")
+    await attempt(executor, "import enum\nenum.global_enum(enum.Enum('E', 'a b', module='sandbox.host.guards'))")
 
 
 async def test_namedtuple_module_argument(executor: SubprocessExecutor) -> None:
-    await attempt(executor, "collections.namedtuple('P', 'x y', module='sandbox.guards')")
+    await attempt(executor, "collections.namedtuple('P', 'x y', module='sandbox.host.guards')")
     await works(
         executor,
         "P = collections.namedtuple('P', 'x y')\nP.extra = 3\nprint(P(1, 2).x, P.extra, P(1, 2)._asdict())",
@@ -358,9 +358,9 @@ async def test_copy_dispatch_tables_are_unreachable(executor: SubprocessExecutor
 
 
 def test_no_proxy_hands_out_a_pickle_registry() -> None:
-    from sandbox.safe_modules import SafeImporter
+    from sandbox.host.safe_modules import SafeImporter
 
-    registries = {id(copyreg.dispatch_table), id(copyreg._extension_registry), id(copyreg._inverted_registry)}
+    registries = {id(copyreg.dispatch_table), id(copyreg._extension_registry), id(copyreg._inverted_registry)}  # type: ignore[attr-defined]
     importer = SafeImporter()
     for name in ALLOWED_MODULES:
         attrs = object.__getattribute__(importer.proxy(name), "_rr_attrs")
@@ -371,7 +371,7 @@ def test_no_proxy_hands_out_a_pickle_registry() -> None:
 
 
 def test_snapshot_pickler_ignores_later_copyreg_entries() -> None:
-    from sandbox.snapshot import _Pickler
+    from sandbox.host.snapshot import _Pickler
 
     class Late:
         pass
@@ -379,7 +379,7 @@ def test_snapshot_pickler_ignores_later_copyreg_entries() -> None:
     calls: list[object] = []
     copyreg.dispatch_table[Late] = lambda obj: calls.append(obj) or (Late, ())  # type: ignore[func-returns-value]
     try:
-        with pytest.raises(Exception):  # noqa: B017, PT011 - refused as session-defined, whatever the type
+        with pytest.raises(Exception):  # noqa: B017 - refused as session-defined, whatever the type
             _Pickler(io.BytesIO(), {}).dump(Late())
         _Pickler(io.BytesIO(), {}).dump([1, "a", (2.0,)])
     finally:
@@ -388,7 +388,7 @@ def test_snapshot_pickler_ignores_later_copyreg_entries() -> None:
 
 
 def test_snapshot_refuses_forged_builtin_module() -> None:
-    from sandbox.snapshot import SnapshotRefused, _Pickler
+    from sandbox.host.snapshot import SnapshotRefused, _Pickler
 
     forged = type("range", (), {"__module__": "builtins", "__reduce_ex__": lambda self, p: (print, ("x",))})
     with pytest.raises(SnapshotRefused):
@@ -413,11 +413,11 @@ async def test_show_vars_lists_the_allowlist(executor: SubprocessExecutor) -> No
 
 
 def test_framing_private_codec_ignores_json_class_changes() -> None:
-    from sandbox import framing
+    from sandbox import wire
 
     original = json.JSONEncoder.encode
-    json.JSONEncoder.encode = lambda self, o: '"forged"'  # type: ignore[method-assign,assignment]
+    json.JSONEncoder.encode = lambda self, o: '"forged"'  # type: ignore[method-assign]
     try:
-        assert framing.decode(framing.encode({"a": 1})[4:]) == {"a": 1}
+        assert wire.decode(wire.encode({"a": 1})[4:]) == {"a": 1}
     finally:
         json.JSONEncoder.encode = original  # type: ignore[method-assign]

@@ -225,11 +225,12 @@ async def test_close_terminates_host(executor: SubprocessExecutor) -> None:
     assert not executor.alive and pid is not None and not Path(f"/proc/{pid}").exists()
 
 
-def test_stale_host_workdirs_of_dead_workers_are_swept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_stale_host_workdirs_of_dead_workers_are_swept(tmp_path) -> None:
     import os
     import subprocess
 
-    from sandbox.executor import WORKDIR_PREFIX, sweep_stale_workdirs
+    from sandbox.executor import sweep_stale_workdirs
+    from sandbox.wire import WORKDIR_PREFIX
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -15,6 +15,7 @@ import struct
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,7 +192,7 @@ async def test_a_forged_frame_fails_only_that_cell(breached: SubprocessExecutor)
 async def test_a_breached_session_cannot_touch_another_sessions_journal(tmp_path: Path, trace_file: str) -> None:
     journal_root = tmp_path / "journals"
     sessions = SessionManager(journal_root, pool_size=0, fsync=False, isolation="auto")
-    kw = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
     try:
         assert (await sessions.run_cell("victim", 1, "x = 41", **kw)).ok
         victim_entry = journal_root / "victim" / "00000001.json"

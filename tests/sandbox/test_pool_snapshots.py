@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.executor import HostPool, SubprocessExecutor
+from sandbox.executor import SubprocessExecutor
+from sandbox.pool import HostPool
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import TEST_LIMITS
 

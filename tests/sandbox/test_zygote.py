@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import executor
-from sandbox.executor import ZYGOTE_ENV, SubprocessExecutor
+from sandbox import zygote_client
+from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import landlock_abi
 from tests.sandbox.conftest import TEST_LIMITS
 
@@ -48,7 +48,7 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def _zygote_pid() -> int:
-    z = executor._zygotes[sys.executable]
+    z = zygote_client._zygotes[sys.executable]
     assert z._proc is not None
     return z._proc.pid
 
@@ -73,18 +73,15 @@ async def test_hosts_are_forks_of_one_zygote(trace_file: str) -> None:
         await b.close()
 
 
-async def test_a_forked_host_holds_the_fds_of_a_directly_started_one(
-    trace_file: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_forked_host_holds_the_fds_of_a_directly_started_one(trace_file: str) -> None:
     """Assuming the breach (guards off): nothing of the zygote (its socket to the worker, its pipes)
     leaks into a host."""
     seen = {}
     for zygote in ("1", "0"):
-        monkeypatch.setenv(ZYGOTE_ENV, zygote)
-        ex = await _started(trace_file, unguarded_for_tests=True)
+        ex = await _started(trace_file, unguarded_for_tests=True, zygote=zygote == "1")
         try:
             assert ex.host_pid is not None
-            forked = sys.executable in executor._zygotes and _zygote_pid() in _ancestors(ex.host_pid)
+            forked = sys.executable in zygote_client._zygotes and _zygote_pid() in _ancestors(ex.host_pid)
             assert forked == (zygote == "1")
             result = await ex.run_unguarded(OPEN_FDS)
             assert result.ok, result
@@ -100,7 +97,7 @@ async def test_a_dead_zygote_stops_no_host_and_the_next_host_still_starts(trace_
         old = _zygote_pid()
         os.kill(old, signal.SIGKILL)
         for _ in range(100):  # the worker notices the zygote's socket closing
-            if not executor._zygotes[sys.executable].alive:
+            if not zygote_client._zygotes[sys.executable].alive:
                 break
             await asyncio.sleep(0.02)
         assert (await ex.run_cell("print('still here')")).stdout.strip() == "still here"

@@ -8,7 +8,7 @@ activation), not those of activities or of the worker's own event loop. The hook
 `RESULT <json>`: per model, the modules imported from workflow code, the reflection's stop reason and
 how long it took.
 
-Models from `tests.support.scripted` come through `RR_PLUGINS`, like a real worker's plugins; OpenAI
+Models from `reflector.testing.scripted` come through `RR_PLUGINS`, like a real worker's plugins; OpenAI
 models talk to the local OpenAI-compatible test server.
 """
 
@@ -44,11 +44,12 @@ class WorkflowImports:
 
 async def main(address: str, models: list[str]) -> dict[str, dict[str, object]]:
     from reflector import client as rr
+    from reflector.client import connect
+    from reflector.contract import ReflectionConfig, ReflectionInput
     from reflector.settings import Settings
-    from reflector.types import ReflectionConfig, ReflectionInput
-    from reflector.worker import build_worker, connect
+    from reflector.testing.openai_server import OpenAIServer
     from tests.support.fixtures import write_trace
-    from tests.support.openai_server import OpenAIServer
+    from worker import build_worker
 
     results: dict[str, dict[str, object]] = {}
     with OpenAIServer(prompt_tokens=100, completion_tokens=20) as server:

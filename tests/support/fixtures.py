@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 ACE_TRACE = {
     "question": "What is 17 * 24?",
@@ -42,8 +43,8 @@ def comparable(out: object, *, drop_model: bool = False) -> dict:  # type: ignor
 
 def payload_text(payload: object) -> str:
     """A history payload's JSON text, following an external-storage reference into the blob store."""
-    from reflector.payload_storage import resolve
     from reflector.settings import Settings
+    from reflector.storage.payloads import resolve
 
     return resolve(payload, Settings.from_env().blob_dir).data.decode(errors="replace")  # type: ignore[arg-type]
 
@@ -59,7 +60,7 @@ class ActivityRecord:
     def is_model_request(self) -> bool:
         return "model_request" in self.name
 
-    def result_json(self) -> object:
+    def result_json(self) -> Any:
         return None if self.result is None else json.loads(payload_text(self.result) or "null")
 
 

@@ -23,7 +23,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],
             cwd=REPO_ROOT,
-            env={**os.environ, "RR_PLUGINS": "tests.support.scripted", **env},
+            env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},
             stdout=self._out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -77,7 +77,7 @@ async def test_gated_polls_wait_sticky_polls_and_eager_tasks_do_not() -> None:
 
 async def test_the_ticker_sees_a_blocked_loop_and_stops_admitting() -> None:
     a = AdmissionControl(initial=8, minimum=1, interval_s=0.1, tick_s=0.01, keep_history=50)
-    await a.reserve_slot(_Ctx())  # type: ignore[arg-type]  (starts the controller)
+    await a.reserve_slot(_Ctx())  # type: ignore[arg-type] # (starts the controller)
     for _ in range(5):
         await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
     await asyncio.sleep(0.15)
@@ -94,7 +94,7 @@ async def test_a_rate_limit_spreads_new_work_over_intervals() -> None:
     polls = [asyncio.create_task(a.reserve_slot(_Ctx())) for _ in range(7)]  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
     assert sum(p.done() for p in polls) == 3
-    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type]  (eager tasks are not rate limited)
+    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type] # (eager tasks are not rate limited)
     a.adjust(0.001)  # next interval, quiet loop, demand: the rate grows
     assert a.stats.rate == 4
     await asyncio.sleep(0.05)
@@ -123,5 +123,5 @@ def test_eager_activities_obey_the_limit() -> None:
     a = AdmissionControl(initial=2, minimum=1)
     assert a.try_reserve_slot(_Ctx(slot_type="activity")) is not None  # type: ignore[arg-type]
     assert a.try_reserve_slot(_Ctx(slot_type="activity")) is not None  # type: ignore[arg-type]
-    assert a.try_reserve_slot(_Ctx(slot_type="activity")) is None  # type: ignore[arg-type]  (via the queue)
+    assert a.try_reserve_slot(_Ctx(slot_type="activity")) is None  # type: ignore[arg-type] # (via the queue)
     assert a.try_reserve_slot(_Ctx(slot_type="workflow")) is not None  # type: ignore[arg-type]

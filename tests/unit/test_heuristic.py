@@ -28,6 +28,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.function import AgentInfo
 from pydantic_ai.tools import ToolDefinition
 
+from reflector.contract import ReflectionDraft
 from reflector.heuristic import (
     FINDINGS_CELL,
     HEURISTIC_NAME,
@@ -37,7 +38,6 @@ from reflector.heuristic import (
     parse_findings,
 )
 from reflector.traces import load_normalized, normalize
-from reflector.types import ReflectionDraft
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "reflector" / "examples"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"

@@ -96,7 +96,7 @@ def test_a_child_failing_at_start_with_a_setting_error_stops_the_supervisor() ->
     assert "restarting" not in out, out
 
 
-def test_a_child_exiting_2_after_a_restart_is_a_death_not_a_setting_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_child_exiting_2_after_a_restart_is_a_death_not_a_setting_error(tmp_path) -> None:
     # first start: ready, then killed (exit 1); later starts: exit 2 before ready (e.g. the server went
     # away): restarted (backoff) until the crash-loop limit, not taken for a bad setting
     flag = tmp_path / "started"

@@ -1,4 +1,4 @@
-"""Trace reading, format detection and normalisation (reflector/traces.py)."""
+"""Trace reading, format detection and normalisation (the package reflector/traces)."""
 
 from __future__ import annotations
 
@@ -418,7 +418,7 @@ def _from_deep_stack(frames: int, fn: Callable[[], Any]) -> Any:
 
 @pytest.mark.parametrize("fmt", list(AT_THE_LIMIT))
 def test_trace_at_the_nesting_limit_is_safe_downstream(tmp_path: Path, fmt: str) -> None:
-    from sandbox.namespace import _clip, _schema  # what describe_traces() runs over `traces`
+    from sandbox.host.namespace import _clip, _schema  # what describe_traces() runs over `traces`
 
     p = _write(tmp_path, "t.json", _at_the_limit(AT_THE_LIMIT[fmt]))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.support.scripted  # noqa: F401  (registers the scripted models)
+import reflector.testing.scripted  # noqa: F401  (registers the scripted models)
 from reflector.settings import Settings
 
 
@@ -27,20 +27,20 @@ def settings(session_home: Path) -> Settings:
 
 
 @pytest.fixture(scope="session")
-async def client(temporal_server, settings: Settings):  # type: ignore[no-untyped-def]
-    from reflector.worker import connect
+async def client(temporal_server, settings: Settings):
+    from reflector.client import connect
 
     # large payloads go to the session home's blob store (never the user's ~/.rr)
     return await connect(temporal_server.address, settings=settings)
 
 
 @pytest.fixture(scope="session")
-async def task_queue(client, settings: Settings) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+async def task_queue(client, settings: Settings) -> AsyncIterator[str]:
     """A worker on a private task queue, running for the whole session in this process."""
-    from activities import sandbox_cells
-    from reflector.worker import build_worker
+    from activities import sandbox as sandbox_activities
+    from worker import build_worker
 
     tq = f"rr-test-{uuid.uuid4().hex[:6]}"
     async with build_worker(client, tq):
         yield tq
-    await sandbox_cells.shutdown()
+    await sandbox_activities.shutdown()

@@ -11,14 +11,15 @@ import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from reflector import client as rr
-from reflector.compaction import PLACEHOLDER, SUMMARISE_ACTIVITY
-from reflector.types import ReflectionConfig, ReflectorOutput
-from reflector.worker import build_worker, connect
+from reflector.client import connect
+from reflector.compaction import PLACEHOLDER
+from reflector.contract import SUMMARISE_ACTIVITY, ReflectionConfig, ReflectorOutput
+from reflector.testing.scripted import INPUTS_ENV, recorded_inputs
 from tests.support.fixtures import comparable, completed_activities, write_trace
-from tests.support.scripted import INPUTS_ENV, recorded_inputs
+from worker import build_worker
 
 
-async def _run(client: Client, tq: str, settings, tmp_path, model: str, **cfg) -> tuple[ReflectorOutput, str]:  # type: ignore[no-untyped-def]
+async def _run(client: Client, tq: str, settings, tmp_path, model: str, **cfg) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model, **cfg))
     handle = await rr.start_reflection(client, inp, tq, f"cmp-{uuid.uuid4().hex[:8]}")
@@ -46,9 +47,8 @@ def _record_model_inputs(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _eight_big_cells():
-    os.environ["RR_TEST_BIG_CELLS"] = "8"
-    yield
+def _eight_big_cells(monkeypatch):
+    monkeypatch.setenv("RR_TEST_BIG_CELLS", "8")
 
 
 async def test_microcompaction_keeps_recent_outputs(client, task_queue, settings, tmp_path) -> None:

@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_first_activation_of_each_model_imports_nothing(temporal_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_first_activation_of_each_model_imports_nothing(temporal_server, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
     models = [
         "heuristic",  # the process's very first workflow activation
@@ -33,7 +33,7 @@ def test_first_activation_of_each_model_imports_nothing(temporal_server, tmp_pat
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "OPENAI_"))}
     # the worker serves the OpenAI families (any model name of them), the heuristic and the plugin's models
-    env.update({"RR_HOME": str(tmp_path / "rr-home"), "RR_PLUGINS": "tests.support.scripted",
+    env.update({"RR_HOME": str(tmp_path / "rr-home"), "RR_PLUGINS": "reflector.testing.scripted",
                 "RR_WORKER_MODELS": "openai-chat,openai"})
     p = subprocess.run([sys.executable, "-m", "tests.support.first_activation", temporal_server.address, *models],
                        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=200)

@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
+import worker
 from reflector import client as rr
 from reflector import models
+from reflector.contract import PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
+from reflector.testing.openai_server import CELL_CODE, OpenAIServer
 from tests.support.fixtures import ACE_TRACE, completed_activities, write_trace
-from tests.support.openai_server import CELL_CODE, OpenAIServer
-from workflows.durability import PROVIDER_MODEL_PATCH
 
 API_KEY = "test-key"
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20
-N_STEPS = len(ACE_TRACE["steps"])  # type: ignore[arg-type]
+N_STEPS = len(ACE_TRACE["steps"])
 
 # model prefix -> the endpoint pydantic-ai's model class for it posts to
 PROTOCOLS = {
@@ -204,7 +204,7 @@ async def test_history_replays_without_credentials(
     with pytest.raises(models.UnknownModelError):  # proof: a live client cannot be built now
         models.resolve_model(model)
 
-    replayer = rr.make_replayer(Settings.from_env().blob_dir)
+    replayer = worker.make_replayer(Settings.from_env().blob_dir)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, repr(result.replay_failure)
     assert len(openai_server.requests) == n_http, "replay must not send model requests"

@@ -30,11 +30,13 @@ from temporalio.converter import (
 )
 from temporalio.worker import Replayer
 
+import worker
 from reflector import client as rr
+from reflector.contract import PAYLOAD_DRIVER_NAME, ReflectionConfig, ReflectorOutput
 from reflector.models import register_model
-from reflector.payload_storage import (
+from reflector.settings import Settings
+from reflector.storage.payloads import (
     DEFAULT_THRESHOLD_BYTES,
-    DRIVER_NAME,
     BlobStorageDriver,
     ReadOnlyBlobStorageDriver,
     ReadOnlyBlobStore,
@@ -42,12 +44,10 @@ from reflector.payload_storage import (
     external_storage,
     resolve,
 )
-from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
+from reflector.testing.scripted import _final, _returns, synthesis_aware
 from tests.conftest import ServerInfo
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import completed_activities, write_trace
-from tests.support.scripted import _final, _returns, synthesis_aware
 
 BIG_CELLS = 4
 CELL_WORDS = 10_000  # "wN " * 10,000 = 30,000 characters printed per cell
@@ -71,7 +71,7 @@ def print_30k(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 register_model(
     "scripted-print30k",
-    lambda: FunctionModel(synthesis_aware(print_30k), model_name="scripted-print30k"),  # type: ignore[no-untyped-call]
+    lambda: FunctionModel(synthesis_aware(print_30k), model_name="scripted-print30k"),
 )
 
 
@@ -133,9 +133,9 @@ async def _reflect(client: Client, tq: str, settings: Settings, trace: Path) -> 
 
 
 @pytest.fixture(scope="module")
-async def runs(temporal_server, settings: Settings, tmp_path_factory) -> AsyncIterator[dict[str, Run]]:  # type: ignore[no-untyped-def]
+async def runs(temporal_server, settings: Settings, tmp_path_factory) -> AsyncIterator[dict[str, Run]]:
     """The same reflection with external storage (default threshold) and inline (threshold 0)."""
-    from reflector.worker import build_worker
+    from worker import build_worker
 
     tmp = tmp_path_factory.mktemp("payloads")
     trace = write_trace(tmp)
@@ -180,7 +180,7 @@ async def test_history_is_far_smaller_and_blobs_exist(runs: dict[str, Run]) -> N
         stored.ParseFromString((ext.blob_dir / blob).read_bytes())
         assert b'"messages":[' not in stored.data, blob
     for ref in refs:
-        assert ref["driverName"] == DRIVER_NAME
+        assert ref["driverName"] == PAYLOAD_DRIVER_NAME
         digest = ref["claimData"]["sha256"]  # type: ignore[index]
         assert store.path_for(digest).is_file(), digest
     # no payload in the history is over the threshold any more; `resolve` reads raw references back
@@ -214,7 +214,7 @@ async def test_replay_reads_blobs_and_writes_nothing(runs: dict[str, Run]) -> No
     ext = runs["external"]
     before = _files(ext.blob_dir)
     assert before
-    events = await rr.replay_workflow(ext.client, ext.workflow_id)
+    events = await worker.replay_workflow(ext.client, ext.workflow_id)
     assert events == len(ext.history.events)
     assert _files(ext.blob_dir) == before
 
@@ -235,7 +235,7 @@ async def test_a_writing_replayer_stores_nothing_new(runs: dict[str, Run], tmp_p
     assert set(_files(copy)) == set(before)
 
 
-async def test_fresh_process_reads_stored_payloads(runs: dict[str, Run], temporal_server) -> None:  # type: ignore[no-untyped-def]
+async def test_fresh_process_reads_stored_payloads(runs: dict[str, Run], temporal_server) -> None:
     """A new converter (as after a worker restart) resolves the references: replay and the result."""
     ext = runs["external"]
     driver = CountingReadOnly(ext.blob_dir)
@@ -264,7 +264,7 @@ async def test_worker_restart_reads_payloads_stored_by_the_previous_worker(
     """Worker A runs two cells and stops; worker B (new client, new driver) replays and finishes."""
     import asyncio
 
-    from reflector.worker import build_worker
+    from worker import build_worker
 
     blob_dir = tmp_path / "blobs"
     EXTRA_BLOB_DIRS.append(blob_dir)

@@ -10,8 +10,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 
 from reflector import client as rr
+from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
 from tests.support.fixtures import write_trace
 
 

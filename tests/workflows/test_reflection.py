@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
+import worker
 from activities import model_requests
-from activities.model_requests import FORGET_ACTIVITY
 from reflector import client as rr
+from reflector.contract import FORGET_ACTIVITY, PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
 from reflector.settings import Settings
-from reflector.types import ReflectionConfig, ReflectorOutput
 from tests.support.fixtures import completed_activities, write_trace
-from workflows.durability import PROVIDER_MODEL_PATCH
 
 HISTORIES: list[WorkflowHistory] = []
 
@@ -47,7 +46,12 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
 ) -> None:
     taken: list[str] = []
     real_take = model_requests._take
-    monkeypatch.setattr(model_requests, "_take", lambda key, name: (taken.append(key), real_take(key, name))[1])
+
+    def take(key, name):
+        taken.append(key)
+        return real_take(key, name)
+
+    monkeypatch.setattr(model_requests, "_take", take)
     await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-3")
     hist = HISTORIES[-1]
     records = completed_activities(hist.events)
@@ -60,7 +64,7 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
     # the one regular activity deletes the response cache after every response reached the history
     assert regular == [FORGET_ACTIVITY]
     responses = [r.result_json() for r in records if r.is_model_request]
-    assert all(resp["parts"] for resp in responses)  # type: ignore[index]
+    assert all(resp["parts"] for resp in responses)
     # the model's inputs are not in the history (they follow from it): one small payload per step
     assert not any(e.HasField("activity_task_scheduled_event_attributes")
                    and "model_request" in e.activity_task_scheduled_event_attributes.activity_type.name
@@ -153,11 +157,12 @@ async def test_heuristic_on_tau_bench_run(client, task_queue, settings, tmp_path
     assert out.extracted_learnings[0].evidence
 
 
-async def test_all_histories_replay_cleanly() -> None:
-
-
+async def test_all_histories_replay_cleanly(client, task_queue, settings, tmp_path) -> None:
+    # run alone (or first), this test makes the histories it replays: at least five, of different scripts
+    for model in ("scripted-stateful", "scripted-steps-3", "scripted-submit", "scripted-loop", "heuristic")[len(HISTORIES):]:
+        await _reflect(client, task_queue, settings, write_trace(tmp_path), model=model)
     assert len(HISTORIES) >= 5
-    replayer = rr.make_replayer(Settings.from_env().blob_dir)
+    replayer = worker.make_replayer(Settings.from_env().blob_dir)
     for hist in HISTORIES:
         await replayer.replay_workflow(hist)
 
@@ -165,7 +170,7 @@ async def test_all_histories_replay_cleanly() -> None:
 @pytest.mark.parametrize("n", [1])
 async def test_suite_with_max_cached_workflows_zero(client, settings, tmp_path, n) -> None:
     """Every workflow task replays the whole history from scratch: the workflow must be deterministic."""
-    from reflector.worker import build_worker
+    from worker import build_worker
 
     tq = f"rr-nocache-{uuid.uuid4().hex[:6]}"
     async with build_worker(client, tq, max_cached_workflows=0):

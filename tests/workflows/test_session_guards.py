@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import os
+import signal
 
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from activities import sandbox as sandbox_activities
+from reflector.models import register_model
+from reflector.testing.scripted import SLOW_LOOP_ENV, _returns, stateful_script, synthesis_aware
 from tests.support.fixtures import comparable, write_trace
 from tests.workflows.test_reflection import _reflect
+
+
+def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """The stateful script, but the sandbox host is SIGKILLed before the third cell (in-process worker only)."""
+    if len(_returns(messages)) == 2:
+        rt = sandbox_activities._runtime
+        assert rt is not None
+        for sid in list(rt.sessions._live):
+            ex = rt.sessions.executor_for(sid)
+            pid = getattr(ex, "pid", None)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+    return stateful_script(messages, info)
+
+
+
+register_model("scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill"))
 
 
 async def test_final_answer_submitted_from_code_is_validated(client, task_queue, settings, tmp_path) -> None:
@@ -29,8 +53,8 @@ async def test_repeated_failing_cell_is_refused_then_session_stops(client, task_
     assert out.reasoning.startswith("INCOMPLETE")
 
 
-async def test_host_killed_mid_session_state_is_rebuilt(client, task_queue, settings, tmp_path) -> None:
-    os.environ["RR_TEST_SLOW_LOOP"] = "1000"
+async def test_host_killed_mid_session_state_is_rebuilt(client, task_queue, settings, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(SLOW_LOOP_ENV, "1000")
     trace = write_trace(tmp_path)
     base = await _reflect(client, task_queue, settings, trace, model="scripted-stateful")
     killed = await _reflect(client, task_queue, settings, trace, model="scripted-hostkill")

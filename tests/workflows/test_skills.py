@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 from reflector import client as rr
-from reflector.types import ReflectionConfig, ReflectorOutput
+from reflector.contract import ReflectionConfig, ReflectorOutput
+from reflector.testing.scripted import INPUTS_ENV, recorded_inputs
 from tests.support.fixtures import write_trace
-from tests.support.scripted import INPUTS_ENV, recorded_inputs
 
 SKILLBOOK = """## Booking
 [booking-00001] Confirm the reservation id before cancelling.
@@ -26,7 +26,7 @@ TRACE = {
 }
 
 
-async def _reflect(client, tq, settings, tmp_path, *, mode: str, skillbook: str) -> ReflectorOutput:  # type: ignore[no-untyped-def]
+async def _reflect(client, tq, settings, tmp_path, *, mode: str, skillbook: str) -> ReflectorOutput:
     ref = rr.upload_trace(write_trace(tmp_path, TRACE), settings)
     inp = rr.build_input(ref, skillbook=skillbook, mode=mode, config=ReflectionConfig(model="heuristic"))
     return await (await rr.start_reflection(client, inp, tq, f"skills-{uuid.uuid4().hex[:8]}")).result()

@@ -14,29 +14,31 @@ from typing import Any, TypeVar
 
 import anyio
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from reflector.cells import (
+    from reflector.contract import (
         EXPORT_ACTIVITY,
         RUN_CELL_ACTIVITY,
         CellInput,
         CellOutcome,
+        Continuation,
+        Counters,
         ExportInput,
         ExportResult,
         LimitsInput,
+        Progress,
+        ReflectionDraft,
+        ReflectionInput,
         TraceFacts,
     )
-    from reflector.types import Continuation, Ledger, Progress, ReflectionDraft, ReflectionInput, UsageRecord
+    from reflector.ledger import Ledger, UsageRecord
 
-__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe", "CELL_RETRY"]
+from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
+
+__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe"]
 
 T = TypeVar("T")
 
-CELL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
-# Rebuilding a namespace after a crash replays the journal: allow time for it beyond the cell's own limit.
-REBUILD_ALLOWANCE_S = 120.0
-DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
 class SessionEnded(Exception):
@@ -59,20 +61,11 @@ class SessionState:
     session_id: str
     ledger: Ledger
     init_ref: str = ""
-    seq: int = 1  # the last cell sequence number used (1 = prefill)
-    cells: int = 0
-    ok_cells: int = 0
-    failed_cells: int = 0
+    counters: Counters = field(default_factory=Counters)  # carried across continue-as-new
     consecutive_failures: int = 0
     last_failed_code: str | None = None
     same_failure_repeats: int = 0
-    iterations: int = 0
-    compactions: int = 0
-    microcompactions: int = 0
-    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     last_request_chars: int = 0
-    recursions: int = 0
-    runs: int = 1
     thoughts: list[dict[str, Any]] = field(default_factory=list)
     subagent_calls: list[dict[str, Any]] = field(default_factory=list)
     facts: TraceFacts = field(default_factory=TraceFacts)
@@ -84,32 +77,27 @@ class SessionState:
     @classmethod
     def create(cls, inp: ReflectionInput, session_id: str) -> SessionState:
         c = inp.continuation
-        ledger = Ledger(max_tokens=inp.config.max_tokens, max_requests=inp.config.max_requests)
-        state = cls(inp=inp, session_id=session_id, ledger=c.ledger if c else ledger)
-        if c is not None:
-            state.init_ref, state.seq = c.init_ref, c.seq
-            state.cells, state.ok_cells, state.failed_cells = c.cells, c.ok_cells, c.failed_cells
-            state.iterations, state.compactions, state.microcompactions = c.iterations, c.compactions, c.microcompactions
-            state.chars_per_token, state.recursions, state.runs = c.chars_per_token, c.recursions, c.runs + 1
-            state.thoughts, state.subagent_calls = list(c.thoughts), list(c.subagent_calls)
-            state.facts = TraceFacts.model_validate(c.facts)
-        return state
+        if c is None:
+            ledger = Ledger(max_tokens=inp.config.max_tokens, max_requests=inp.config.max_requests)
+            return cls(inp=inp, session_id=session_id, ledger=ledger)
+        counters = Counters.model_validate(c.model_dump(include=set(Counters.model_fields)))
+        return cls(
+            inp=inp,
+            session_id=session_id,
+            ledger=c.ledger,
+            init_ref=c.init_ref,
+            counters=counters.model_copy(update={"runs": c.runs + 1}),
+            thoughts=list(c.thoughts),
+            subagent_calls=list(c.subagent_calls),
+            facts=TraceFacts.model_validate(c.facts),
+        )
 
     def continuation(self, messages_json: str) -> Continuation:
         return Continuation(
+            **self.counters.model_dump(),
             messages_json=messages_json,
             ledger=self.ledger,
             init_ref=self.init_ref,
-            seq=self.seq,
-            cells=self.cells,
-            ok_cells=self.ok_cells,
-            failed_cells=self.failed_cells,
-            iterations=self.iterations,
-            compactions=self.compactions,
-            microcompactions=self.microcompactions,
-            chars_per_token=self.chars_per_token,
-            recursions=self.recursions,
-            runs=self.runs,
             thoughts=self.thoughts,
             subagent_calls=self.subagent_calls,
             facts=self.facts.model_dump(),
@@ -129,7 +117,7 @@ class SessionState:
         """Charge one model request of this session (a turn, a summary or the synthesis) to the ledger."""
         self.ledger.charge(
             UsageRecord(
-                kind=kind,  # type: ignore[arg-type]
+                kind=kind,
                 model=model or self.inp.config.model,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
@@ -154,15 +142,15 @@ class SessionState:
 
     async def run_cell(self, code: str, *, internal: bool = False) -> CellOutcome:
         """Run a cell as a local activity; `internal` cells (workflow-written) are not counted."""
-        self.seq += 1
+        self.counters.seq += 1
         self.phase = "running cell"
-        self.last_event = f"cell {self.seq}"
+        self.last_event = f"cell {self.counters.seq}"
         outcome: CellOutcome = await await_cancel_safe(
             workflow.start_local_activity(
                 RUN_CELL_ACTIVITY,
                 CellInput(
                     session_id=self.session_id,
-                    seq=self.seq,
+                    seq=self.counters.seq,
                     code=code,
                     trace=self.inp.trace,
                     init_ref=self.init_ref,
@@ -172,20 +160,20 @@ class SessionState:
                 result_type=CellOutcome,
                 start_to_close_timeout=self._activity_timeout(),
                 retry_policy=CELL_RETRY,
-                summary=f"cell {self.seq}",
+                summary=f"cell {self.counters.seq}",
             )
         )
         self.phase = "thinking"
         if internal:
             return outcome
-        self.cells += 1
+        self.counters.cells += 1
         if outcome.ok:
-            self.ok_cells += 1
+            self.counters.ok_cells += 1
             self.consecutive_failures = 0
             self.last_failed_code = None
             self.same_failure_repeats = 0
         else:
-            self.failed_cells += 1
+            self.counters.failed_cells += 1
             self.consecutive_failures += 1
             if code == self.last_failed_code:
                 self.same_failure_repeats += 1
@@ -200,7 +188,7 @@ class SessionState:
                 EXPORT_ACTIVITY,
                 ExportInput(
                     session_id=self.session_id,
-                    seq=self.seq,
+                    seq=self.counters.seq,
                     trace=self.inp.trace,
                     init_ref=self.init_ref,
                     limits=self.limits,
@@ -218,9 +206,9 @@ class SessionState:
         spent = self.ledger.spent()
         return Progress(
             phase=self.phase,
-            iterations=self.iterations,
-            cells=self.cells,
-            failed_cells=self.failed_cells,
+            iterations=self.counters.iterations,
+            cells=self.counters.cells,
+            failed_cells=self.counters.failed_cells,
             requests=spent.requests,
             total_tokens=spent.total_tokens,
             last_event=self.last_event,

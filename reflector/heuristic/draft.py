@@ -1,333 +1,18 @@
-"""The built-in offline model `heuristic`: a deterministic, rule-based driver of the real tools.
+"""Building the heuristic's `ReflectionDraft` from the findings its cell printed.
 
-It is NOT an LLM. It exists so that the whole durable pipeline (workflow, LLM activity, sandbox
-cells, output validation) runs end to end with no API key, in CI and in the README's first
-command, and so that tests have a model whose every decision is predictable.
-
-It is a pydantic-ai `FunctionModel` whose only input is the message history: no counters, no
-process state. The workflow may replay it after a worker restart, in another process, and it
-must then make exactly the same request. The plan:
-
-1. no `execute_code` result yet -> call `execute_code` with `FINDINGS_CELL`, which inspects
-   `traces`/`task` in the sandbox and prints one `RR_FINDINGS <json>` line;
-2. that cell failed (its result starts with "ERROR") and no retry happened yet -> retry once
-   with `SIMPLE_CELL`;
-3. otherwise -> call the output tool with a `ReflectionDraft` built only from the printed
-   findings (every statement traceable to a step index, tool name or value printed there).
+Every statement restates a printed finding (a step index, tool name or value), so the draft can be
+checked against the cell output; the rules that produced the findings live in the cell.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    ModelResponsePart,
-    RetryPromptPart,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from reflector.contract import ExtractedLearning, ReflectionDraft, SkillTag
 
-from reflector.answers import ANSWER_RULES_SOURCE
-from reflector.compaction import SUMMARY_MARKER
-from reflector.skillbook import ids_from_prompt
-from reflector.types import ExtractedLearning, ReflectionDraft, SkillTag
-
-__all__ = [
-    "HEURISTIC_NAME",
-    "FINDINGS_CELL",
-    "SIMPLE_CELL",
-    "FINDINGS_MARKER",
-    "heuristic_response",
-    "make_heuristic_model",
-    "parse_findings",
-    "build_draft",
-]
+__all__ = ["HEURISTIC_NAME", "build_draft"]
 
 HEURISTIC_NAME = "heuristic (rule-based, not an LLM)"
-FINDINGS_MARKER = "RR_FINDINGS "
-EXECUTE_CODE = "execute_code"
-_CELL_CALL_IDS = ("rr-heuristic-cell-1", "rr-heuristic-cell-2")
-_FINAL_CALL_ID = "rr-heuristic-final"
-
-# The inspection cell. It runs in the sandbox (imports limited to json/re/math/collections/
-# itertools/functools/statistics, no dunder attribute access, no open()), so it is plain code
-# over the canonical view documented in reflector/traces.py. Comparison rules live here, not in
-# the model, because the draft must only restate what a cell printed.
-FINDINGS_CELL = r'''
-import json, re, collections
-
-MAX_LINE = 19000
-
-def short(value, limit=300):
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-def kind_of(value):
-    for name, cls in (("dict", dict), ("list", list), ("str", str), ("int", int), ("float", float)):
-        if isinstance(value, cls):
-            return name
-    return "other"
-
-''' + ANSWER_RULES_SOURCE + r'''
-SKILL_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*-\d{3,})\b")
-
-def run_findings(run, task_info, steps_limit=10):
-    steps = run.get("steps") or []
-    failing = [s for s in steps if isinstance(s, dict) and s.get("is_error")]
-    calls = collections.Counter()
-    for s in steps:
-        for c in (s.get("tool_calls") or []) if isinstance(s, dict) else []:
-            calls[str(c.get("name"))] += 1
-    fail_tools = collections.Counter(str(s.get("tool_name")) for s in failing)
-    same_errors = collections.Counter((str(s.get("tool_name")), str(s.get("content"))) for s in failing)
-    repeated = {}
-    for (name, _content), count in same_errors.items():
-        if count > 1:
-            repeated[name] = max(repeated.get(name, 0), count)
-    last_step = None
-    for s in reversed(steps):
-        if isinstance(s, dict) and s.get("role") == "assistant" and str(s.get("content") or "").strip():
-            last_step = {"index": s.get("index"), "content": short(s.get("content"), 300)}
-            break
-    truth = task_info.get("ground_truth")
-    truth_source = "task"
-    if truth is None or not str(truth).strip():
-        truth, truth_source = run.get("ground_truth"), "traces"
-    if truth is None:
-        truth_source = None
-    final = run.get("final_answer")
-    matches, missing = compare(final, truth)
-    # a structured ground truth (tau-bench): actions against actions, outputs against what the agent said
-    actions_ok, missing_actions, unexpected_actions = compare_actions(run.get("actions"), run.get("expected_actions"))
-    said = [s.get("content") for s in steps if isinstance(s, dict) and s.get("role") == "assistant"]
-    outputs_missing = missing_outputs(run.get("expected_outputs"), said)
-    cited = set()
-    texts = [str(s.get("content", "")) for s in steps if isinstance(s, dict)] + [str(final or "")]
-    for text in texts:
-        cited.update(SKILL_RE.findall(text))
-    meta = run.get("metadata") or {}
-    for sid in meta.get("skill_ids") or []:
-        cited.add(str(sid))
-    return {
-        "id": meta.get("id"),
-        "format": run.get("format"),
-        "question": short(task_info.get("question") or run.get("question"), 300),
-        "n_steps": len(steps),
-        "n_failing_steps": len(failing),
-        "failing_steps": [
-            {"index": s.get("index"), "tool_name": s.get("tool_name"), "content": short(s.get("content"), 200)}
-            for s in failing[:steps_limit]
-        ],
-        "failing_tools": dict(fail_tools.most_common(10)),
-        "repeated_failures": repeated,
-        "last_assistant_step": last_step,
-        "tool_calls": dict(calls.most_common(20)),
-        "n_tool_calls": sum(calls.values()),
-        "final_answer": short(final, 600),
-        "ground_truth": short(truth, 600),
-        "ground_truth_source": truth_source,
-        "answer_matches": matches,
-        "missing_from_answer": missing,
-        "actions_match": actions_ok,
-        "agent_actions": [short(action_text(a), 300) for a in state_changing(run.get("actions"), True)[:5]],
-        "expected_actions": [short(action_text(a), 300) for a in state_changing(run.get("expected_actions"), False)[:5]],
-        "missing_actions": missing_actions,
-        "unexpected_actions": unexpected_actions,
-        "missing_outputs": outputs_missing[:5],
-        "reward": run.get("reward"),
-        "feedback": short(task_info.get("feedback") or run.get("feedback"), 300),
-        "cited_skill_ids": sorted(cited)[:30],
-    }
-
-def batch_findings(view, task_info):
-    runs = [r for r in view.get("runs") or [] if isinstance(r, dict)]
-    per_run = [run_findings(r, {}, steps_limit=3) for r in runs]
-    failing = [
-        f for f in per_run
-        if (f["reward"] is not None and f["reward"] < 1)
-        or (f["reward"] is None and (f["answer_matches"] is False or f["actions_match"] is False
-                                     or f["n_failing_steps"]))
-    ]
-    tools = collections.Counter()
-    for f in failing:
-        tools.update(f["failing_tools"])
-    rewards = [f["reward"] for f in per_run if f["reward"] is not None]
-    out = {
-        "format": view.get("format"),
-        "batch": True,
-        "n_runs": len(runs),
-        "n_steps": sum(f["n_steps"] for f in per_run),
-        "n_failing_runs": len(failing),
-        "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
-        "failing_runs": [
-            {"id": f["id"] if f["id"] is not None else i, "reward": f["reward"],
-             "answer_matches": f["answer_matches"], "actions_match": f["actions_match"],
-             "n_failing_steps": f["n_failing_steps"]}
-            for i, f in enumerate(failing[:25])
-        ],
-        "failing_tools": [[name, count] for name, count in tools.most_common(5)],
-        "n_runs_with_tool_errors": sum(1 for f in failing if f["n_failing_steps"]),
-        "n_failing_runs_answer_mismatch": sum(1 for f in failing if f["answer_matches"] is False),
-        "n_failing_runs_action_mismatch": sum(1 for f in failing if f["actions_match"] is False),
-    }
-    if failing:
-        out["example_run"] = failing[0]
-    return out
-
-def findings():
-    try:
-        task_info = task if isinstance(task, dict) else {}
-    except NameError:
-        task_info = {}
-    view = traces
-    if not isinstance(view, dict):
-        return {"format": "unknown", "n_steps": 0, "raw_type": kind_of(view)}
-    if isinstance(view.get("runs"), list):
-        return batch_findings(view, task_info)
-    out = run_findings(view, task_info)
-    if view.get("format") == "unknown":
-        raw = view.get("raw")
-        out["raw_type"] = kind_of(raw)
-        out["raw_keys"] = sorted(str(k) for k in raw)[:30] if isinstance(raw, dict) else []
-        out["raw_len"] = len(raw) if isinstance(raw, (list, dict, str)) else None
-    return out
-
-result = findings()
-line = json.dumps(result, ensure_ascii=False, default=str)
-for key in ("example_run", "failing_runs", "tool_calls", "question", "feedback", "agent_actions", "expected_actions"):
-    if len(line) <= MAX_LINE:
-        break
-    result.pop(key, None)
-    line = json.dumps(result, ensure_ascii=False, default=str)
-print("RR_FINDINGS " + line[:MAX_LINE])
-'''
-
-# Fallback when the sandbox refuses or fails the main cell: nothing but the format.
-SIMPLE_CELL = (
-    "import json\n"
-    "fmt = traces.get('format') if isinstance(traces, dict) else 'unknown'\n"
-    "print('RR_FINDINGS ' + json.dumps({'format': fmt, 'simple': True}))\n"
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the message history
-# --------------------------------------------------------------------------------------------
-
-
-def _cell_results(messages: list[ModelMessage]) -> list[str]:
-    """Outputs of every `execute_code` call so far, in order (a retry prompt counts as ERROR)."""
-    out: list[str] = []
-    for msg in messages:
-        if not isinstance(msg, ModelRequest):
-            continue
-        for part in msg.parts:
-            if isinstance(part, ToolReturnPart) and part.tool_name == EXECUTE_CODE:
-                content = part.content
-                out.append(content if isinstance(content, str) else part.model_response_str())
-            elif isinstance(part, RetryPromptPart) and part.tool_name == EXECUTE_CODE:
-                out.append(f"ERROR: {part.model_response()}")
-    return out
-
-
-def _first_prompt(messages: list[ModelMessage]) -> str:
-    for msg in messages:
-        if isinstance(msg, ModelRequest):
-            for part in msg.parts:
-                if isinstance(part, UserPromptPart):
-                    content = part.content
-                    if isinstance(content, str):
-                        return content
-                    return "\n".join(c for c in content if isinstance(c, str))
-    return ""
-
-
-def parse_findings(outputs: list[str]) -> dict[str, Any] | None:
-    """The last `RR_FINDINGS <json>` line printed by any cell, or None."""
-    for text in reversed(outputs):
-        for line in reversed(text.splitlines()):
-            idx = line.find(FINDINGS_MARKER)
-            if idx < 0:
-                continue
-            try:
-                value = json.loads(line[idx + len(FINDINGS_MARKER) :])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# The model function
-# --------------------------------------------------------------------------------------------
-
-
-def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """Decide the next step from the message history alone (deterministic, replay-safe)."""
-    prompt = _first_prompt(messages)
-    if prompt.startswith(SUMMARY_MARKER):
-        return ModelResponse(parts=[TextPart(_summary_of(prompt))])
-    if EXECUTE_CODE not in {t.name for t in info.function_tools}:
-        # the workflow's last synthesis request: the findings so far are in the prompt
-        findings = parse_findings([prompt])
-        if findings is None:
-            return _final(info, _draft_no_tool())
-        skill_ids = ids_from_prompt(prompt)
-        return _final(info, build_draft(findings, skillbook_ids=skill_ids, cell_errors=[]))
-    results = _cell_results(messages)
-    findings = parse_findings(results)
-    if findings is None and len(results) < len(_CELL_CALL_IDS):
-        code = FINDINGS_CELL if not results else SIMPLE_CELL
-        call = ToolCallPart(EXECUTE_CODE, {"code": code}, tool_call_id=_CELL_CALL_IDS[len(results)])
-        return ModelResponse(parts=[call])
-    skill_ids = ids_from_prompt(_first_prompt(messages))
-    draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results])
-    return _final(info, draft)
-
-
-def _summary_of(prompt: str) -> str:
-    """A deterministic summary for compaction: the findings lines, verbatim (they carry the evidence)."""
-    lines = [ln[ln.index(FINDINGS_MARKER):] for ln in prompt.splitlines() if FINDINGS_MARKER in ln]
-    kept = lines[-1:] if lines else []
-    return f"{HEURISTIC_NAME} summary of the session so far.\n" + ("\n".join(kept) or "No findings yet.")
-
-
-def _final(info: AgentInfo, draft: ReflectionDraft) -> ModelResponse:
-    part: ModelResponsePart
-    if info.output_tools:
-        part = ToolCallPart(info.output_tools[0].name, draft.model_dump(), tool_call_id=_FINAL_CALL_ID)
-    else:
-        part = TextPart(draft.model_dump_json())
-    return ModelResponse(parts=[part])
-
-
-class HeuristicModel(FunctionModel):
-    """`FunctionModel` that also reports itself as rule-based in `system` (seen in OTel/logs)."""
-
-    @property
-    def system(self) -> str:
-        return HEURISTIC_NAME
-
-
-def make_heuristic_model() -> FunctionModel:
-    """The offline model behind `--model heuristic`."""
-    return HeuristicModel(heuristic_response, model_name=HEURISTIC_NAME)
-
-
-# --------------------------------------------------------------------------------------------
-# Building the reflection from findings
-# --------------------------------------------------------------------------------------------
 
 
 def _draft_no_tool() -> ReflectionDraft:
@@ -417,7 +102,8 @@ def _run_draft(f: dict[str, Any], skillbook_ids: list[str]) -> ReflectionDraft:
     if f.get("missing_outputs"):
         errors.append(
             "The agent never stated the expected output(s) "
-            + ", ".join(_q(o, 100) for o in f["missing_outputs"][:3]) + "."
+            + ", ".join(_q(o, 100) for o in f["missing_outputs"][:3])
+            + "."
         )
     errors += [f"{_step_ref(s)} returned an error: {_q(s.get('content'))}." for s in failing[:3]]
     if f.get("reward") is not None and f["reward"] < 1:
@@ -444,7 +130,8 @@ def _actions_mismatch(f: dict[str, Any]) -> str:
         parts.append("taken but not expected: " + "; ".join(_q(a, 200) for a in f["unexpected_actions"][:2]))
     return (
         "The agent's state-changing actions differ from the expected actions (compared by name and arguments)"
-        + (": " + "; ".join(parts) if parts else "") + "."
+        + (": " + "; ".join(parts) if parts else "")
+        + "."
     )
 
 
@@ -506,8 +193,12 @@ def _correct_approach(f: dict[str, Any], failed: bool) -> str:
             + (f" (expected: {_q(missing[0], 200)})" if missing else "")
         )
     if f.get("missing_outputs"):
-        steps.append("tell the user the information the task requires (" + ", ".join(f["missing_outputs"][:3]) + ")")
-    outcome_named = f.get("answer_matches") is False or f.get("actions_match") is False or f.get("missing_outputs")
+        steps.append(
+            "tell the user the information the task requires (" + ", ".join(f["missing_outputs"][:3]) + ")"
+        )
+    outcome_named = (
+        f.get("answer_matches") is False or f.get("actions_match") is False or f.get("missing_outputs")
+    )
     if not outcome_named and f.get("reward") is not None and f["reward"] < 1:
         steps.append("check the required outcome (expected actions/outputs) before ending the run")
     return "The agent should " + "; then ".join(steps) + "."
@@ -579,8 +270,10 @@ def _run_learnings(f: dict[str, Any], failed: bool) -> list[ExtractedLearning]:
                 justification="The agent's state-changing calls differed from the expected ones in name or arguments.",
             )
         )
-    if f.get("answer_matches") is not False and f.get("actions_match") is not False and (
-        f.get("reward") is not None and f["reward"] < 1
+    if (
+        f.get("answer_matches") is not False
+        and f.get("actions_match") is not False
+        and (f.get("reward") is not None and f["reward"] < 1)
     ):
         learnings.append(
             ExtractedLearning(
@@ -611,7 +304,9 @@ def _actions_evidence(f: dict[str, Any]) -> str:
     if f.get("missing_actions"):
         parts.append("expected actions not taken: " + "; ".join(_q(a, 200) for a in f["missing_actions"][:2]))
     if f.get("unexpected_actions"):
-        parts.append("actions taken but not expected: " + "; ".join(_q(a, 200) for a in f["unexpected_actions"][:2]))
+        parts.append(
+            "actions taken but not expected: " + "; ".join(_q(a, 200) for a in f["unexpected_actions"][:2])
+        )
     if f.get("reward") is not None:
         parts.append(f"reward {f['reward']}")
     return "; ".join(parts) + "."

@@ -5,7 +5,7 @@ worker. Requests: `{"op": "start", trace_path, trace_format, extra_vars, limits?
 `{"op": "cell", code}`, `{"op": "warm"}` (import what `start` needs: pooled idle hosts),
 `{"op": "snapshot"}` (response frame `{"ok", "size"}` followed by `size` raw pickle bytes),
 `{"op": "restore", "size"}` (followed by `size` raw bytes), `{"op": "export"}` (like snapshot, plus
-`skipped`: a copy of the namespace for a child session, see `sandbox.snapshot.take_export`),
+`skipped`: a copy of the namespace for a child session, see `sandbox.host.snapshot.take_export`),
 `{"op": "inherit", "size"}` (followed by an export's raw bytes; only right after `start`),
 `{"op": "ping"}`; one response frame per request, carrying the request's `n`. `start` may carry
 `archive_root` (truthy: `ARCHIVE()` is offered; the worker reads the blobs). A host spawned without a
@@ -22,7 +22,7 @@ Two layers, and the second is the one that must hold
   * The language layer: cells cannot name interpreter internals (the AST check refuses dunder /
     `_`-prefixed / frame and code attributes, `getattr`/`eval`/`exec`/`open`/`__import__` & co., and
     imports outside a small allowlist; dynamic string->attribute routes are checked or removed, see
-    `sandbox.guards`, `sandbox.safe_modules`); modules are proxies that do not leak what they import.
+    `sandbox.host.guards`, `sandbox.host.safe_modules`); modules are proxies that do not leak what they import.
   * Cells cannot write to the protocol channel through Python: the real stdin/stdout are dup'ed to
     private fds, fds 0/1 point at /dev/null, cell output goes to a per-cell capture object. Code that
     got past the language layer *can* write frames; the worker matches every reply to its request
@@ -49,8 +49,17 @@ import time
 from typing import Any
 
 from sandbox.archive import check_archive_name, decode_archive
-from sandbox.framing import read_exact, read_frame_fd, write_frame_fd
-from sandbox.guards import ALLOWED_MODULES, GuardError
+from sandbox.host.guards import ALLOWED_MODULES, GuardError
+from sandbox.host.namespace import SandboxNamespace, format_exception, load_traces
+from sandbox.host.output import truncate
+from sandbox.host.snapshot import (
+    DataIndex,
+    SnapshotRefused,
+    restore_export,
+    restore_snapshot,
+    take_export,
+    take_snapshot,
+)
 from sandbox.isolation import (
     ISOLATION_ENV,
     IsolationMode,
@@ -60,21 +69,10 @@ from sandbox.isolation import (
     lockdown,
     parse_mode,
 )
-from sandbox.namespace import SandboxNamespace, format_exception, load_traces
-from sandbox.output import truncate
-from sandbox.snapshot import (
-    DataIndex,
-    SnapshotRefused,
-    restore_export,
-    restore_snapshot,
-    take_export,
-    take_snapshot,
-)
+from sandbox.wire import TEST_MISSING_ENV, TEST_UNGUARDED_ENV, read_exact, read_frame_fd, write_frame_fd
 
-__all__ = ["main", "apply_rlimits", "TEST_UNGUARDED_ENV"]
+__all__ = ["main", "apply_rlimits"]
 
-TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # tests only: see `Host.unguarded`
-TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # tests only: layers to treat as unavailable (comma list)
 MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round trip to the worker)
 # Modules whose first use imports more from disk: imported before the lockdown, after which the
 # host (as nobody, under Landlock) may no longer be able to read the Python installation.
@@ -249,7 +247,7 @@ class Host:
             self.ns.start(traces, dict(req.get("extra_vars") or {}), "worker" if req.get("archive_root") else None)
             if req.get("index_data"):
                 self.index = DataIndex([self.ns._scaffold[n] for n in self.ns._data_names])
-        except Exception as exc:  # noqa: BLE001 - reported to the executor
+        except Exception as exc:  # reported to the executor
             return {"ok": False, "error": f"could not start the sandbox: {type(exc).__name__}: {exc}"}
         self.started = self.pristine = True
         return {
@@ -266,7 +264,7 @@ class Host:
             blob, skipped = take_export(self.ns)
         except MemoryError:
             return {"ok": False, "error": "MemoryError while exporting the namespace"}, None
-        except Exception as exc:  # noqa: BLE001 - reported to the executor
+        except Exception as exc:  # reported to the executor
             return {"ok": False, "error": f"could not export the namespace: {type(exc).__name__}: {exc}"}, None
         resp = {"ok": True, "size": len(blob), "skipped": skipped, "host_ms": (time.perf_counter() - t0) * 1000}
         return resp, blob
@@ -279,15 +277,15 @@ class Host:
         self.pristine = False
         try:
             info = restore_export(self.ns, blob)
-        except BaseException as exc:  # noqa: BLE001 - the executor discards this host
+        except BaseException as exc:  # the executor discards this host
             return {"ok": False, "error": f"could not load the inherited namespace: {type(exc).__name__}: {exc}"}
         finally:
-            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+            sys.stdout = sys.stderr = self._null
             self.ns.restore()
         return {"ok": True, **info, "host_ms": (time.perf_counter() - t0) * 1000}
 
     def snapshot(self) -> tuple[dict[str, Any], bytes | None]:
-        """Pickle the user's state (see `sandbox.snapshot`); refused states answer ok=False."""
+        """Pickle the user's state (see `sandbox.host.snapshot`); refused states answer ok=False."""
         t0 = time.perf_counter()
         if self.index is None:
             return {"ok": False, "error": "snapshots need index_data at start"}, None
@@ -303,10 +301,10 @@ class Host:
         t0 = time.perf_counter()
         try:
             count = restore_snapshot(self.ns, self.index, blob)
-        except BaseException as exc:  # noqa: BLE001 - the executor discards this host
+        except BaseException as exc:  # the executor discards this host
             return {"ok": False, "error": f"could not restore the snapshot: {type(exc).__name__}: {exc}"}
         finally:
-            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+            sys.stdout = sys.stderr = self._null
             if self.ns._scaffold:
                 self.ns.restore()
         return {"ok": True, "vars": count, "host_ms": (time.perf_counter() - t0) * 1000}
@@ -328,9 +326,9 @@ class Host:
             kind, error = "guard", str(exc)
         else:
             _arm_cpu_budget(int(self.limits.get("cpu_seconds_per_cell", 120)))
-            sys.stdout = sys.stderr = ns.capture  # type: ignore[assignment]
+            sys.stdout = sys.stderr = ns.capture
             try:
-                exec(compiled, ns.ns)  # noqa: S102 - checked code, restricted builtins
+                exec(compiled, ns.ns)  # checked code, restricted builtins
             except MemoryError:
                 kind = "memory"
                 error = (
@@ -339,11 +337,11 @@ class Host:
                 )
             except GuardError as exc:
                 kind, error = "guard", f"GuardError: {exc}"
-            except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt included
+            except BaseException as exc:  # SystemExit/KeyboardInterrupt included
                 kind = "runtime"
                 error = _describe(exc)
             finally:
-                sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+                sys.stdout = sys.stderr = self._null
                 ns.restore()
         stdout, truncated = ns.capture.getvalue(ns.max_output_chars)
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -369,13 +367,13 @@ class Host:
 
         out = io.StringIO()
         error = None
-        sys.stdout = sys.stderr = out  # type: ignore[assignment]
+        sys.stdout = sys.stderr = out
         try:
-            exec(compile(code, "<unguarded>", "exec"), {"__builtins__": builtins, "__name__": "__breach__"})  # noqa: S102
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            exec(compile(code, "<unguarded>", "exec"), {"__builtins__": builtins, "__name__": "__breach__"})
+        except BaseException as exc:  # reported to the test
             error = f"{type(exc).__name__}: {exc}"
         finally:
-            sys.stdout = sys.stderr = self._null  # type: ignore[assignment]
+            sys.stdout = sys.stderr = self._null
         return {"ok": error is None, "stdout": out.getvalue()[-20_000:], "error": error,
                 "error_kind": None if error is None else "runtime"}
 
@@ -427,7 +425,7 @@ def _preload(names: tuple[str, ...] = ()) -> None:
 
 def _readable_paths() -> list[str]:
     """What a locked-down host may still read: the Python installation and this project's packages."""
-    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     for entry in sys.path:
         full = os.path.abspath(entry) if entry else ""
@@ -461,7 +459,7 @@ def _plain_json(raw: bytes, name: str, trace_format: str) -> Any:
 def _describe(exc: BaseException) -> str:
     try:
         text = format_exception(exc)
-    except BaseException:  # noqa: BLE001 - a hostile __str__ must not kill the host
+    except BaseException:  # a hostile __str__ must not kill the host
         text = f"{type(exc).__name__} (message could not be rendered)"
     if isinstance(exc, SystemExit | KeyboardInterrupt):
         text += "\n(exiting is not possible from a cell; the session continues)"
@@ -490,8 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 1)
     os.close(devnull)
     host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded, missing=missing)
-    sys.stdout = sys.stderr = host._null  # type: ignore[assignment]
-    sys.stdin = None  # type: ignore[assignment]
+    sys.stdout = sys.stderr = host._null
+    sys.stdin = None
     while True:
         try:
             req = read_frame_fd(proto_in)
@@ -517,7 +515,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

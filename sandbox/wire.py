@@ -1,4 +1,4 @@
-"""Length-prefixed JSON frames between the executor and the host.
+"""What passes between the worker and a host: length-prefixed JSON frames, and the environment it starts in.
 
 Why length-prefixed: the protocol runs over private pipe fds, and a frame is read in exactly two
 reads (header, body) with no delimiter scanning, so a 50 KB result costs the same as a tiny one.
@@ -9,6 +9,10 @@ subclasses whose methods are pinned at import (a cell cannot reach them; even a 
 `json.JSONEncoder.encode` would not be used here). Text with lone surrogates (`print('\\ud800')`, a
 trace with the JSON escape "\\ud800") is not UTF-8: such characters are sent as the six visible
 characters `\\ud800`, so encoding never fails and the other side always gets valid UTF-8.
+
+The host's environment (`host_env`) is built from scratch by the worker, so no secret of the worker
+leaks in; the variables named here are the host's private channel from the worker (read by
+`sandbox.host.main`, set only by `host_env`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,22 @@ import re
 import struct
 from typing import Any
 
-__all__ = ["HEADER", "MAX_FRAME_BYTES", "encode", "decode", "read_frame_fd", "write_frame_fd", "read_exact"]
+from sandbox.isolation import ISOLATION_ENV, IsolationMode
+
+__all__ = [
+    "HEADER",
+    "MAX_FRAME_BYTES",
+    "encode",
+    "decode",
+    "read_frame_fd",
+    "write_frame_fd",
+    "read_exact",
+    "host_env",
+    "SAFE_PATH",
+    "WORKDIR_PREFIX",
+    "TEST_UNGUARDED_ENV",
+    "TEST_MISSING_ENV",
+]
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 * 1024**2
@@ -91,3 +110,36 @@ def write_frame_fd(fd: int, obj: Any) -> None:
     while data:
         written = os.write(fd, data)
         data = data[written:]
+
+
+# -- the host's environment -------------------------------------------------------------------------
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# os.path, not pathlib: the host imports this module, and pathlib is not otherwise loaded there yet
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+# A host's (and the zygote's) working directory: `rr-sandbox-<worker pid>-<random>` in the temp dir.
+WORKDIR_PREFIX = "rr-sandbox-"
+TEST_UNGUARDED_ENV = "RR_SANDBOX_TEST_UNGUARDED"  # tests only: see `sandbox.host.main.Host.unguarded`
+TEST_MISSING_ENV = "RR_SANDBOX_TEST_MISSING"  # tests only: layers to treat as unavailable (comma list)
+
+
+def host_env(
+    workdir: str, isolation: IsolationMode = "auto", *, unguarded: bool = False, missing: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """The host's whole environment: built from scratch so no secret of the worker leaks in."""
+    env = {
+        "PATH": SAFE_PATH,
+        "PYTHONHASHSEED": "0",
+        "PYTHONPATH": _PROJECT_ROOT,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "HOME": workdir,
+        ISOLATION_ENV: isolation,
+    }
+    if unguarded:
+        env[TEST_UNGUARDED_ENV] = "1"
+    if missing:
+        env[TEST_MISSING_ENV] = ",".join(missing)
+    return env

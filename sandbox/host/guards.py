@@ -6,7 +6,7 @@ escapes all go through *attribute access* to interpreter internals (`().__class_
 run or look up code by string (`getattr`, `eval`, `exec`, `__import__`, `open`). We refuse those
 in the syntax tree before anything runs, and we close the *dynamic* routes that turn a string into an
 attribute access (`str.format` fields, `operator.attrgetter`, `functools.update_wrapper`, class
-pattern `__match_args__`) in `sandbox.safe_modules`. The invariant the rest relies on: a cell can
+pattern `__match_args__`) in `sandbox.host.safe_modules`. The invariant the rest relies on: a cell can
 never read a dunder, `_`-prefixed or frame/code attribute of any object.
 
 Error messages are written for the model that wrote the cell: say what is refused and what to do.
@@ -326,7 +326,7 @@ class _Checker(ast.NodeVisitor):
             self.visit(stmt)
         self._class_depth.pop()
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self.visit(node.args)

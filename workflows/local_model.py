@@ -1,4 +1,6 @@
-"""`TemporalDurability` whose in-process model requests run as local activities on the workflow's
+"""The only module that touches pydantic-ai's and temporalio's private API (see docs/upstream.md).
+
+`TemporalDurability` whose in-process model requests run as local activities on the workflow's
 worker, and whose provider requests run as pydantic-ai's regular activities.
 
 Two paths, chosen per request by where the model answers (`reflector.models.answers_in_process`):
@@ -57,23 +59,16 @@ from temporalio import activity, workflow
 from temporalio.workflow import ActivityConfig
 
 from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
+from reflector.contract import LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX, PROVIDER_MODEL_PATCH
 from reflector.models import answers_in_process
-from workflows.session import await_cancel_safe
+from workflows.state import await_cancel_safe
 
 __all__ = [
     "LocalModelDurability",
-    "LOCAL_SUFFIX",
-    "LOCAL_MODEL_PATCH",
-    "PROVIDER_MODEL_PATCH",
     "local_model_requests",
     "provider_model_activities",
 ]
 
-LOCAL_SUFFIX = "_local"
-LOCAL_MODEL_PATCH = "rr-local-model-requests"
-"""Workflows recorded before this change keep replaying their model requests as regular activities."""
-PROVIDER_MODEL_PATCH = "rr-provider-model-activities"
-"""Workflows recorded before this change keep replaying provider model requests as local activities."""
 
 
 def local_model_requests() -> bool:
@@ -145,7 +140,7 @@ class LocalModelDurability(TemporalDurability[AgentDepsT]):
         ops = self._bound_model_operations
         assert ops is not None
         inner = cast(TemporalBoundOperation[Any, Any, ModelResponse], ops.request)
-        name = f"{activity._Definition.must_from_callable(inner.registration).name}{LOCAL_SUFFIX}"
+        name = f"{activity._Definition.must_from_callable(inner.registration).name}{LOCAL_MODEL_SUFFIX}"
         op, runtime, non_retryable = inner.operation, self, self._non_retryable_model_errors
 
         async def run(params: Any, deps: Any) -> ModelResponse:

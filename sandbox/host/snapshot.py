@@ -49,7 +49,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox.namespace import SandboxNamespace
+    from sandbox.host.namespace import SandboxNamespace
 
 __all__ = [
     "DataIndex",
@@ -65,7 +65,7 @@ __all__ = [
 SNAPSHOT_VERSION = 1
 EXPORT_VERSION = 1
 _EXPORT_KIND = "rr-namespace-export"
-_HISTORY = "history"  # sandbox.namespace.HISTORY (not imported: keep this module free of the namespace)
+_HISTORY = "history"  # sandbox.host.namespace.HISTORY (not imported: keep this module free of the namespace)
 PROTOCOL = 5
 _ATOMIC: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes})
 _PLAIN: frozenset[type] = frozenset({dict, list, tuple, set, frozenset, bytearray})
@@ -278,7 +278,7 @@ def _dump(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any
         raise
     except RecursionError:
         raise SnapshotRefused("the state is nested too deeply to pickle") from None
-    except Exception as exc:  # noqa: BLE001 - PicklingError, TypeError from reduce, ...
+    except Exception as exc:  # PicklingError, TypeError from reduce, ...
         raise SnapshotRefused(f"a value cannot be pickled: {type(exc).__name__}: {exc}") from None
     return buf.getvalue()
 
@@ -307,7 +307,7 @@ def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes)
     Raises on any mismatch (the caller discards the host and replays the journal instead).
     """
     buf = io.BytesIO(blob)
-    meta = pickle.load(buf)  # noqa: S301
+    meta = pickle.load(buf)
     if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
         raise ValueError("unknown snapshot version")
     if not meta["data_included"] and (index is None or len(index.objs) != meta["data_count"]):
@@ -356,7 +356,7 @@ def _export_refs(ns: SandboxNamespace) -> dict[int, tuple[Any, ...]]:
 def _pickles(value: Any, refs: dict[int, tuple[Any, ...]]) -> bool:
     try:
         _Pickler(io.BytesIO(), refs, check_sets=False).dump(value)
-    except Exception:  # noqa: BLE001 - SnapshotRefused, PicklingError, RecursionError, MemoryError, ...
+    except Exception:  # SnapshotRefused, PicklingError, RecursionError, MemoryError, ...
         return False
     return True
 
@@ -367,7 +367,7 @@ def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
     Never refuses (see the module doc). Skipped names are user variables in namespace order, plus
     `history` if some of its items could not be carried; the scaffolding is never exported nor listed.
     """
-    from sandbox.safe_modules import ModuleProxy  # lazy: keep snapshot imports light
+    from sandbox.host.safe_modules import ModuleProxy  # lazy: keep snapshot imports light
 
     refs = _export_refs(ns)
     hidden = set(ns._scaffold) | set(ns._helpers)
@@ -386,7 +386,7 @@ def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
     meta = {"version": EXPORT_VERSION, "kind": _EXPORT_KIND, "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()]}
     try:
         return _dump_export(meta, {"vars": candidates, "history": history}, refs), skipped
-    except Exception:  # noqa: BLE001 - find what cannot be carried, one value at a time
+    except Exception:  # find what cannot be carried, one value at a time
         pass
     history_dropped = False
     if not _pickles(history, refs):

@@ -15,16 +15,23 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL
 from reflector.models import register_model
 
-SLOW_LOOP = int(os.environ.get("RR_TEST_SLOW_LOOP", "40000000"))
+SLOW_LOOP_ENV = "RR_TEST_SLOW_LOOP"  # iterations of the slow cell (read when the cell is written)
 
 
-def _returns(messages: list[ModelMessage], tool: str = "execute_code") -> list[str]:
+def _slow_loop() -> int:
+    return int(os.environ.get(SLOW_LOOP_ENV, "40000000"))
+
+
+
+def _returns(messages: list[ModelMessage], tool: str = EXECUTE_CODE_TOOL) -> list[str]:
     return [str(p.content) for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == tool]
 
 
@@ -59,7 +66,7 @@ def recorded_inputs(path: str) -> list[dict]:  # type: ignore[type-arg]
         return [json.loads(line) for line in f if line.strip()]
 
 
-def synthesis_aware(fn):  # type: ignore[no-untyped-def]
+def synthesis_aware(fn):
     """Scripts answer the workflow's synthesis request (no tools offered) and summarise requests too."""
 
     def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -70,7 +77,7 @@ def synthesis_aware(fn):  # type: ignore[no-untyped-def]
             earlier = re.findall(r"scripted summary: (\d+) cell outputs", first)
             n = first.count("[ToolReturnPart execute_code]") + (int(earlier[-1]) if earlier else 0)
             return ModelResponse(parts=[TextPart(f"scripted summary: {n} cell outputs so far")])
-        if info.output_tools and "execute_code" not in {t.name for t in info.function_tools}:
+        if info.output_tools and EXECUTE_CODE_TOOL not in {t.name for t in info.function_tools}:
             _log(messages, "synthesis")
             return _final(info, [first[-300:]])
         return fn(messages, info)
@@ -107,8 +114,8 @@ def stateful_script(messages: list[ModelMessage], info: AgentInfo) -> ModelRespo
     _log(messages, "scripted-stateful")
     outputs = _returns(messages)
     if len(outputs) < len(CELLS):
-        code = CELLS[len(outputs)].replace("SLOW", str(SLOW_LOOP))
-        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{len(outputs)}")])
+        code = CELLS[len(outputs)].replace("SLOW", str(_slow_loop()))
+        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(outputs)}")])
     return _final(info, outputs)
 
 
@@ -119,7 +126,7 @@ def steps_script(n: int):
         _log(messages, f"scripted-steps-{n}")
         outputs = _returns(messages)
         if len(outputs) < n:
-            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": f"x{len(outputs)} = {len(outputs)}\nprint(x{len(outputs)})"},
+            return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": f"x{len(outputs)} = {len(outputs)}\nprint(x{len(outputs)})"},
                                                      tool_call_id=f"c{len(outputs)}")])
         return _final(info, outputs[-2:])
 
@@ -134,7 +141,7 @@ def answer_without_code(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     retried = any(getattr(p, "tool_name", None) == info.output_tools[0].name and not isinstance(p, ToolCallPart)
                   for m in messages for p in m.parts)
     if retried and not outputs:
-        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": "print('ok', type(traces).__name__)"})])
+        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print('ok', type(traces).__name__)"})])
     return _final(info, outputs)
 
 
@@ -146,16 +153,20 @@ def text_only(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 register_model("scripted-stateful", lambda: FunctionModel(synthesis_aware(stateful_script), model_name="scripted-stateful"))
 register_model("scripted-eager", lambda: FunctionModel(synthesis_aware(answer_without_code), model_name="scripted-eager"))
 register_model("scripted-text", lambda: FunctionModel(synthesis_aware(text_only), model_name="scripted-text"))
+def _steps_model(n: int) -> Callable[[], FunctionModel]:
+    return lambda: FunctionModel(synthesis_aware(steps_script(n)), model_name=f"scripted-steps-{n}")
+
+
 for _n in (3, 20):
-    register_model(f"scripted-steps-{_n}", lambda n=_n: FunctionModel(synthesis_aware(steps_script(n)), model_name=f"scripted-steps-{n}"))
+    register_model(f"scripted-steps-{_n}", _steps_model(_n))
 
 
-def paced(fn, seconds: float):  # type: ignore[no-untyped-def]
+def paced(fn, seconds: float):
     """`fn` answering after `seconds` (a model with latency: the run spans several workflow tasks)."""
 
     async def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         await asyncio.sleep(seconds)
-        return fn(messages, info)  # type: ignore[no-any-return]
+        return fn(messages, info)
 
     return wrapped
 
@@ -182,34 +193,16 @@ def submit_from_code(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
         code = "x += 1\nanswer = " + repr(FULL_ANSWER) + "\nanswer['key_insight'] = 'x is ' + str(x)\nFINAL_ANSWER(answer)"
     else:
         code = "print('should never run')"
-    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"s{len(outputs)}")])
+    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"s{len(outputs)}")])
 
 
 def same_failing_cell(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     _log(messages, "scripted-loop")
-    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": "print(1/0)"}, tool_call_id=f"l{len(messages)}")])
-
-
-def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """The stateful script, but the sandbox host is SIGKILLed before the third cell (in-process worker only)."""
-    if len(_returns(messages)) == 2:
-        import signal
-
-        from activities import sandbox_cells
-
-        rt = sandbox_cells._runtime
-        assert rt is not None
-        for sid in list(rt.sessions._live):  # noqa: SLF001 - test hook
-            ex = rt.sessions.executor_for(sid)
-            pid = getattr(ex, "pid", None)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-    return stateful_script(messages, info)
+    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print(1/0)"}, tool_call_id=f"l{len(messages)}")])
 
 
 register_model("scripted-submit", lambda: FunctionModel(synthesis_aware(submit_from_code), model_name="scripted-submit"))
 register_model("scripted-loop", lambda: FunctionModel(synthesis_aware(same_failing_cell), model_name="scripted-loop"))
-register_model("scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,12 +228,12 @@ def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     _log(messages, "scripted-plan")
     plan = _plan(messages)
     cells = _returns(messages)
-    recursed = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "recurse"]
+    recursed = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == RECURSE_TOOL]
     # a failing context_code comes back as the tool's (failed) return, which the model can correct
     retries = [p for p in recursed if "context_code failed" in str(p.content)]
     children = [p for p in recursed if p not in retries]
     before, kids, after = plan.get("code", []), plan.get("children", []), plan.get("after", [])
-    offered = "recurse" in {t.name for t in info.function_tools}
+    offered = RECURSE_TOOL in {t.name for t in info.function_tools}
     if len(cells) < len(before):
         code = before[len(cells)]
     elif len(children) < len(kids) and offered:
@@ -250,13 +243,13 @@ def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if retries and kid.get("fixed_ctx") is not None and len(retries) > k:
             ctx = kid["fixed_ctx"]
         args = {"prompt": "PLAN:" + json.dumps(kid), "context_code": ctx}
-        return ModelResponse(parts=[ToolCallPart("recurse", args, tool_call_id=f"r{k}-{len(retries)}")])
+        return ModelResponse(parts=[ToolCallPart(RECURSE_TOOL, args, tool_call_id=f"r{k}-{len(retries)}")])
     elif len(cells) < len(before) + len(after):
         code = after[len(cells) - len(before)]
     else:
         outs = cells + [str(c.content) for c in children] + [f"recurse offered: {offered}"]
         return _final(info, outs)
-    return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{len(cells)}")])
+    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(cells)}")])
 
 
 def _summarised_cells(messages: list[ModelMessage]) -> int:
@@ -274,10 +267,10 @@ def big_outputs(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     if len(cells) < n:
         # ~3,000 characters (1,000 words) of word-like text (the FunctionModel counts tokens by words)
         code = f"v{len(cells)} = ' '.join(['yy'] * 1000)\nprint('cell {len(cells)}', v{len(cells)})"
-        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"b{len(cells)}")])
+        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"b{len(cells)}")])
     if len(cells) == n:  # the archived transcripts are readable in the sandbox
         code = "print('history items', len(history), 'v0 still', len(v0))"
-        return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id="hist")])
+        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id="hist")])
     return _final(info, [c[:40] for c in cells])
 
 

@@ -1,7 +1,7 @@
 """The sandbox namespace: preloaded variables and helpers, cell execution, scaffolding restore.
 
 Lives in the host process only. Everything a cell can call here is trusted code; everything a cell
-defines is checked by `sandbox.guards` first. After every cell the scaffolding (helpers, modules,
+defines is checked by `sandbox.host.guards` first. After every cell the scaffolding (helpers, modules,
 `print`, `traces`, `history`, the extra variables, registered helpers) is put back, so model code
 that rebinds `print` or `traces` cannot break later cells or the harness.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
-from sandbox.guards import (
+from sandbox.host.guards import (
     ATTR_HOOK,
     CELL_MODULE,
     DISPLAY_HOOK,
@@ -29,8 +29,8 @@ from sandbox.guards import (
     make_builtins,
     prepare,
 )
-from sandbox.output import Capture
-from sandbox.safe_modules import ModuleProxy, SafeImporter, check_mutable, guarded_attr
+from sandbox.host.output import Capture
+from sandbox.host.safe_modules import ModuleProxy, SafeImporter, check_mutable, guarded_attr
 
 __all__ = [
     "SandboxNamespace",
@@ -81,7 +81,7 @@ def _size(value: Any) -> str:
         return f"{len(value):,} keys"
     try:
         return f"{len(value):,} items"
-    except Exception:  # noqa: BLE001 - any user object
+    except Exception:  # any user object
         return "-"
 
 
@@ -285,7 +285,7 @@ class SandboxNamespace:
         filename = f"<helper {name}>"
         _remember_source(filename, source)
         code = prepare(source, filename, display_last=False)
-        exec(code, self.ns)  # noqa: S102 - checked code, sandbox namespace
+        exec(code, self.ns)  # checked code, sandbox namespace
         fn = self.ns.get(name)
         if not callable(fn):
             raise GuardError(f"register_helper: the source must define a function named '{name}'")

@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sandbox.guards import (
+from sandbox.host.guards import (
     ALLOWED_MODULES,
     CELL_MODULE,
     GuardError,
@@ -287,11 +287,11 @@ class _date(_dt.date):
     """`datetime.date` minus `today()`."""
 
     @classmethod
-    def today(cls) -> Any:  # noqa: D102
+    def today(cls) -> Any:
         raise GuardError(f"date.today(): {_NO_CLOCK}")
 
     @classmethod
-    def fromtimestamp(cls, t: float) -> Any:  # noqa: D102 - local time zone is host state; use UTC
+    def fromtimestamp(cls, t: float) -> Any:  # local time zone is host state; use UTC
         raise GuardError("date.fromtimestamp(): use datetime.fromtimestamp(t, tz=timezone.utc).date()")
 
 
@@ -299,15 +299,15 @@ class _datetime(_dt.datetime):
     """`datetime.datetime` minus `now()`, `utcnow()`, `today()`."""
 
     @classmethod
-    def now(cls, tz: Any = None) -> Any:  # noqa: D102
+    def now(cls, tz: Any = None) -> Any:
         raise GuardError(f"datetime.now(): {_NO_CLOCK}")
 
     @classmethod
-    def utcnow(cls) -> Any:  # noqa: D102
+    def utcnow(cls) -> Any:
         raise GuardError(f"datetime.utcnow(): {_NO_CLOCK}")
 
     @classmethod
-    def today(cls) -> Any:  # noqa: D102
+    def today(cls) -> Any:
         raise GuardError(f"datetime.today(): {_NO_CLOCK}")
 
 
@@ -445,8 +445,8 @@ class SafeImporter:
     def __call__(
         self,
         name: str,
-        globals: Any = None,  # noqa: A002 - signature of builtins.__import__
-        locals: Any = None,  # noqa: A002
+        globals: Any = None,  # signature of builtins.__import__
+        locals: Any = None,
         fromlist: Any = (),
         level: int = 0,
     ) -> ModuleProxy:

@@ -19,8 +19,7 @@ from typing import Any
 from temporalio import activity
 
 from reflector.answers import answers_match, compare_actions
-from reflector.blobstore import BlobStore
-from reflector.cells import (
+from reflector.contract import (
     CLOSE_ACTIVITY,
     EXPORT_ACTIVITY,
     PREFILL_CODE,
@@ -35,14 +34,16 @@ from reflector.cells import (
     PrepareSessionInput,
     PrepareSessionResult,
     TraceFacts,
+    TraceRef,
     session_key,
 )
 from reflector.settings import Settings
-from reflector.types import TraceRef
-from sandbox.executor import SubprocessExecutor, close_zygotes, sweep_stale_workdirs
+from reflector.storage.blobs import BlobStore
+from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
+from sandbox.zygote_client import close_zygotes
 
 __all__ = [
     "prepare_session",
@@ -89,13 +90,14 @@ _runtime: _Runtime | None = None
 _warned = False
 
 
-def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
+def configure(settings: Settings | None = None, *, max_live: int | None = None) -> None:
     """Set up the worker-process-wide session manager (called once at worker start).
 
     Journal writes are not fsynced unless `RR_JOURNAL_FSYNC=1`: they survive a crash of the worker
     process (page cache), which is the failure the journal is for; fsync cost ~9% of the worker's CPU
     per step under load. A machine loss also loses a local journal dir, fsync or not, unless it is on
-    shared storage.
+    shared storage. `max_live`: the live-host cap (None: `settings.max_live_sandboxes`, i.e.
+    `RR_MAX_LIVE_SANDBOXES`).
     """
     global _runtime
     settings = settings or Settings.from_env()
@@ -103,10 +105,11 @@ def configure(settings: Settings | None = None, *, max_live: int = 64) -> None:
     store = BlobStore(settings.blob_dir)
     sessions = SessionManager(
         Path(settings.blob_dir) / "sessions",
-        max_live=max_live,
+        max_live=settings.max_live_sandboxes if max_live is None else max_live,
         fsync=settings.journal_fsync,
         archive_root=settings.blob_dir,
         isolation=settings.sandbox_isolation,
+        zygote=settings.sandbox_zygote,
     )
     _runtime = _Runtime(store=store, sessions=sessions)
     global _warned
@@ -129,7 +132,9 @@ async def check_isolation(settings: Settings | None = None) -> IsolationReport:
     `rr worker` then refuses to start instead of failing every cell later.
     """
     settings = settings or Settings.from_env()
-    executor = SubprocessExecutor(SandboxLimits(), isolation=settings.sandbox_isolation)
+    executor = SubprocessExecutor(
+        SandboxLimits(), isolation=settings.sandbox_isolation, zygote=settings.sandbox_zygote
+    )
     try:
         await executor.start(None, "auto", {})
     except RuntimeError as exc:

@@ -38,13 +38,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
+
+from reflector.contract import EXECUTE_CODE_TOOL, OUTPUT_TOOL
 
 __all__ = ["OpenAIServer", "RecordedRequest", "CELL_CODE", "cell_code", "request_key"]
 
 CELL_CODE = "print('steps', len(traces.get('steps', [])))"
-CELL_TOOL = "execute_code"
-OUTPUT_TOOL = "final_result"
+CELL_TOOL = EXECUTE_CODE_TOOL
 
 
 def cell_code(k: int) -> str:
@@ -164,7 +165,7 @@ class OpenAIServer:
     @property
     def base_url(self) -> str:
         assert self._httpd is not None, "server not started"
-        host, port = self._httpd.server_address[:2]
+        host, port = cast(tuple[str, int], self._httpd.server_address[:2])  # an AF_INET server
         return f"http://{host}:{port}/v1"
 
     def start(self) -> OpenAIServer:
@@ -173,7 +174,7 @@ class OpenAIServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def setup(self) -> None:
@@ -181,7 +182,7 @@ class OpenAIServer:
                 if server.nodelay:
                     self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 try:

@@ -39,12 +39,12 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from reflector.blobstore import BlobNotFound, BlobStore
-from reflector.payload_converter import SharedPayloadConverter
+from reflector.contract import PAYLOAD_DRIVER_NAME
 from reflector.settings import Settings, env_number
+from reflector.storage.blobs import BlobNotFound, BlobStore
+from reflector.storage.converter import SharedPayloadConverter
 
 __all__ = [
-    "DRIVER_NAME",
     "DEFAULT_THRESHOLD_BYTES",
     "THRESHOLD_ENV",
     "BlobStorageDriver",
@@ -58,7 +58,6 @@ __all__ = [
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
-DRIVER_NAME = "rr-blobs"
 DEFAULT_THRESHOLD_BYTES = 16 * 1024
 THRESHOLD_ENV = "RR_PAYLOAD_THRESHOLD_BYTES"
 _REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
@@ -88,7 +87,7 @@ class BlobStorageDriver(StorageDriver):
         return self.blobs.root
 
     def name(self) -> str:
-        return DRIVER_NAME
+        return PAYLOAD_DRIVER_NAME
 
     def type(self) -> str:
         return "rr.blobstore"
@@ -105,16 +104,16 @@ class BlobStorageDriver(StorageDriver):
         for c in claims:
             digest = c.claim_data.get("sha256", "")
             if len(digest) != 64:
-                raise ValueError(f"{DRIVER_NAME}: malformed claim {dict(c.claim_data)!r}")
+                raise ValueError(f"{PAYLOAD_DRIVER_NAME}: malformed claim {dict(c.claim_data)!r}")
             try:
                 data = self.blobs.get_bytes(digest)
             except BlobNotFound as e:
                 raise BlobNotFound(
-                    f"{DRIVER_NAME}: payload blob sha256:{digest} is missing from {self.root} "
+                    f"{PAYLOAD_DRIVER_NAME}: payload blob sha256:{digest} is missing from {self.root} "
                     "(is RR_BLOB_DIR the store this workflow was run with?)"
                 ) from e
             if hashlib.sha256(data).hexdigest() != digest:
-                raise ValueError(f"{DRIVER_NAME}: blob sha256:{digest} in {self.root} is corrupt")
+                raise ValueError(f"{PAYLOAD_DRIVER_NAME}: blob sha256:{digest} in {self.root} is corrupt")
             p = Payload()
             p.ParseFromString(data)
             out.append(p)
@@ -150,7 +149,7 @@ class ReadOnlyBlobStorageDriver(BlobStorageDriver):
             digest = hashlib.sha256(data).hexdigest()
             if not self.blobs.exists(digest):
                 raise ReadOnlyBlobStore(
-                    f"{DRIVER_NAME} is read-only here: refusing to store a new {len(data)}-byte payload "
+                    f"{PAYLOAD_DRIVER_NAME} is read-only here: refusing to store a new {len(data)}-byte payload "
                     f"(sha256:{digest}) in {self.root}"
                 )
             claims.append(_claim(digest, len(data)))
@@ -215,8 +214,8 @@ def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
     ):
         return payload
     ref = json_format.Parse(payload.data, ExternalStorageReference())
-    if ref.driver_name != DRIVER_NAME:
-        raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {DRIVER_NAME!r}")
+    if ref.driver_name != PAYLOAD_DRIVER_NAME:
+        raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {PAYLOAD_DRIVER_NAME!r}")
     [stored] = BlobStorageDriver(blob_dir)._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
     return stored
 

@@ -1,0 +1,318 @@
+"""The durable contract: every name recorded in a Temporal history and every persisted model.
+
+Workflow, activity, agent, toolset, tool, query and patch names are written into histories (activity
+types, markers, patch ids); the models below are workflow and activity inputs and outputs, so they
+are written there too. A history recorded by one version replays on the next only if all of this
+stays as it is: new fields always get defaults, existing names never change. Everything else in the
+code base refers to these constants; none of them is spelled out anywhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reflector.ledger import Ledger
+from reflector.traces import TraceFormat
+from sandbox.protocol import SESSION_ID_PATTERN
+
+# ------------------------------------------------------------------------------------------ names
+
+WORKFLOW_NAME = "ReflectionWorkflow"  # the workflow type of every session, root or child
+PROGRESS_QUERY = "progress"  # ReflectionWorkflow's query (the CLI's progress line)
+
+AGENT_NAME = "rr_reflector"  # pydantic-ai derives its activity names from these
+SYNTH_AGENT_NAME = "rr_synthesizer"
+TOOLSET_ID = "rr_tools"
+OUTPUT_TOOL = "final_result"
+EXECUTE_CODE_TOOL = "execute_code"
+THINK_TOOL = "think"
+RECURSE_TOOL = "recurse"
+SKILL_TOOLS = ("list_skill_sections", "get_skill", "search_skills")
+
+PREPARE_ACTIVITY = "rr.sandbox.prepare_session"
+RUN_CELL_ACTIVITY = "rr.sandbox.run_cell"
+EXPORT_ACTIVITY = "rr.sandbox.export_session"
+CLOSE_ACTIVITY = "rr.sandbox.close_session"
+SUMMARISE_ACTIVITY = "rr.summarise"
+FORGET_ACTIVITY = "rr.model.forget_responses"
+LOCAL_MODEL_SUFFIX = "_local"  # pydantic-ai's model-request activity name + this: the local-activity variant
+
+LOCAL_MODEL_PATCH = "rr-local-model-requests"
+"""Workflows recorded before this change keep replaying their model requests as regular activities."""
+PROVIDER_MODEL_PATCH = "rr-provider-model-activities"
+"""Workflows recorded before this change keep replaying provider model requests as local activities."""
+
+PAYLOAD_DRIVER_NAME = "rr-blobs"  # external payload storage driver, named in every stored payload
+
+StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error"]
+
+_SAFE_SESSION = re.compile(SESSION_ID_PATTERN)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ------------------------------------------------------------------------------------ the workflow
+
+
+class TraceRef(_Frozen):
+    """A reference to a trace in the content-addressed blob store; never the trace itself.
+
+    `uri` is store-relative (`blob:sha256:<hex>`) so that client and workers with different
+    local paths (or an S3 store) resolve the same reference.
+    """
+
+    uri: str
+    sha256: str
+    size: int
+    format: TraceFormat = "unknown"
+
+
+class ReflectionConfig(_Frozen):
+    """Limits and knobs of one reflection."""
+
+    model: str = "heuristic"
+    model_settings: dict[str, Any] | None = None
+    max_tokens: int = Field(default=500_000, ge=1)
+    max_requests: int = Field(default=50, ge=1)
+    context_window: int = Field(default=128_000, ge=1_000)
+    max_depth: int = Field(default=2, ge=0)
+    child_budget_fraction: float = Field(default=0.5, gt=0, le=1)
+    max_compactions: int = Field(default=3, ge=0)
+    microcompact_keep_recent: int = Field(default=3, ge=0)
+    cell_timeout_s: float = Field(default=60.0, gt=0)
+    max_output_chars: int = Field(default=50_000, ge=200)
+    max_failed_repeats: int = Field(default=3, ge=1)
+    max_consecutive_cell_errors: int = Field(default=6, ge=1)
+
+
+class Counters(BaseModel):
+    """A session's counters: kept by the workflow (`workflows.state.SessionState.counters`) and carried
+    across continue-as-new as part of `Continuation` (one definition for both)."""
+
+    seq: int = 1  # the last cell sequence number used (1 = prefill)
+    cells: int = 0
+    ok_cells: int = 0
+    failed_cells: int = 0
+    iterations: int = 0
+    compactions: int = 0
+    microcompactions: int = 0
+    chars_per_token: float = 4.0
+    recursions: int = 0
+    runs: int = 1
+
+
+class Continuation(Counters):
+    """Everything a session carries across continue-as-new (the new run resumes from it)."""
+
+    messages_json: str
+    ledger: Ledger
+    init_ref: str
+    thoughts: list[dict[str, Any]] = Field(default_factory=list)
+    subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReflectionInput(_Frozen):
+    """The single input of `ReflectionWorkflow` (a child session's too)."""
+
+    trace: TraceRef
+    question: str = ""
+    ground_truth: str | None = None
+    feedback: str | None = None
+    skillbook: str = ""
+    mode: Literal["online", "offline"] = "offline"
+    config: ReflectionConfig = ReflectionConfig()
+    depth: int = 0
+    parent_workflow_id: str | None = None
+    inherit_ref: str | None = None
+    context_code: str = ""
+    continuation: Continuation | None = None
+
+
+class ExtractedLearning(BaseModel):
+    learning: str
+    atomicity_score: float = Field(ge=0.0, le=1.0)
+    evidence: str = ""
+    justification: str = ""
+
+
+class SkillTag(BaseModel):
+    id: str
+    tag: Literal["helpful", "harmful", "neutral"]
+
+
+class ReflectionDraft(BaseModel):
+    """What the model is allowed to produce. `raw` is deliberately absent: the workflow fills it."""
+
+    reasoning: str
+    error_identification: str
+    root_cause_analysis: str
+    correct_approach: str
+    key_insight: str
+    extracted_learnings: list[ExtractedLearning] = Field(default_factory=list)
+    skill_tags: list[SkillTag] = Field(default_factory=list)
+
+
+class RunTrace(BaseModel):
+    total_iterations: int = 0
+    subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
+    timed_out: bool = False
+    compactions: int = 0
+    microcompactions: int = 0
+    depth: int = 0
+    stop_reason: StopReason = "completed"
+    cells: int = 0
+    failed_cells: int = 0
+    continued_as_new: int = 0
+
+
+class ReflectorOutput(ReflectionDraft):
+    """The reflection returned by `ReflectionWorkflow`.
+
+    `raw` carries `rr_trace`, `usage`, `thoughts`, `workflow_id` (and `model`), all written by the
+    workflow from its own state.
+    """
+
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+
+class Progress(BaseModel):
+    """Answer of the workflow's `progress` query (shown by the CLI while it waits)."""
+
+    phase: str = "starting"
+    iterations: int = 0
+    cells: int = 0
+    failed_cells: int = 0
+    requests: int = 0
+    total_tokens: int = 0
+    last_event: str = ""
+
+
+class ReflectorDeps(BaseModel):
+    """The agent's run dependencies: small and serialisable (they ride along every model-request activity)."""
+
+    workflow_id: str
+    depth: int = 0
+    max_depth: int = 2
+    max_tokens: int = 500_000
+    max_requests: int = 50
+    has_skillbook: bool = False
+
+
+# -------------------------------------------------------------------------- the sandbox activities
+
+
+PREFILL_CODE = "describe_traces()"
+
+
+def session_key(workflow_id: str) -> str:
+    """The on-disk key of a workflow's session (journal, response cache); unsafe ids are hashed."""
+    if _SAFE_SESSION.match(workflow_id):
+        return workflow_id
+    return "h-" + hashlib.sha256(workflow_id.encode()).hexdigest()[:40]
+
+
+class LimitsInput(_Frozen):
+    cell_timeout_s: float = 60.0
+    max_output_chars: int = 50_000
+
+
+class PrepareSessionInput(_Frozen):
+    session_id: str
+    trace: TraceRef
+    question: str = ""
+    ground_truth: str | None = None
+    feedback: str | None = None
+    skillbook: str = ""
+    limits: LimitsInput = LimitsInput()
+    inherit_ref: str | None = None
+    context_code: str = ""
+
+
+class TraceFacts(BaseModel):
+    """What the deterministic fallback needs from the trace (read by the prepare activity)."""
+
+    final_answer: str | None = None
+    ground_truth: str | None = None
+    answer_correct: bool | None = None
+    # Traces with expected actions (tau-bench): `answer_correct` then says whether the agent's
+    # state-changing actions match them (by name and arguments), and these name the differences.
+    actions_checked: bool = False
+    missing_actions: list[str] = []
+    unexpected_actions: list[str] = []
+
+
+class PrepareSessionResult(BaseModel):
+    init_ref: str
+    preview: str
+    preview_ok: bool
+    facts: TraceFacts = TraceFacts()
+    context_error: str | None = None
+    next_seq: int = 2
+
+
+class _SessionAt(_Frozen):
+    """A session's sandbox at cell `seq`, with what a fresh host needs to rebuild it."""
+
+    session_id: str
+    seq: int
+    trace: TraceRef
+    init_ref: str
+    limits: LimitsInput = LimitsInput()
+    inherit_ref: str | None = None
+
+
+class CellInput(_SessionAt):
+    """Run `code` as cell `seq`."""
+
+    code: str
+
+
+class ExportInput(_SessionAt):
+    """Export the namespace after cell `seq` for a child session."""
+
+
+class ExportResult(BaseModel):
+    export_ref: str
+    skipped: list[str] = []
+
+
+class CellOutcome(BaseModel):
+    ok: bool
+    output: str
+    error: str | None = None
+    error_kind: str | None = None
+    duration_ms: float = 0.0
+    truncated: bool = False
+    submitted: Any | None = None
+    host_restarted: bool = False
+    cells_replayed: int = 0
+
+
+class CloseSessionInput(_Frozen):
+    session_id: str
+
+
+# --------------------------------------------------------------------------- the summarise activity
+
+
+class SummariseInput(_Frozen):
+    model: str
+    transcript_json: str
+    workflow_id: str
+    depth: int = 0
+    max_output_tokens: int = 2_000
+
+
+class SummariseResult(BaseModel):
+    summary: str
+    archive_ref: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0

@@ -1,0 +1,171 @@
+"""The on-disk side of sandbox sessions: each session's cell journal and namespace snapshots.
+
+One directory per session under the journal root: `<seq:08d>.json` per completed cell
+(`{"seq", "code"}`), and every N-th cell `snapshot-<seq:08d>.pkl` (the host's pickled namespace, see
+`sandbox.host.snapshot`) with a `.json` sidecar holding the host's starting point. Why and when they
+are written, replayed and trusted is `sandbox.sessions`' business; this module owns the files.
+
+Durability (`fsync`): every journal entry, snapshot and sidecar is written to a temp file and renamed
+into place, so a reader sees a whole file or none. With `fsync=True` the file and its directory are
+fsynced before the write returns (see `sandbox.sessions` for what a session loses without it).
+
+Inherited namespaces (child sessions): `load_inherit` reads a parent's export (bytes, or the path of
+the immutable blob holding them) and `inherit_digest` names it without reading it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from sandbox.protocol import Inherit
+
+__all__ = ["Journal", "RebuildFailed", "inherit_digest", "load_inherit"]
+
+_SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RebuildFailed(Exception):
+    """A session's host cannot be rebuilt (its starting point cannot be read or started, a replay failed)."""
+
+
+class Journal:
+    """The journal and snapshot files of every session under `root` (created if missing)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+
+    def session_dir(self, session_id: str) -> Path:
+        return self.root / session_id
+
+    def entries(self, session_id: str) -> list[tuple[int, str]]:
+        """All journal entries of a session as (seq, code), in seq order."""
+        out: list[tuple[int, str]] = []
+        directory = self.session_dir(session_id)
+        if not directory.is_dir():
+            return out
+        for path in sorted(directory.glob("[0-9]*.json")):
+            try:
+                entry = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            out.append((int(entry["seq"]), str(entry["code"])))
+        return out
+
+    def write_entry(self, session_id: str, seq: int, code: str) -> None:
+        directory = self.session_dir(session_id)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            if self.fsync:
+                _fsync_dir(self.root)
+        data = json.dumps({"seq": seq, "code": code}, ensure_ascii=False).encode("utf-8")
+        self.write_atomic(directory / f"{seq:08d}.json", data)
+
+    def write_atomic(self, final: Path, data: bytes) -> None:
+        """Temp file + rename (never torn); with `fsync` the file and its directory reach the disk."""
+        tmp = final.with_name(f".{final.name}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        if self.fsync:
+            _fsync_dir(final.parent)
+
+    def forget(self, session_id: str, seq: int, *, only_this: bool) -> None:
+        """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
+        directory = self.session_dir(session_id)
+        if only_this:
+            for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
+            return
+        if not directory.is_dir():
+            return
+        for path in directory.glob("[0-9]*.json"):
+            with contextlib.suppress(ValueError, FileNotFoundError):
+                if int(path.stem) >= seq:
+                    path.unlink()
+        for snap_seq, path in self.snapshots(session_id):
+            if snap_seq >= seq:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    path.with_suffix(".json").unlink()
+
+    def delete(self, session_id: str) -> None:
+        """Remove the session's journal and snapshots (the session is over)."""
+        shutil.rmtree(self.session_dir(session_id), ignore_errors=True)
+
+    def snapshots(self, session_id: str) -> list[tuple[int, Path]]:
+        """The session's snapshot files as (seq, path of the .pkl), in seq order."""
+        directory = self.session_dir(session_id)
+        if not directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _SNAPSHOT.match(p.name))]
+        return sorted(found)
+
+    def latest_snapshot(self, session_id: str, seq: int, start_key: str) -> tuple[int, bytes] | None:
+        """The newest readable snapshot taken after a cell < seq from the same starting point."""
+        for snap_seq, path in reversed(self.snapshots(session_id)):
+            if snap_seq >= seq:
+                continue
+            try:
+                meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+                if meta.get("start_key") != start_key or meta.get("seq") != snap_seq:
+                    continue
+                return snap_seq, path.read_bytes()
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def write_snapshot(
+        self, session_id: str, seq: int, start_key: str, blob: bytes, *, keep_from: int
+    ) -> None:
+        """Write the snapshot after cell `seq` and its sidecar; remove the snapshots older than `keep_from`."""
+        directory = self.session_dir(session_id)
+        self.write_atomic(directory / f"snapshot-{seq:08d}.pkl", blob)
+        sidecar = {"seq": seq, "start_key": start_key, "size": len(blob)}
+        self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
+        for old_seq, path in self.snapshots(session_id):
+            if old_seq < keep_from:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    path.with_suffix(".json").unlink()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def inherit_digest(inherit: Inherit) -> str:
+    """sha256 of an export; for a path, its content-addressed file name (no read) or the path."""
+    if isinstance(inherit, bytes | bytearray | memoryview):
+        return hashlib.sha256(inherit).hexdigest()
+    path = Path(inherit)
+    return path.name if _HEX64.match(path.name) else f"path:{path.resolve()}"
+
+
+async def load_inherit(inherit: Inherit | None) -> bytes | None:
+    """The export's bytes (read from its file for a path); `RebuildFailed` if it cannot be read."""
+    if inherit is None or isinstance(inherit, bytes):
+        return inherit
+    if isinstance(inherit, bytearray | memoryview):
+        return bytes(inherit)
+    try:
+        return await asyncio.to_thread(Path(inherit).read_bytes)
+    except OSError as exc:
+        raise RebuildFailed(f"the inherited namespace could not be read: {exc}") from None

@@ -1,0 +1,237 @@
+"""The worker's end of the host fork server (`sandbox.zygote`): one zygote per event loop and python.
+
+`sandbox.executor` launches hosts through it (`_zygote(python)`, then `_Zygote.spawn`); a host it forked
+is a `_ForkedProcess`, the parts of `asyncio.subprocess.Process` the executor uses. Whether hosts are
+forked at all is the caller's choice (`SubprocessExecutor(zygote=...)`; the worker's
+`RR_SANDBOX_ZYGOTE`, read in `reflector.settings`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+
+from sandbox.wire import WORKDIR_PREFIX, host_env
+
+__all__ = ["close_zygotes"]
+
+log = logging.getLogger(__name__)
+
+
+class _ForkedProcess:
+    """The parts of `asyncio.subprocess.Process` the executor uses, for a host forked by the zygote
+    (`sandbox.zygote`): the zygote is its parent and reports its exit status."""
+
+    def __init__(self, pid: int, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> None:
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+        self._transport: asyncio.BaseTransport | None = None  # the stdin pipe's (closed by _close_pipes)
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def _set_exit(self, rc: int) -> None:
+        if self.returncode is None:
+            self.returncode = rc
+        if not self._exited.done():
+            self._exited.set_result(self.returncode)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+class _Zygote:
+    """The worker's end of the fork server: started on first use, one per event loop.
+
+    If it cannot be started or dies, hosts are started with `python -m sandbox.host` as before (and a
+    new zygote is tried for the next one). Hosts it started whose exit it can no longer report (it
+    died) are watched through a pidfd, their status then unknown (reported as -SIGKILL)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.loop = asyncio.get_running_loop()
+        self._sock: socket.socket | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._children: dict[int, _ForkedProcess] = {}
+        self._early: dict[int, int] = {}  # exits reported before the spawn reply was handled
+        self._workdir = ""
+
+    async def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+        try:
+            with open(os.path.join(workdir, "zygote.stderr"), "wb") as log_fh:
+                self._proc = await asyncio.create_subprocess_exec(
+                    self.python, "-S", "-s", "-B", "-m", "sandbox.zygote", str(child.fileno()),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log_fh,
+                    cwd=workdir, env=host_env(workdir), pass_fds=[child.fileno()], start_new_session=True,
+                )
+        finally:
+            child.close()
+        self._workdir = workdir
+        parent.setblocking(False)
+        self._sock = parent
+        self.loop.add_reader(parent.fileno(), self._on_readable)
+
+    @property
+    def alive(self) -> bool:
+        return self._sock is not None and asyncio.get_running_loop() is self.loop
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                msg = self._sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg = b""
+            if not msg:
+                self._lost()
+                return
+            try:
+                obj = json.loads(msg)
+            except ValueError:
+                continue
+            if "spawned" in obj or "failed" in obj:
+                fut = self._pending.pop(int(obj.get("spawned") or obj.get("failed") or 0), None)
+                if fut is not None and not fut.done():
+                    if "spawned" in obj:
+                        fut.set_result(int(obj["pid"]))
+                    else:
+                        fut.set_exception(RuntimeError(f"the zygote could not fork a host: {obj.get('error')}"))
+            elif "exited" in obj:
+                pid, rc = int(obj["exited"]), int(obj["returncode"])
+                child = self._children.pop(pid, None)
+                if child is not None:
+                    child._set_exit(rc)
+                else:
+                    self._early[pid] = rc
+
+    def _lost(self) -> None:
+        """The zygote is gone: fail what waits on it, watch its orphans through pidfds."""
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError("the zygote exited"))
+        self._pending.clear()
+        for pid, child in list(self._children.items()):
+            self._watch_orphan(pid, child)
+        self._children.clear()
+
+    def _watch_orphan(self, pid: int, child: _ForkedProcess) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            child._set_exit(-signal.SIGKILL)
+            return
+
+        def done() -> None:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+            child._set_exit(-signal.SIGKILL)
+
+        self.loop.add_reader(fd, done)
+
+    async def spawn(
+        self, argv: list[str], env: dict[str, str], cwd: str, stderr_path: str, timeout_s: float
+    ) -> _ForkedProcess:
+        assert self._sock is not None
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        spawn_id = next(self._ids)
+        fut: asyncio.Future[int] = self.loop.create_future()
+        self._pending[spawn_id] = fut
+        try:
+            msg = json.dumps({"spawn": spawn_id, "argv": argv, "env": env, "cwd": cwd}).encode()
+            socket.send_fds(self._sock, [msg], [in_r, out_w, err])
+        except OSError:
+            self._pending.pop(spawn_id, None)
+            for fd in (in_r, in_w, out_r, out_w, err):
+                os.close(fd)
+            self._lost()
+            raise
+        for fd in (in_r, out_w, err):
+            os.close(fd)
+        try:
+            pid = await asyncio.wait_for(fut, timeout_s)
+        except BaseException:
+            os.close(in_w)
+            os.close(out_r)
+            raise
+        reader = asyncio.StreamReader(limit=2**16, loop=self.loop)
+        await self.loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0))
+        transport, protocol = await self.loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0)
+        )
+        writer = asyncio.StreamWriter(transport, protocol, None, self.loop)
+        proc = _ForkedProcess(pid, writer, reader)
+        proc._transport = transport
+        if pid in self._early:
+            proc._set_exit(self._early.pop(pid))
+        elif self._sock is None:
+            self._watch_orphan(pid, proc)
+        else:
+            self._children[pid] = proc
+        return proc
+
+    async def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            with contextlib.suppress(Exception):
+                await self._proc.wait()
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+_zygotes: dict[str, _Zygote] = {}
+
+
+async def close_zygotes() -> None:
+    """Stop this process's host fork servers (the hosts they started are stopped by their sessions)."""
+    for z in list(_zygotes.values()):
+        if z.loop is asyncio.get_running_loop():
+            await z.close()
+    _zygotes.clear()
+
+
+async def _zygote(python: str) -> _Zygote | None:
+    """The running zygote of this event loop for `python`, started if needed; None if it cannot be."""
+    if not hasattr(socket, "send_fds"):
+        return None
+    z = _zygotes.get(python)
+    if z is not None and z.alive:
+        return z
+    if z is not None:  # a zygote of an earlier event loop (or a dead one): end it (EOF), drop its dir
+        if z._sock is not None:
+            z._sock.close()
+            z._sock = None
+        if z._workdir:
+            shutil.rmtree(z._workdir, ignore_errors=True)
+    z = _Zygote(python)
+    try:
+        await z.start()
+    except OSError as exc:
+        log.warning("sandbox: cannot start the host fork server (%s); starting hosts one by one", exc)
+        return None
+    _zygotes[python] = z
+    return z
