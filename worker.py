@@ -47,6 +47,14 @@ log = logging.getLogger("rr.worker")
 WORKFLOWS = [ReflectionWorkflow]
 MAX_ADAPTIVE_ACTIVITIES = 2000
 ACTIVITY_SLOTS_AT_START = 100
+# Activity slots hold provider requests that wait on the network: what must not come late is their first
+# heartbeat (30 s timeout) and the workflow tasks they share the loop with (renewed every 3.2 s with an
+# in-process model, 8 s with a provider one). Cut at 250 ms of lag like workflow tasks, the limit fell to
+# 10-30 requests at 500 reflections in flight on two cores, i.e. 3-10 requests/s with a 3 s model, well
+# below what the CPU could carry (rr 17.0 steps/s vs the anchor's 20.6; with these 21.5 vs 25.2 at 1 s and
+# 18.0 vs 22.1 at 3 s, no timeouts, nothing paid twice: bench/throughput.py, BENCHMARKS.md issue 11).
+ACTIVITY_LAG_LOW_S = 0.25
+ACTIVITY_LAG_HIGH_S = 1.0
 # New reflections (polls of the shared queue) admitted per 0.5 s to start with; admission control then
 # raises or halves it by the loop's lag. Each new reflection starts a sandbox host (~190 ms of CPU): 500
 # admitted at once held the loop 2 s late (bench/throughput.py, 3 s model, 500 in flight).
@@ -70,7 +78,10 @@ def activity_admission() -> AdmissionControl:
     # requests waited in the server's queue (rr 17.5 steps/s vs the anchor's 23.2, bench/throughput.py).
     # It is cut on loop lag and on start delay (the SDK begins polled activities one loop turn at a
     # time, so a backlog inside the worker shows there).
-    return AdmissionControl(initial=ACTIVITY_SLOTS_AT_START, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=4)
+    return AdmissionControl(
+        initial=ACTIVITY_SLOTS_AT_START, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=4,
+        low_lag_s=ACTIVITY_LAG_LOW_S, high_lag_s=ACTIVITY_LAG_HIGH_S,
+    )
 
 
 def build_worker(

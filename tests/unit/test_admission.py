@@ -125,3 +125,20 @@ def test_eager_activities_obey_the_limit() -> None:
     assert a.try_reserve_slot(_Ctx(slot_type="activity")) is not None  # type: ignore[arg-type]
     assert a.try_reserve_slot(_Ctx(slot_type="activity")) is None  # type: ignore[arg-type] # (via the queue)
     assert a.try_reserve_slot(_Ctx(slot_type="workflow")) is not None  # type: ignore[arg-type]
+
+
+def test_provider_request_slots_ride_out_lag_that_workflow_slots_do_not() -> None:
+    """The default activity limit keeps its slots through up to 1 s of lag (its requests heartbeat with a
+    30 s timeout); the workflow-task limit is cut above 250 ms (held tasks renew every 3.2 s)."""
+    from worker import activity_admission, workflow_admission
+
+    acts, wfts = activity_admission(), workflow_admission()
+    assert acts.stats.limit == 100
+    for sup in (acts, wfts):
+        for _ in range(12):
+            sup._grant()
+    assert wfts.adjust(0.5) < 12  # cut to below what is in use
+    assert acts.adjust(0.5) == 100  # held
+    acts._wanted_slots = True
+    assert acts.adjust(0.2) == 125  # quiet with demand: +25%
+    assert acts.adjust(1.5) == 10  # past 1 s: cut to 0.9 x in use
