@@ -164,10 +164,14 @@ class SessionState:
             )
         )
         self.phase = "thinking"
-        if internal:
-            return outcome
+        if not internal:
+            self.record_cell(code, outcome.ok)
+        return outcome
+
+    def record_cell(self, code: str, ok: bool) -> None:
+        """Count a model-written cell, and the streak of identical failing cells the loop guard reads."""
         self.counters.cells += 1
-        if outcome.ok:
+        if ok:
             self.counters.ok_cells += 1
             self.consecutive_failures = 0
             self.last_failed_code = None
@@ -179,7 +183,6 @@ class SessionState:
                 self.same_failure_repeats += 1
             else:
                 self.last_failed_code, self.same_failure_repeats = code, 1
-        return outcome
 
     async def export_namespace(self) -> ExportResult:
         """Export the namespace as it is after the last cell, for a child session."""

@@ -147,14 +147,7 @@ def _state(**config: object) -> SessionState:
 
 
 def _fail(state: SessionState, code: str) -> None:
-    """What `run_cell` records for a failed cell (the activity itself is not run here)."""
-    state.counters.cells += 1
-    state.counters.failed_cells += 1
-    state.consecutive_failures += 1
-    if code == state.last_failed_code:
-        state.same_failure_repeats += 1
-    else:
-        state.last_failed_code, state.same_failure_repeats = code, 1
+    state.record_cell(code, ok=False)  # what `run_cell` records for a failed cell (no activity here)
 
 
 def test_loop_guard_refuses_only_the_same_failing_cell_past_the_limit() -> None:
@@ -168,6 +161,11 @@ def test_loop_guard_refuses_only_the_same_failing_cell_past_the_limit() -> None:
     assert state.loop_guard("print(1/1)") is None  # a changed cell is always allowed
     _fail(state, "print(1/1)")
     assert state.loop_guard("print(1/0)") is None  # the streak was broken
+    _fail(state, "print(1/0)")
+    _fail(state, "print(1/0)")
+    state.record_cell("print(2)", ok=True)
+    assert state.loop_guard("print(1/0)") is None and state.consecutive_failures == 0  # a success resets it
+    assert (state.counters.cells, state.counters.ok_cells, state.counters.failed_cells) == (6, 1, 5)
 
 
 # ------------------------------------------------------------------------ counters across continue-as-new
