@@ -59,6 +59,15 @@ ACTIVITY_LAG_HIGH_S = 1.0
 # raises or halves it by the loop's lag. Each new reflection starts a sandbox host (~190 ms of CPU): 500
 # admitted at once held the loop 2 s late (bench/throughput.py, 3 s model, 500 in flight).
 NEW_WORK_PER_INTERVAL = 8
+# A reflection with an in-process model (the heuristic, function models) holds its workflow task for its
+# whole session (its model requests and cells are local activities), and the SDK renews a held task only
+# once the workflow's last activation was answered (temporalio/features#168): past a few dozen held tasks
+# per process the renewals come late, tasks time out and are replayed from scratch, at low loop lag too.
+# Unbounded, the limit grew into that collapse at 200 in flight with a 200 ms in-process model (over 800
+# "Task not found" in 2 min, bench/throughput.py --transport function); 30 fixed slots ran that point at
+# 64.9 steps/s. Provider reflections hold a task only while a cell runs: at 500 in flight with a 3 s model
+# they used 6-17 slots, so the cap does not bind them.
+MAX_ADAPTIVE_WORKFLOW_TASKS = 32
 # Local activities (model requests, cells): each reflection in progress runs at most one at a time; the
 # admission controller is what bounds them (at most its `maximum` reflections).
 MAX_LOCAL_ACTIVITIES = 4000
@@ -67,8 +76,9 @@ GRACEFUL_SHUTDOWN = timedelta(seconds=25)
 
 
 def workflow_admission() -> AdmissionControl:
-    """The default workflow-task slot supplier: slots and the rate of new reflections follow the loop's lag."""
-    return AdmissionControl(initial_rate=NEW_WORK_PER_INTERVAL)
+    """The default workflow-task slot supplier: slots and the rate of new reflections follow the loop's lag,
+    up to MAX_ADAPTIVE_WORKFLOW_TASKS."""
+    return AdmissionControl(initial_rate=NEW_WORK_PER_INTERVAL, maximum=MAX_ADAPTIVE_WORKFLOW_TASKS)
 
 
 def activity_admission() -> AdmissionControl:

@@ -18,10 +18,12 @@ when the lag passes `high_lag_s` (AIMD, as in TCP congestion control). Slots are
 work already admitted keeps running, and what is not admitted waits, at no cost, in the server's
 queues (where another worker may take it).
 
-For workflow tasks only polls of the shared task queue are gated (new reflections, or workflows not
-in this worker's cache): sticky polls and eager tasks continue work admitted here, and holding them
-back would send their tasks back to the shared queue to be replayed from scratch. Those gated polls
-can also be rate-limited (`initial_rate` grants per interval, raised and halved like the limit, never
+For workflow tasks, polls of the shared task queue (new reflections, or workflows not in this
+worker's cache) wait for the limit and, optionally, a rate; sticky polls continue work admitted here
+and wait only for `maximum` (held back longer, their tasks would go back to the shared queue to be
+replayed from scratch; not held back at all, a worker whose reflections hold their tasks through
+local activities let them grow past any limit and time out); eager workflow tasks never wait. The
+gated polls can be rate-limited (`initial_rate` grants per interval, raised and halved like the limit, never
 below 1 so the shared queue always advances): each new reflection starts a sandbox host (~190 ms of
 CPU), and 500 admitted at once held the loop 2 s late.
 
@@ -116,8 +118,19 @@ class AdmissionControl(CustomSlotSupplier):
     async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
         self._ensure_started()
         assert self._changed is not None
-        if not ctx.is_sticky:
-            async with self._changed:
+        async with self._changed:
+            if ctx.is_sticky:
+                # continuing work: neither rate-limited nor held to the adaptive limit (waiting past the
+                # sticky schedule-to-start timeout sends the task back to the shared queue, to be replayed
+                # from scratch: 1085 such fallbacks at 500 in flight with a 3 s model when sticky polls
+                # waited for the limit, 314 when they did not), but bounded by `maximum`. Unbounded, sticky
+                # polls let held tasks grow past any limit (a reflection with an in-process model holds its
+                # task for its whole session) and they timed out: 73 held-task timeouts at a limit of 16,
+                # bench/throughput.py --transport function, 200 in flight.
+                if self._outstanding >= self.maximum:
+                    self.stats.gated_waits += 1
+                    await self._changed.wait_for(self._below_maximum)
+            else:
                 if not self._may_admit():
                     self.stats.gated_waits += 1
                     self._note_demand()
@@ -125,6 +138,9 @@ class AdmissionControl(CustomSlotSupplier):
                 if self.stats.rate:
                     self._tokens -= 1
         return self._grant()
+
+    def _below_maximum(self) -> bool:
+        return self._outstanding < self.maximum
 
     def _may_admit(self) -> bool:
         if self._outstanding >= self.stats.limit or (self.stats.rate and self._tokens <= 0):

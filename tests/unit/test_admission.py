@@ -58,20 +58,24 @@ def test_a_late_loop_cuts_below_the_slots_in_use_but_never_below_the_minimum() -
     assert a.adjust(0.5) == 4
 
 
-async def test_gated_polls_wait_sticky_polls_and_eager_tasks_do_not() -> None:
-    a = AdmissionControl(initial=2, minimum=1)
+async def test_polls_wait_at_the_limit_sticky_ones_too_eager_tasks_do_not() -> None:
+    a = AdmissionControl(initial=2, minimum=1, maximum=2, initial_rate=1)
     p1 = await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
-    await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
     waiting = asyncio.create_task(a.reserve_slot(_Ctx()))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
-    assert not waiting.done() and a.stats.gated_waits == 1
-    # work already admitted here continues: sticky polls and eager tasks get a slot beyond the limit
-    await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
-    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type]
-    assert a.stats.in_use == 4
-    for _ in range(3):
+    assert not waiting.done()  # a shared-queue poll waits for the rate (one per interval) ...
+    sticky = await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    assert sticky is not None and a.stats.in_use == 2  # ... a sticky one does not
+    blocked = asyncio.create_task(a.reserve_slot(_Ctx(is_sticky=True)))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not blocked.done()  # at the maximum sticky polls wait too: held tasks stay bounded
+    assert a.try_reserve_slot(_Ctx()) is not None  # type: ignore[arg-type] # an eager workflow task continues its task
+    assert a.stats.in_use == 3
+    for _ in range(2):
         a.release_slot(_Release(p1))  # type: ignore[arg-type]
-    await asyncio.wait_for(waiting, 1)  # one below the limit again: the gated poll gets its slot
+    await asyncio.wait_for(blocked, 1)  # below the limit again: the sticky poll gets its slot
+    a.release_slot(_Release(p1))  # type: ignore[arg-type]
+    await asyncio.wait_for(waiting, 2)  # and the gated one once the next interval grants its token
     assert a.stats.in_use == 2
 
 
@@ -142,3 +146,12 @@ def test_provider_request_slots_ride_out_lag_that_workflow_slots_do_not() -> Non
     acts._wanted_slots = True
     assert acts.adjust(0.2) == 125  # quiet with demand: +25%
     assert acts.adjust(1.5) == 10  # past 1 s: cut to 0.9 x in use
+
+
+async def test_sticky_polls_pass_a_cut_limit_up_to_the_maximum() -> None:
+    a = AdmissionControl(initial=10, minimum=1, maximum=10)
+    for _ in range(6):
+        a._grant()
+    assert a.adjust(0.5) == 5  # the lag cut the limit below the 6 in use
+    await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    assert a.stats.in_use == 7  # continuing work is not held to the cut limit (only to `maximum`)
