@@ -16,6 +16,7 @@ from reflector.traces.detect import FileFormat
 __all__ = [
     "TraceError",
     "read_trace_file",
+    "check_trace_file",
     "parse_trace_bytes",
     "nesting_depth",
     "MAX_BYTES_ENV",
@@ -42,7 +43,7 @@ def read_trace_file(path: str | Path, max_bytes: int | None) -> tuple[Any, FileF
     as `.json` and pretty-printed JSON as `.jsonl`. `max_bytes=None` disables the size check.
     """
     p = Path(path)
-    size = _check_file(p, max_bytes)
+    size = check_trace_file(p, max_bytes)
     if size == 0:
         raise TraceError(f"trace file is empty: {p}")
     return parse_trace_bytes(p.read_bytes(), p)
@@ -75,7 +76,7 @@ def parse_trace_bytes(raw: bytes, name: str | Path) -> tuple[Any, FileFormat]:
         raise TraceError(f"invalid JSON in {p} at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def _check_file(p: Path, max_bytes: int | None) -> int:
+def check_trace_file(p: Path, max_bytes: int | None) -> int:
     """Existence, kind and size checks, before reading anything into memory."""
     if not p.exists():
         raise TraceError(f"trace file not found: {p}")

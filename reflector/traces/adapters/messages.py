@@ -25,29 +25,36 @@ def _messages_steps(messages: list[Any]) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
     for msg in messages:
-        if not isinstance(msg, dict):
-            steps.append(_step(len(steps), "unknown", _text(msg)))
-            continue
-        role = str(msg.get("role", "unknown"))
-        content = msg.get("content")
-        calls = _openai_calls(msg.get("tool_calls") or msg.get("function_call"), call_names)
-        calls += _anthropic_calls(content, call_names)
-        if role in ("tool", "function"):
-            name = msg.get("name") or call_names.get(str(msg.get("tool_call_id")))
-            text = _text(content)
-            err = bool(msg.get("is_error")) or looks_like_error(text)
-            steps.append(_step(len(steps), "tool", text, calls, name, err))
-            continue
-        results = _anthropic_results(content, call_names)
-        text = (
-            _text([p for p in content if _part_type(p) != "tool_result"])
-            if isinstance(content, list)
-            else _text(content)
-        )
-        if text or calls or not results:
-            steps.append(_step(len(steps), role, text, calls))
-        for name, rtext, err in results:
-            steps.append(_step(len(steps), "tool", rtext, None, name, err))
+        steps.extend(_message_steps(msg, call_names, len(steps)))
+    return steps
+
+
+def _message_steps(msg: Any, call_names: dict[str, str], first: int) -> list[dict[str, Any]]:
+    """The steps of one message, numbered from `first`. `call_names` (tool-call id -> tool name) is
+    read to name tool results and extended with this message's calls: the only state carried from
+    one message to the next (the lazy view keeps the names it resolves in its index)."""
+    if not isinstance(msg, dict):
+        return [_step(first, "unknown", _text(msg))]
+    role = str(msg.get("role", "unknown"))
+    content = msg.get("content")
+    calls = _openai_calls(msg.get("tool_calls") or msg.get("function_call"), call_names)
+    calls += _anthropic_calls(content, call_names)
+    if role in ("tool", "function"):
+        name = msg.get("name") or call_names.get(str(msg.get("tool_call_id")))
+        text = _text(content)
+        err = bool(msg.get("is_error")) or looks_like_error(text)
+        return [_step(first, "tool", text, calls, name, err)]
+    results = _anthropic_results(content, call_names)
+    text = (
+        _text([p for p in content if _part_type(p) != "tool_result"])
+        if isinstance(content, list)
+        else _text(content)
+    )
+    steps: list[dict[str, Any]] = []
+    if text or calls or not results:
+        steps.append(_step(first, role, text, calls))
+    for name, rtext, err in results:
+        steps.append(_step(first + len(steps), "tool", rtext, None, name, err))
     return steps
 
 

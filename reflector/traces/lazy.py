@@ -1,0 +1,285 @@
+"""The lazy view of a large trace: the canonical view whose big lists are read on access.
+
+`open_view(fd, index)` returns the same dict as `normalize` would (see `reflector.traces.view`),
+except that its big lists are sequences that parse records when they are touched:
+
+- `traces["steps"]` (one run): `Steps`, step `i` parsed from its record on access;
+- `traces["runs"]` (a batch): `Runs`, run `i` normalised from its record on access;
+- `traces["raw"]`: `Records` (the records as read), or for a JSON object its other fields plus
+  `Records` under the records' key.
+
+These sequences support `len()` (free: counted by the index), indexing (negative too), slicing
+(a slice is another lazy sequence, nothing is read), iteration (reads consecutive records in
+blocks, holds one block), `in`, `.index()`, `.count()`, and `.grep(pattern, limit)`: the positions of
+the items whose raw JSON text matches a regular expression, found without parsing the others.
+Every access parses a fresh copy: keep what you need in a variable. They cannot be changed.
+
+Runs in the sandbox host: reads go through the file descriptor opened before the lockdown
+(`os.pread`, which needs no path), never through `open`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+from reflector.traces.index import TraceIndex, run_of_record, step_of_record
+
+__all__ = ["open_view", "LazySeq", "Records", "Steps", "Runs", "LAZY_TYPES", "BLOCK_BYTES", "resolve_ref"]
+
+BLOCK_BYTES = 4 * 1024**2  # most bytes read at once while iterating
+_REPR_ITEMS = 2
+
+
+class _Source:
+    """The trace's fd and index, shared by every lazy sequence of one view."""
+
+    def __init__(self, fd: int, index: TraceIndex) -> None:
+        self.fd, self.index = fd, index
+
+    def read(self, start: int, end: int) -> bytes:
+        chunks: list[bytes] = []
+        pos = start
+        while pos < end:
+            block = os.pread(self.fd, end - pos, pos)
+            if not block:
+                raise OSError(f"the trace ends at byte {pos:,}, its index expects {end:,}")
+            chunks.append(block)
+            pos += len(block)
+        return b"".join(chunks)
+
+    def record(self, n: int) -> Any:
+        return _parse(self.read(self.index.starts[n], self.index.ends[n]))
+
+    def records(self, numbers: Sequence[int]) -> Iterator[Any]:
+        """The records `numbers` (ascending or not), reading runs of neighbours in one block."""
+        starts, ends = self.index.starts, self.index.ends
+        i = 0
+        while i < len(numbers):
+            j = i + 1
+            while (
+                j < len(numbers)
+                and numbers[j] == numbers[j - 1] + 1
+                and ends[numbers[j]] - starts[numbers[i]] <= BLOCK_BYTES
+            ):
+                j += 1
+            base = starts[numbers[i]]
+            block = self.read(base, ends[numbers[j - 1]])
+            for n in numbers[i:j]:
+                yield _parse(block[starts[n] - base : ends[n] - base])
+            i = j
+
+    def raw_text(self, n: int) -> str:
+        return self.read(self.index.starts[n], self.index.ends[n]).decode("utf-8", errors="replace")
+
+
+def _parse(raw: bytes) -> Any:
+    return json.loads(raw.decode("utf-8", errors="replace"))
+
+
+class LazySeq(Sequence[Any]):
+    """A read-only sequence over part of a trace (see the module doc)."""
+
+    _kind = "items"
+    __slots__ = ("_src", "_range")
+
+    def __init__(self, src: _Source, positions: range) -> None:
+        self._src = src
+        self._range = positions
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> LazySeq: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return type(self)(self._src, self._range[i])
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"{self._kind} indices must be integers or slices, not {type(i).__name__}")
+        try:
+            pos = self._range[i]
+        except IndexError:
+            raise IndexError(f"{self._kind} index {i} out of range ({len(self):,} items)") from None
+        return next(iter(self._items([pos])))
+
+    def __iter__(self) -> Iterator[Any]:
+        step = 4096
+        for k in range(0, len(self._range), step):
+            yield from self._items(self._range[k : k + step])
+
+    def __reversed__(self) -> Iterator[Any]:
+        for k in range(len(self._range) - 1, -1, -1):
+            yield self[k]
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(_short(x) for x in self._items(self._range[:_REPR_ITEMS])) if n else ""
+        more = f", ... (+{n - _REPR_ITEMS:,})" if n > _REPR_ITEMS else ""
+        return f"<lazy {self._kind}: {n:,} items [{head}{more}]; parsed on access, slice or iterate>"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazySeq):
+            return type(other) is type(self) and other._src is self._src and other._range == self._range
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((type(self), id(self._src), self._range))
+
+    def grep(self, pattern: str, limit: int = 100, flags: int = 0) -> list[int]:
+        """Positions (in this sequence) of the items whose record's raw JSON text matches `pattern`
+        (a regular expression, `re.search`), at most `limit`. Reads the records but parses none."""
+        rx = re.compile(pattern, flags)
+        found: list[int] = []
+        for k, n in enumerate(self._record_numbers()):
+            if rx.search(self._src.raw_text(n)):
+                found.append(k)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def to_list(self, limit: int = 10_000) -> list[Any]:
+        """The items as a plain list (refused above `limit` items: slice first)."""
+        if len(self) > limit:
+            raise ValueError(f"{len(self):,} {self._kind} are more than limit={limit:,}: slice first, or raise limit")
+        return list(self)
+
+    # -- per kind ----------------------------------------------------------------------------------
+    def _items(self, positions: Sequence[int]) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _record_numbers(self) -> Iterator[int]:
+        return iter(self._range)
+
+    def rr_ref(self) -> tuple[str, int, int, int]:
+        r = self._range
+        return (self._kind, r.start, r.stop, r.step)
+
+
+class Records(LazySeq):
+    """The trace's records as read (JSONL lines, array elements)."""
+
+    _kind = "records"
+    __slots__ = ()
+
+    def _items(self, positions: Sequence[int]) -> Iterator[Any]:
+        return self._src.records(positions)
+
+
+class Runs(LazySeq):
+    """A batch's runs, each normalised to the canonical single-run view on access."""
+
+    _kind = "runs"
+    __slots__ = ()
+
+    def _items(self, positions: Sequence[int]) -> Iterator[Any]:
+        kind = self._src.index.record_kind
+        for rec in self._src.records(positions):
+            yield run_of_record(kind, rec)
+
+
+class Steps(LazySeq):
+    """One run's canonical steps, each parsed from its record on access."""
+
+    _kind = "steps"
+    __slots__ = ()
+
+    def _items(self, positions: Sequence[int]) -> Iterator[Any]:
+        idx = self._src.index
+        n_indexed = len(idx.step_records)
+        indexed = [p for p in positions if p < n_indexed]
+        records = [idx.step_records[p] for p in indexed]
+        parsed = iter(self._src.records(records))
+        for p in positions:
+            if p >= n_indexed:
+                yield dict(idx.tail_steps[p - n_indexed])
+                continue
+            rec = next(parsed)
+            first = p - idx.step_subs[p]
+            step = step_of_record(idx.record_kind, rec, first)[idx.step_subs[p]]
+            name = idx.tool_names.get(p)
+            if name is not None:
+                step["tool_name"] = name
+            yield step
+
+    def _record_numbers(self) -> Iterator[int]:
+        idx = self._src.index
+        for p in self._range:
+            if p < len(idx.step_records):
+                yield idx.step_records[p]
+
+    def grep(self, pattern: str, limit: int = 100, flags: int = 0) -> list[int]:
+        """Positions of the steps whose record's raw JSON text matches `pattern` (a message that
+        became several steps matches for each of them)."""
+        rx = re.compile(pattern, flags)
+        idx = self._src.index
+        found: list[int] = []
+        last_rec, last_hit = -1, False
+        for k, p in enumerate(self._range):
+            if p >= len(idx.step_records):
+                hit = bool(rx.search(json.dumps(idx.tail_steps[p - len(idx.step_records)], ensure_ascii=False)))
+            else:
+                rec = idx.step_records[p]
+                if rec != last_rec:
+                    last_rec, last_hit = rec, bool(rx.search(self._src.raw_text(rec)))
+                hit = last_hit
+            if hit:
+                found.append(k)
+                if len(found) >= limit:
+                    break
+        return found
+
+
+LAZY_TYPES: tuple[type[LazySeq], ...] = (Records, Runs, Steps)
+_BY_KIND = {cls._kind: cls for cls in LAZY_TYPES}
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 120 else text[:120] + "..."
+
+
+def open_view(fd: int, index: TraceIndex) -> tuple[dict[str, Any], dict[str, LazySeq]]:
+    """The lazy canonical view of the trace open on `fd`, and its root sequences by kind."""
+    src = _Source(fd, index)
+    records = Records(src, range(index.n_records))
+    roots: dict[str, LazySeq] = {"records": records}
+    view: dict[str, Any] = json.loads(json.dumps(index.header))  # a private copy cells may change
+    if index.kind == "batch":
+        runs = Runs(src, range(index.n_records))
+        roots["runs"] = runs
+        view["runs"] = runs
+        raw: Any = records
+    else:
+        steps = Steps(src, range(index.n_steps))
+        roots["steps"] = steps
+        view["steps"] = steps
+        raw = records
+        if index.container == "json-object":
+            raw = {**json.loads(json.dumps(index.outer)), str(index.key): records}
+    ordered: dict[str, Any] = {k: view[k] for k in ("format", "question", "ground_truth", "feedback", "final_answer", "reward") if k in view}
+    for key in ("steps", "runs"):
+        if key in view:
+            ordered[key] = view[key]
+    ordered.update({k: v for k, v in view.items() if k not in ordered})
+    ordered["raw"] = raw
+    return ordered, roots
+
+
+def resolve_ref(roots: dict[str, LazySeq], ref: tuple[Any, ...]) -> LazySeq:
+    """The lazy sequence named by `LazySeq.rr_ref()` in a view with these roots (a snapshot or a
+    child session's export refers to the trace this way, never by copy)."""
+    kind, start, stop, step = ref
+    root = roots.get(str(kind))
+    cls = _BY_KIND.get(str(kind))
+    if root is None or cls is None:
+        raise ValueError(f"this session's trace has no lazy {kind!r}")
+    positions = range(int(start), int(stop), int(step))
+    if positions and (min(positions) < 0 or max(positions) >= len(root)):
+        raise ValueError(f"lazy {kind} {positions} is outside this session's trace ({len(root):,} items)")
+    return cls(root._src, positions)
