@@ -9,8 +9,10 @@ cell sees exactly the state an uncrashed run would have.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +39,10 @@ from reflector.contract import (
     TraceRef,
     session_key,
 )
-from reflector.settings import Settings
+from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.storage.blobs import BlobStore
+from reflector.traces.budget import host_memory_bytes
+from reflector.traces.index import INDEX_SUFFIX, build_index, index_path
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
@@ -84,6 +88,7 @@ log = logging.getLogger("rr.sandbox")
 class _Runtime:
     store: BlobStore
     sessions: SessionManager
+    lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
 
 
 _runtime: _Runtime | None = None
@@ -111,7 +116,7 @@ def configure(settings: Settings | None = None, *, max_live: int | None = None) 
         isolation=settings.sandbox_isolation,
         zygote=settings.sandbox_zygote,
     )
-    _runtime = _Runtime(store=store, sessions=sessions)
+    _runtime = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes)
     global _warned
     if settings.sandbox_isolation == "language-only" and not _warned:
         _warned = True  # once per worker process
@@ -159,19 +164,52 @@ def _rt() -> _Runtime:
     return _runtime
 
 
-def _limits(inp: LimitsInput) -> SandboxLimits:
-    return SandboxLimits(cell_timeout_s=inp.cell_timeout_s, max_output_chars=inp.max_output_chars)
+def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimits:
+    """The host's limits: the workflow's, and an address space sized for the trace (`reflector.traces.budget`)."""
+    ipath = index_path(str(trace_path))
+    index_size = os.path.getsize(ipath) if os.path.exists(ipath) else None
+    return SandboxLimits(
+        cell_timeout_s=inp.cell_timeout_s,
+        max_output_chars=inp.max_output_chars,
+        memory_bytes=host_memory_bytes(trace.size, index_size),
+    )
 
 
 def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
     rt = _rt()
+    trace_path = rt.store.path_for_uri(trace.uri)
     return {
-        "trace_path": str(rt.store.path_for_uri(trace.uri)),
+        "trace_path": str(trace_path),
         "trace_format": trace.format,
         "extra_vars": json.loads(rt.store.get_bytes(init_ref)),
-        "limits": _limits(limits),
+        "limits": _limits(limits, trace, trace_path),
         "inherit": rt.store.path_for(inherit_ref) if inherit_ref else None,
     }
+
+
+async def ensure_index(trace: TraceRef) -> None:
+    """Give a large trace its record index before a host opens it (the client builds it when it uploads;
+    a trace stored some other way gets it here, once: the write is atomic and idempotent).
+
+    A trace at least `RR_LAZY_TRACE_BYTES` big is read lazily exactly when its index exists, so the
+    decision is made before the session's first host and every later host (after a crash, for a
+    child) makes the same one.
+    """
+    rt = _rt()
+    if trace.size < rt.lazy_trace_bytes:
+        return
+    path = rt.store.path_for_uri(trace.uri)
+    if os.path.exists(index_path(str(path))):
+        return
+
+    def build() -> None:
+        with open(path, "rb") as fh:
+            _fmt, index = build_index(fh, str(path))
+        if index is not None:
+            rt.store.put_beside(trace.sha256, INDEX_SUFFIX, index.to_bytes())
+
+    log.info("building the record index of trace %s (%s bytes)", trace.sha256[:12], f"{trace.size:,}")
+    await asyncio.to_thread(build)
 
 
 async def _run(
@@ -184,6 +222,7 @@ async def _run(
     inherit_ref: str | None = None,
 ) -> CellOutcome:
     rt = _rt()
+    await ensure_index(trace)
     result = await rt.sessions.run_cell(
         session_key(session_id), seq, code, **_start_args(trace, init_ref, limits, inherit_ref)
     )

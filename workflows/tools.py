@@ -160,7 +160,11 @@ async def _run_child(state: SessionState, prompt: str, context_code: str) -> str
     )
     if out.raw.get("context_error"):
         raise ModelRetry(f"context_code failed in the child session: {out.raw['context_error']}")
-    return _render_child(child_id, out)
+    rendered = _render_child(child_id, out)
+    too_big = [name for name in export.skipped if " " in name]  # size refusals carry their reason
+    if too_big:
+        rendered += "\n(not handed down to the child: " + "; ".join(too_big) + ")"
+    return rendered
 
 
 def _render_child(child_id: str, out: ReflectorOutput) -> str:

@@ -131,6 +131,12 @@ class LazySeq(Sequence[Any]):
     def __hash__(self) -> int:
         return hash((type(self), id(self._src), self._range))
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"lazy {self._kind} cannot be copied; the sandbox hands them on by reference (keep a slice, "
+            "or build a list of what you need)"
+        )
+
     def grep(self, pattern: str, limit: int = 100, flags: int = 0) -> list[int]:
         """Positions (in this sequence) of the items whose record's raw JSON text matches `pattern`
         (a regular expression, `re.search`), at most `limit`. Reads the records but parses none."""
@@ -280,6 +286,8 @@ def resolve_ref(roots: dict[str, LazySeq], ref: tuple[Any, ...]) -> LazySeq:
     if root is None or cls is None:
         raise ValueError(f"this session's trace has no lazy {kind!r}")
     positions = range(int(start), int(stop), int(step))
+    if positions == root._range:
+        return root  # `s = traces["steps"]` stays an alias of the view's own sequence
     if positions and (min(positions) < 0 or max(positions) >= len(root)):
         raise ValueError(f"lazy {kind} {positions} is outside this session's trace ({len(root):,} items)")
     return cls(root._src, positions)

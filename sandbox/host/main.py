@@ -77,7 +77,7 @@ MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round 
 # Modules whose first use imports more from disk: imported before the lockdown, after which the
 # host (as nobody, under Landlock) may no longer be able to read the Python installation.
 PRELOAD_IMPORTS = (
-    "reflector.traces", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
+    "reflector.traces", "reflector.traces.lazy", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
     "unicodedata", "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
     "encodings.cp1252", "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
     "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
@@ -233,9 +233,13 @@ class Host:
             self.limits, self.limits_applied = limits, True
             self.ns = _BrokeredNamespace(self, int(limits.get("max_output_chars", 50_000)))
         trace_path = req.get("trace_path")
+        index_fd: int | None = None
         try:
-            # The trace is opened while the host can still reach it; afterwards only this fd is.
+            # The trace (and its index, when it has one: a large trace, read lazily) is opened while the
+            # host can still reach it; afterwards only these fds are.
             trace_fd = os.open(str(trace_path), os.O_RDONLY | os.O_CLOEXEC) if trace_path else None
+            if trace_path and os.path.exists(_index_path(str(trace_path))):
+                index_fd = os.open(_index_path(str(trace_path)), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             return {"ok": False, "error": f"could not start the sandbox: cannot open the trace: {exc.strerror}"}
         try:
@@ -243,8 +247,13 @@ class Host:
         except IsolationUnavailable:
             return {"ok": False, "error": self.refusal, "isolation": self.isolation.as_dict()}
         try:
-            traces = _load_trace_fd(trace_fd, str(trace_path), str(req.get("trace_format", "auto")))
-            self.ns.start(traces, dict(req.get("extra_vars") or {}), "worker" if req.get("archive_root") else None)
+            roots: dict[str, Any] = {}
+            if index_fd is not None and trace_fd is not None:
+                traces, roots = _open_lazy(trace_fd, index_fd)
+            else:
+                traces = _load_trace_fd(trace_fd, str(trace_path), str(req.get("trace_format", "auto")))
+            archive = "worker" if req.get("archive_root") else None
+            self.ns.start(traces, dict(req.get("extra_vars") or {}), archive, lazy_roots=roots)
             if req.get("index_data"):
                 self.index = DataIndex([self.ns._scaffold[n] for n in self.ns._data_names])
         except Exception as exc:  # reported to the executor
@@ -433,6 +442,26 @@ def _readable_paths() -> list[str]:
             paths.add(full)
     paths.update(os.path.join(project, pkg) for pkg in ("sandbox", "reflector"))
     return sorted(paths)
+
+
+def _index_path(trace_path: str) -> str:
+    try:
+        from reflector.traces.index import index_path
+    except ImportError:  # a host without the project's trace reader reads every trace whole
+        return trace_path + "\0"  # a name no file has
+    return index_path(trace_path)
+
+
+def _open_lazy(trace_fd: int, index_fd: int) -> tuple[Any, dict[str, Any]]:
+    """The lazy view of a large trace: the index is read whole, the trace stays open on `trace_fd`."""
+    from reflector.traces.index import TraceIndex
+    from reflector.traces.lazy import open_view
+
+    with os.fdopen(index_fd, "rb") as fh:
+        index = TraceIndex.from_bytes(fh.read())
+    if os.fstat(trace_fd).st_size != index.size:
+        raise ValueError(f"the trace's index is for {index.size:,} bytes, the trace has {os.fstat(trace_fd).st_size:,}")
+    return open_view(trace_fd, index)
 
 
 def _load_trace_fd(fd: int | None, name: str, trace_format: str) -> Any:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from reflector.traces.lazy import LazySeq
 from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
 from sandbox.host.guards import (
     ATTR_HOOK,
@@ -51,6 +52,12 @@ PREVIEW_LIST_ITEMS = 3
 _AUTO_FORMATS = frozenset({"", "auto", "json", "jsonl"})  # container formats: let the normaliser detect
 HISTORY = "history"  # scaffold list: the archived (compacted) transcripts; snapshotted and exported by value
 FINAL_ANSWER_MAX_BYTES = 1024**2  # serialised (JSON) size of one FINAL_ANSWER value
+LAZY_NOTE = (
+    "  (a large trace, read lazily: its lists are lazy sequences that parse items on access. len() is "
+    "free; x[i], x[-1], slices (x[a:b] is lazy too), `for` and `in` work; x.grep(regex, limit=100) "
+    "returns the positions whose raw JSON matches without parsing the rest; x.to_list(limit) makes a "
+    "list. Each access parses a fresh copy, so keep what you need in a variable; they cannot be changed.)"
+)
 
 
 def load_traces(trace_path: str | None, trace_format: str) -> Any:
@@ -87,6 +94,9 @@ def _size(value: Any) -> str:
 
 def _schema(value: Any, depth: int = 0) -> str:
     """A compact nested type sketch, e.g. `{steps: list[3] of {role: str, content: str}}`."""
+    if isinstance(value, LazySeq):  # sketched from its first item only: reading more costs I/O
+        first = _schema(value[0], depth + 1) if len(value) and depth < SCHEMA_DEPTH else "..."
+        return f"{_type_name(value)}[{len(value):,}, lazy] of {first}"
     if isinstance(value, dict):
         if depth >= SCHEMA_DEPTH:
             return f"dict[{len(value)} keys]"
@@ -128,6 +138,11 @@ def _clip(value: Any, depth: int = 0) -> Any:
         if len(value) > PREVIEW_LIST_ITEMS:
             out_list.append(f"... +{len(value) - PREVIEW_LIST_ITEMS} items")
         return out_list
+    if isinstance(value, LazySeq):
+        items: list[Any] = [_clip(v, depth + 1) for v in value[:PREVIEW_LIST_ITEMS]]
+        if len(value) > PREVIEW_LIST_ITEMS:
+            items.append(f"... +{len(value) - PREVIEW_LIST_ITEMS:,} items (lazy {_type_name(value)})")
+        return items
     if value is None or isinstance(value, bool | int | float):
         return value
     return repr(value)[:PREVIEW_STR_CHARS]
@@ -149,11 +164,20 @@ class SandboxNamespace:
         self.ns: dict[str, Any] = {}
         self._scaffold: dict[str, Any] = {}
         self.archive_root: str | None = None
+        self.lazy_roots: dict[str, LazySeq] = {}  # a lazy trace's root sequences (snapshot/export refs)
 
     # -- setup -------------------------------------------------------------------------------------
-    def start(self, traces: Any, extra_vars: dict[str, Any], archive_root: str | None = None) -> None:
-        """Populate the namespace; called once per host. `archive_root`: the blob store `ARCHIVE` reads."""
+    def start(
+        self,
+        traces: Any,
+        extra_vars: dict[str, Any],
+        archive_root: str | None = None,
+        lazy_roots: dict[str, LazySeq] | None = None,
+    ) -> None:
+        """Populate the namespace; called once per host. `archive_root`: the blob store `ARCHIVE` reads;
+        `lazy_roots`: the root sequences of a lazy `traces` (see `reflector.traces.lazy`)."""
         self.archive_root = archive_root
+        self.lazy_roots = dict(lazy_roots or {})
         scaffold: dict[str, Any] = {
             "__builtins__": self.builtins,
             "__name__": CELL_MODULE,
@@ -247,6 +271,8 @@ class SandboxNamespace:
         """Print the shape of `traces`: type, keys/length, a schema sketch and a bounded preview."""
         traces = self.ns.get("traces")
         self._print(f"traces: {_type_name(traces)} ({_size(traces)})")
+        if self.lazy_roots:
+            self._print(LAZY_NOTE)
         if isinstance(traces, dict):
             for key, value in list(traces.items())[:SCHEMA_MAX_KEYS]:
                 self._print(f"  [{key!r}]: {_type_name(value)} ({_size(value)})")

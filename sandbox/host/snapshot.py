@@ -48,6 +48,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from reflector.traces.lazy import LAZY_TYPES, resolve_ref
+
 if TYPE_CHECKING:
     from sandbox.host.namespace import SandboxNamespace
 
@@ -70,6 +72,12 @@ PROTOCOL = 5
 _ATOMIC: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes})
 _PLAIN: frozenset[type] = frozenset({dict, list, tuple, set, frozenset, bytearray})
 _WALK: frozenset[type] = frozenset({dict, list, tuple})
+# The lazy trace sequences (`reflector.traces.lazy`): immutable views of the trace file, written as
+# persistent references ("L", kind, start, stop, step) and resolved against the restored host's (or the
+# child's) own view of the same trace: a snapshot or an export never copies the trace.
+_LAZY: frozenset[type] = frozenset(LAZY_TYPES)
+EXPORT_MAX_BYTES = 64 * 1024**2  # all variables handed to a child session, pickled
+EXPORT_VAR_MAX_BYTES = 16 * 1024**2  # one variable
 # Modules whose classes/functions may appear by reference in a snapshot (stdlib, no cell code).
 TRUSTED_MODULES: frozenset[str] = frozenset(
     "builtins copyreg collections collections.abc re datetime decimal fractions functools itertools "
@@ -121,7 +129,7 @@ def _walk(roots: list[Any]) -> tuple[list[Any], int | None]:
     while stack:
         obj = stack.pop()
         kind = type(obj)
-        if kind in _ATOMIC:
+        if kind in _ATOMIC or kind in _LAZY:
             continue
         if kind not in _WALK:
             trackable = False  # a mutable object we cannot fingerprint (only after a mutation)
@@ -169,6 +177,8 @@ class _Pickler(pickle.Pickler):
         kind = type(obj)
         if kind in _ATOMIC:
             return None
+        if kind in _LAZY:
+            return ("L", *obj.rr_ref())
         if (kind is set or kind is frozenset) and self._check_sets:
             _check_set(obj)
         return self._refs.get(id(obj))
@@ -298,6 +308,8 @@ def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any,
         return object.__getattribute__(proxy, "_rr_attrs")[pid[2]]
     if kind == "h":
         return ns._helpers[pid[1]][0]
+    if kind == "L":
+        return resolve_ref(ns.lazy_roots, pid[1:])
     raise ValueError(f"unknown reference {pid!r}")
 
 
@@ -353,6 +365,16 @@ def _export_refs(ns: SandboxNamespace) -> dict[int, tuple[Any, ...]]:
     return refs
 
 
+def _pickled_size(value: Any, refs: dict[int, tuple[Any, ...]]) -> int | None:
+    """The size of `value` pickled for an export (None: it cannot be carried)."""
+    buf = io.BytesIO()
+    try:
+        _Pickler(buf, refs, check_sets=False).dump(value)
+    except Exception:  # SnapshotRefused, PicklingError, RecursionError, MemoryError, ...
+        return None
+    return buf.tell()
+
+
 def _pickles(value: Any, refs: dict[int, tuple[Any, ...]]) -> bool:
     try:
         _Pickler(io.BytesIO(), refs, check_sets=False).dump(value)
@@ -385,7 +407,9 @@ def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
         history = []
     meta = {"version": EXPORT_VERSION, "kind": _EXPORT_KIND, "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()]}
     try:
-        return _dump_export(meta, {"vars": candidates, "history": history}, refs), skipped
+        blob = _dump_export(meta, {"vars": candidates, "history": history}, refs)
+        if len(blob) <= EXPORT_MAX_BYTES:
+            return blob, skipped
     except Exception:  # find what cannot be carried, one value at a time
         pass
     history_dropped = False
@@ -396,13 +420,23 @@ def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
             if value is original:
                 candidates[name] = history
     kept = {}
+    total = 0
+    mb = 1024**2
     for name, value in candidates.items():
-        if _pickles(value, refs):
-            kept[name] = value
-        else:
+        size = _pickled_size(value, refs)
+        if size is None:
             skipped.append(name)
+        elif size > EXPORT_VAR_MAX_BYTES or total + size > EXPORT_MAX_BYTES:
+            skipped.append(
+                f"{name} ({size / mb:.1f} MB: too big to hand down, the limit is {EXPORT_VAR_MAX_BYTES / mb:.0f} MB "
+                f"per variable and {EXPORT_MAX_BYTES / mb:.0f} MB in all; slices of `traces` are handed down by "
+                "reference, so pass a slice through context_code instead)"
+            )
+        else:
+            kept[name] = value
+            total += size
     order = {name: i for i, name in enumerate(ns.ns)}
-    skipped.sort(key=lambda n: order.get(n, len(order)))
+    skipped.sort(key=lambda n: order.get(n.split(" ", 1)[0], len(order)))
     if history_dropped:
         skipped.append(_HISTORY)
     return _dump_export(meta, {"vars": kept, "history": history}, refs), skipped
@@ -416,7 +450,7 @@ def _dump_export(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tu
 
 
 def _resolve_export(ns: SandboxNamespace, pid: tuple[Any, ...]) -> Any:
-    if pid[0] not in ("s", "m", "a", "h"):
+    if pid[0] not in ("s", "m", "a", "h", "L"):
         raise ValueError(f"an export cannot refer to {pid!r}")
     return _resolve_here(ns, None, pid)
 
