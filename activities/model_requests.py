@@ -51,6 +51,7 @@ from temporalio.exceptions import ApplicationError
 
 from reflector.contract import FORGET_ACTIVITY, session_key
 from reflector.settings import Settings
+from reflector.storage.blobs import RESPONSES_DIR
 
 __all__ = [
     "configure",
@@ -115,7 +116,7 @@ def _take(key: str, name: str) -> tuple[Any, Any]:
 def configure(settings: Settings | None = None) -> None:
     """Point the cache at the blob store of `settings` (called once at worker start)."""
     global _root
-    _root = Path((settings or Settings.from_env()).blob_dir) / "responses"
+    _root = Path((settings or Settings.from_env()).blob_dir) / RESPONSES_DIR
 
 
 def _responses_root() -> Path:

@@ -24,7 +24,9 @@ __all__ = [
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_TASK_QUEUE = "rr-reflections"
-DEFAULT_MAX_TRACE_BYTES = 512 * 1024**2
+DEFAULT_MAX_TRACE_BYTES = 64 * 1024**3  # large traces are read lazily; the host memory formula decides what fits
+DEFAULT_LAZY_TRACE_BYTES = 16 * 1024**2  # traces at least this big are indexed and read lazily (RR_LAZY_TRACE_BYTES)
+DEFAULT_SANDBOX_MAX_MEMORY = 16 * 1024**3  # the largest host address space a trace may need (RR_SANDBOX_MAX_MEMORY_BYTES)
 # `rr reflect` says so on the terminal when its reflection's next step has waited this long for a
 # worker (env RR_NO_WORKER_WARN_S; tests use a short value).
 DEFAULT_NO_WORKER_WARN_S = 15.0
@@ -112,6 +114,8 @@ class Settings:
     max_concurrent_workflow_tasks: int | None = None
     max_concurrent_activities: int | None = None
     sticky_timeout_s: float = DEFAULT_STICKY_TIMEOUT_S  # RR_STICKY_TIMEOUT_S
+    lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
+    sandbox_max_memory: int = DEFAULT_SANDBOX_MAX_MEMORY
 
     @property
     def blob_dir(self) -> Path:
@@ -151,6 +155,8 @@ class Settings:
             max_concurrent_activities=_optional_count(ACTIVITIES_ENV),
             sticky_timeout_s=env_number("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S, integer=False,
                                         minimum=0.1),
+            lazy_trace_bytes=int(env_number("RR_LAZY_TRACE_BYTES", DEFAULT_LAZY_TRACE_BYTES)),
+            sandbox_max_memory=int(env_number("RR_SANDBOX_MAX_MEMORY_BYTES", DEFAULT_SANDBOX_MAX_MEMORY)),
         )
 
 

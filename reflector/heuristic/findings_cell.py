@@ -1,5 +1,5 @@
 from SANDBOX_VARIABLES import task, traces  # stand-in lines: see reflector/heuristic/model.py
-import json, re, collections
+import json, re, collections, collections.abc
 
 MAX_LINE = 19000
 
@@ -20,24 +20,41 @@ from ANSWER_RULES_SOURCE import action_text, compare, compare_actions, missing_o
 
 SKILL_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*-\d{3,})\b")
 
+def is_list(value):
+    """A list, or a lazy sequence of a large trace (read in one pass: every access parses)."""
+    return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
+
 def run_findings(run, task_info, steps_limit=10):
-    steps = run.get("steps") or []
-    failing = [s for s in steps if isinstance(s, dict) and s.get("is_error")]
-    calls = collections.Counter()
-    for s in steps:
-        for c in (s.get("tool_calls") or []) if isinstance(s, dict) else []:
+    steps = run.get("steps")
+    steps = steps if is_list(steps) else []
+    want_said = bool(run.get("expected_outputs"))
+    failing, said, cited = [], [], set()
+    n_steps = n_failing = 0
+    calls, fail_tools, same_errors = collections.Counter(), collections.Counter(), collections.Counter()
+    last_step = None
+    for s in steps:  # one pass: a lazy trace parses each step once
+        n_steps += 1
+        if not isinstance(s, dict):
+            continue
+        for c in s.get("tool_calls") or []:
             calls[str(c.get("name"))] += 1
-    fail_tools = collections.Counter(str(s.get("tool_name")) for s in failing)
-    same_errors = collections.Counter((str(s.get("tool_name")), str(s.get("content"))) for s in failing)
+        content = s.get("content")
+        if s.get("is_error"):
+            n_failing += 1
+            fail_tools[str(s.get("tool_name"))] += 1
+            same_errors[(str(s.get("tool_name")), str(content))] += 1
+            if len(failing) < steps_limit:
+                failing.append(s)
+        if s.get("role") == "assistant":
+            if want_said:
+                said.append(content)
+            if str(content or "").strip():
+                last_step = {"index": s.get("index"), "content": short(content, 300)}
+        cited.update(SKILL_RE.findall(str(s.get("content", ""))))
     repeated = {}
     for (name, _content), count in same_errors.items():
         if count > 1:
             repeated[name] = max(repeated.get(name, 0), count)
-    last_step = None
-    for s in reversed(steps):
-        if isinstance(s, dict) and s.get("role") == "assistant" and str(s.get("content") or "").strip():
-            last_step = {"index": s.get("index"), "content": short(s.get("content"), 300)}
-            break
     truth = task_info.get("ground_truth")
     truth_source = "task"
     if truth is None or not str(truth).strip():
@@ -48,12 +65,8 @@ def run_findings(run, task_info, steps_limit=10):
     matches, missing = compare(final, truth)
     # a structured ground truth (tau-bench): actions against actions, outputs against what the agent said
     actions_ok, missing_actions, unexpected_actions = compare_actions(run.get("actions"), run.get("expected_actions"))
-    said = [s.get("content") for s in steps if isinstance(s, dict) and s.get("role") == "assistant"]
     outputs_missing = missing_outputs(run.get("expected_outputs"), said)
-    cited = set()
-    texts = [str(s.get("content", "")) for s in steps if isinstance(s, dict)] + [str(final or "")]
-    for text in texts:
-        cited.update(SKILL_RE.findall(text))
+    cited.update(SKILL_RE.findall(str(final or "")))
     meta = run.get("metadata") or {}
     for sid in meta.get("skill_ids") or []:
         cited.add(str(sid))
@@ -61,11 +74,11 @@ def run_findings(run, task_info, steps_limit=10):
         "id": meta.get("id"),
         "format": run.get("format"),
         "question": short(task_info.get("question") or run.get("question"), 300),
-        "n_steps": len(steps),
-        "n_failing_steps": len(failing),
+        "n_steps": n_steps,
+        "n_failing_steps": n_failing,
         "failing_steps": [
             {"index": s.get("index"), "tool_name": s.get("tool_name"), "content": short(s.get("content"), 200)}
-            for s in failing[:steps_limit]
+            for s in failing
         ],
         "failing_tools": dict(fail_tools.most_common(10)),
         "repeated_failures": repeated,
@@ -89,8 +102,8 @@ def run_findings(run, task_info, steps_limit=10):
     }
 
 def batch_findings(view, task_info):
-    runs = [r for r in view.get("runs") or [] if isinstance(r, dict)]
-    per_run = [run_findings(r, {}, steps_limit=3) for r in runs]
+    # one run at a time: a lazy batch normalises each run on access, so none is kept
+    per_run = [run_findings(r, {}, steps_limit=3) for r in view.get("runs") if isinstance(r, dict)]
     failing = [
         f for f in per_run
         if (f["reward"] is not None and f["reward"] < 1)
@@ -104,7 +117,7 @@ def batch_findings(view, task_info):
     out = {
         "format": view.get("format"),
         "batch": True,
-        "n_runs": len(runs),
+        "n_runs": len(per_run),
         "n_steps": sum(f["n_steps"] for f in per_run),
         "n_failing_runs": len(failing),
         "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
@@ -131,7 +144,7 @@ def findings():
     view = traces
     if not isinstance(view, dict):
         return {"format": "unknown", "n_steps": 0, "raw_type": kind_of(view)}
-    if isinstance(view.get("runs"), list):
+    if is_list(view.get("runs")):
         return batch_findings(view, task_info)
     out = run_findings(view, task_info)
     if view.get("format") == "unknown":

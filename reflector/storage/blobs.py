@@ -3,18 +3,54 @@
 Blobs are immutable and named by their sha256, so writes are idempotent: a retried activity or a
 replay that stores the same bytes again changes nothing. References are store-relative
 (`blob:sha256:<hex>`), so processes with different local paths resolve the same reference.
+
+Storing bytes that are already there refreshes the blob's modification time: `rr gc` (`reflector.gc`)
+never removes a blob younger than its grace period, and a blob stored again is about to be referenced
+again (a client uploads a trace before its workflow starts; a worker stores a payload before the
+history records its reference). `rr gc` removes a blob by renaming it away, checking its mtime again
+and only then deleting it, so a store that refreshes it meanwhile either finds it renamed (and writes
+it anew) or makes the check keep it.
+
+Layout under the root (`rr gc` reads it; every writer uses these names):
+- `sha256/<2 hex>/<64 hex>`: the blobs; `sha256/<2 hex>/<64 hex>.<suffix>`: a file derived from that blob
+  (`derived_path`, `derived_source`), alive exactly as long as its source;
+- `sessions/<session key>/`: each sandbox session's cell journal and snapshots (`sandbox.journal`);
+- `responses/<session key>/`: each session's model-response cache (`activities.model_requests`);
+- files whose names start with `.` (`TEMP_PREFIXES`) are writes in progress.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, TypeVar
 
-__all__ = ["BlobStore", "BlobNotFound", "blob_uri", "parse_blob_uri"]
+__all__ = [
+    "BlobStore",
+    "BlobNotFound",
+    "blob_uri",
+    "parse_blob_uri",
+    "derived_source",
+    "BLOBS_DIR",
+    "SESSIONS_DIR",
+    "RESPONSES_DIR",
+    "TEMP_PREFIXES",
+]
 
+T = TypeVar("T")
 _PREFIX = "blob:sha256:"
+BLOBS_DIR = "sha256"
+SESSIONS_DIR = "sessions"
+RESPONSES_DIR = "responses"
+# Names of files being written (temp file + rename) in the root and the fan-out dirs: `.incoming-`
+# (`put_file`), `.tmp-` (`put_bytes`), `.manifest-` (a batch manifest being written), `.gc-` (`rr gc`
+# removing a blob), `.rr-probe-` (`settings.usable_dir`).
+TEMP_PREFIXES = (".incoming-", ".tmp-", ".manifest-", ".gc-", ".rr-probe-")
+_DERIVED = re.compile(r"^([0-9a-f]{64})\.([A-Za-z0-9][A-Za-z0-9._-]*)$")
 
 
 class BlobNotFound(FileNotFoundError):
@@ -31,12 +67,40 @@ def parse_blob_uri(uri: str) -> str:
     return uri[len(_PREFIX) :]
 
 
+def derived_source(name: str) -> tuple[str, str] | None:
+    """(source sha256, suffix) when the file name `name` is that of a file derived from a blob, else None.
+
+    The one rule that says "derived from X": `<sha256 of X>.<suffix>`, next to X in its fan-out dir
+    (`BlobStore.derived_path`). `rr gc` keeps such a file exactly while X is kept.
+    """
+    m = _DERIVED.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _refresh(path: Path) -> bool:
+    """Refresh the mtime of the blob at `path` (it is being stored again); False when there is none."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:  # a read-only store, or a blob of another user: it is there, leave it as it is
+        return path.exists()
+
+
 class BlobStore:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
 
     def path_for(self, sha256: str) -> Path:
-        return self.root / "sha256" / sha256[:2] / sha256
+        return self.root / BLOBS_DIR / sha256[:2] / sha256
+
+    def derived_path(self, sha256: str, suffix: str) -> Path:
+        """Where a file derived from blob `sha256` lives (kept by `rr gc` as long as the blob is)."""
+        path = self.path_for(sha256).with_name(f"{sha256}.{suffix}")
+        if derived_source(path.name) != (sha256, suffix):
+            raise ValueError(f"not a derived-file suffix: {suffix!r}")
+        return path
 
     def path_for_uri(self, uri: str) -> Path:
         path = self.path_for(parse_blob_uri(uri))
@@ -48,7 +112,7 @@ class BlobStore:
         """Store `data`; return its sha256."""
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(digest)
-        if not path.exists():
+        if not _refresh(path):
             self._atomic_write(path, data)
         return digest
 
@@ -66,7 +130,7 @@ class BlobStore:
                     out.write(block)
             digest = h.hexdigest()
             path = self.path_for(digest)
-            if path.exists():
+            if _refresh(path):
                 os.unlink(tmp)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,6 +140,44 @@ class BlobStore:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+    def ingest(
+        self, src: Path | str, consume: Callable[[IO[bytes]], T], chunk: int = 1 << 20
+    ) -> tuple[str, int, T]:
+        """Stream a file into the store once, letting `consume` read it on the way; return (sha256,
+        size, what `consume` returned).
+
+        `consume` gets a binary reader over `src` (e.g. a validating scan); whatever it leaves unread
+        is copied after it returns. Nothing is stored if `consume` raises.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".incoming-")
+        try:
+            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                tee = _Tee(inp, out)
+                result = consume(tee)  # type: ignore[arg-type]  # a reader with read()
+                while tee.read(chunk):
+                    pass
+            digest = tee.hash.hexdigest()
+            path = self.path_for(digest)
+            if path.exists():
+                os.unlink(tmp)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, path)
+            return digest, tee.size, result
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def put_beside(self, sha256: str, suffix: str, data: bytes) -> Path:
+        """Store `data` next to blob `sha256` as `<blob path>.<suffix>` (derived data, e.g. a trace's
+        index: found from the blob's name, kept by `rr gc` as long as the blob). Idempotent."""
+        path = self.derived_path(sha256, suffix.lstrip("."))
+        if not path.exists():
+            self._atomic_write(path, data)
+        return path
 
     def get_bytes(self, sha256: str) -> bytes:
         path = self.path_for(sha256)
@@ -93,3 +195,20 @@ class BlobStore:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+
+
+class _Tee:
+    """A binary reader over `inp` that hashes and copies to `out` every byte read through it."""
+
+    def __init__(self, inp: IO[bytes], out: IO[bytes]) -> None:
+        self.inp, self.out = inp, out
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        block = self.inp.read(n)
+        if block:
+            self.hash.update(block)
+            self.out.write(block)
+            self.size += len(block)
+        return block

@@ -23,6 +23,7 @@ payload that is not already stored, which the selector prevents.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,12 +56,18 @@ __all__ = [
     "data_converter",
     "blob_dir_of",
     "resolve",
+    "stored_digest",
+    "ForeignReference",
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
 DEFAULT_THRESHOLD_BYTES = 16 * 1024
 THRESHOLD_ENV = "RR_PAYLOAD_THRESHOLD_BYTES"
 _REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
+# how temporalio wrote references before its `ExternalStorageReference` proto (it still reads them), and
+# the metadata key it will mark (codec-encoded) references with
+_LEGACY_REFERENCE_ENCODING = b"json/external-storage-reference"
+_REFERENCE_MARKER_KEY = "__temporal_external_storage_reference"
 
 
 class ReadOnlyBlobStore(PermissionError):
@@ -218,6 +225,37 @@ def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
         raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {PAYLOAD_DRIVER_NAME!r}")
     [stored] = BlobStorageDriver(blob_dir)._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
     return stored
+
+
+class ForeignReference(ValueError):
+    """An external-storage reference this store cannot answer (another driver, or an encoded reference)."""
+
+
+def stored_digest(payload: Payload) -> str | None:
+    """The sha256 of the blob an external-storage reference in a raw history names (None: an inline payload).
+
+    Reads references as temporalio writes them (and its legacy form); a reference written by another
+    driver, or one this module cannot decode, raises `ForeignReference`: its payload is somewhere this
+    store cannot see (`rr gc` then removes nothing).
+    """
+    encoding = payload.metadata.get("encoding", b"")
+    if encoding == b"json/protobuf" and payload.metadata.get("messageType") == _REFERENCE_TYPE:
+        ref = json_format.Parse(payload.data, ExternalStorageReference())
+        driver, claim = ref.driver_name, dict(ref.claim_data)
+    elif encoding == _LEGACY_REFERENCE_ENCODING:
+        raw = json.loads(payload.data)
+        driver = str(raw.get("driver_name", ""))
+        claim = dict((raw.get("driver_claim") or {}).get("claim_data") or {})
+    elif payload.metadata.get(_REFERENCE_MARKER_KEY) == b"true":
+        raise ForeignReference(f"an encoded external-storage reference ({encoding!r}) cannot be read here")
+    else:
+        return None
+    if driver != PAYLOAD_DRIVER_NAME:
+        raise ForeignReference(f"a payload is stored by driver {driver!r}, not {PAYLOAD_DRIVER_NAME!r}")
+    digest = str(claim.get("sha256", ""))
+    if len(digest) != 64:
+        raise ForeignReference(f"{PAYLOAD_DRIVER_NAME}: malformed claim {claim!r}")
+    return digest
 
 
 def blob_dir_of(converter: DataConverter) -> Path | None:

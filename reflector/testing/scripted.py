@@ -276,3 +276,30 @@ def big_outputs(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 register_model("scripted-plan", lambda: FunctionModel(synthesis_aware(plan_script), model_name="scripted-plan"))
 register_model("scripted-big", lambda: FunctionModel(synthesis_aware(big_outputs), model_name="scripted-big"))
+
+
+# A plan whose root session waits for a file (the test's gate) after `gate_after` cells: the reflection
+# stays running, with its sandbox and blobs in use, until the test creates the file. The task carries
+# `GATE:<path>`; children (whose task is their own plan) never wait.
+_GATE_RE = re.compile(r"GATE:(\S+)")
+
+
+def _gate(messages: list[ModelMessage]) -> str | None:
+    for m in messages:
+        for p in m.parts:
+            if type(p).__name__ == "UserPromptPart":
+                found = _GATE_RE.search(str(p.content))
+                if found:
+                    return found.group(1)
+    return None
+
+
+async def gated_plan(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    gate = _gate(messages)
+    if gate is not None and len(_returns(messages)) >= int(_plan(messages).get("gate_after", 1)):
+        while not os.path.exists(gate):
+            await asyncio.sleep(0.05)
+    return synthesis_aware(plan_script)(messages, info)
+
+
+register_model("scripted-plan-gated", lambda: FunctionModel(gated_plan, model_name="scripted-plan-gated"))

@@ -23,6 +23,7 @@ __all__ = [
     "EAGER_FACTOR",
     "LAZY_BLOCK_BYTES",
     "host_memory_bytes",
+    "host_need_bytes",
     "explain_refusal",
 ]
 
@@ -32,19 +33,22 @@ EAGER_FACTOR = 6
 LAZY_BLOCK_BYTES = 64 * 1024**2
 
 
-def host_memory_bytes(trace_size: int, index_size: int | None) -> int:
-    """The address-space limit of a host for a trace of `trace_size` bytes (`index_size`: its index, or
-    None when the trace is read whole)."""
+def host_need_bytes(trace_size: int, index_size: int | None) -> int:
+    """What a host needs for a trace of `trace_size` bytes (`index_size`: its index, or None when the
+    trace is read whole): the formula above."""
     if index_size is None:
-        need = HOST_BASE_BYTES + EAGER_FACTOR * trace_size
-    else:
-        need = HOST_BASE_BYTES + 2 * index_size + LAZY_BLOCK_BYTES
-    return max(HOST_MIN_BYTES, need)
+        return HOST_BASE_BYTES + EAGER_FACTOR * trace_size
+    return HOST_BASE_BYTES + 2 * index_size + LAZY_BLOCK_BYTES
+
+
+def host_memory_bytes(trace_size: int, index_size: int | None) -> int:
+    """The host's address-space limit: what it needs, and never less than `HOST_MIN_BYTES`."""
+    return max(HOST_MIN_BYTES, host_need_bytes(trace_size, index_size))
 
 
 def explain_refusal(trace_size: int, index_size: int | None, cap: int, why_whole: str = "") -> str | None:
     """The one-line refusal for a trace whose host would not fit under `cap`, else None."""
-    need = host_memory_bytes(trace_size, index_size)
+    need = host_need_bytes(trace_size, index_size)
     if need <= cap:
         return None
     gib = 1024**3

@@ -408,7 +408,7 @@ def take_export(ns: SandboxNamespace) -> tuple[bytes, list[str]]:
     meta = {"version": EXPORT_VERSION, "kind": _EXPORT_KIND, "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()]}
     try:
         blob = _dump_export(meta, {"vars": candidates, "history": history}, refs)
-        if len(blob) <= EXPORT_MAX_BYTES:
+        if len(blob) <= EXPORT_VAR_MAX_BYTES:  # then no variable can be over either limit
             return blob, skipped
     except Exception:  # find what cannot be carried, one value at a time
         pass

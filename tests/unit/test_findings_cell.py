@@ -11,7 +11,7 @@ from reflector.heuristic import FINDINGS_CELL
 # The cell's text is the code argument of an `execute_code` call recorded in every heuristic
 # workflow history: a different text is a different program for histories already written. Change
 # this pin only together with the cell (and record new histories in tests/replay/histories).
-FINDINGS_CELL_SHA256 = "9442275da660e58b1bdb9edbc5c84d76e53784c59a1bd9d9adbbaa7f562a41e6"
+FINDINGS_CELL_SHA256 = "944990c9ca864d4fa24629e4dde4ff02bcbc81f26c3a90d2dcf73bb1e4f2902a"
 
 
 def test_loaded_cell_compiles() -> None:
@@ -26,7 +26,7 @@ def test_stand_in_lines_are_replaced() -> None:
     text = resources.files("reflector.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
     first, _, rest = text.partition("\n")
     assert first.startswith("from SANDBOX_VARIABLES import ")
-    assert FINDINGS_CELL.startswith("\nimport json, re, collections\n")
+    assert FINDINGS_CELL.startswith("\nimport json, re, collections, collections.abc\n")
     assert FINDINGS_CELL.count(ANSWER_RULES_SOURCE) == 1
     assert "SANDBOX_VARIABLES" not in FINDINGS_CELL and "from ANSWER_RULES_SOURCE" not in FINDINGS_CELL
     assert FINDINGS_CELL.endswith('print("RR_FINDINGS " + line[:MAX_LINE])\n')
