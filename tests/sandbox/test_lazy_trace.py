@@ -21,7 +21,7 @@ N_STEPS = 3_000
 
 
 def _ace_trace(path: Path) -> dict[str, object]:
-    data = {
+    data: dict[str, object] = {
         "question": "How many widgets?",
         "ground_truth": "42",
         "steps": [

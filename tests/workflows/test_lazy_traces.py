@@ -88,5 +88,5 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in set(a) | set(b) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {str(a)[:300]!r} != {str(b)[:300]!r}"]
