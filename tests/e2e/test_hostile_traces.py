@@ -18,9 +18,12 @@ from tests.e2e.test_cli import _one_line_error, rr
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    return {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": "127.0.0.1:1"}
+@pytest.fixture(params=["whole", "streamed"])
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+    """Both client paths: a small trace parsed whole, and the streaming scan large traces take (forced
+    here by a lazy threshold of 1 byte)."""
+    lazy = {"RR_LAZY_TRACE_BYTES": "1"} if request.param == "streamed" else {}
+    return {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": "127.0.0.1:1", **lazy}
 
 
 @pytest.mark.parametrize(
