@@ -24,15 +24,17 @@ def is_list(value):
     """A list, or a lazy sequence of a large trace (read in one pass: every access parses)."""
     return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
 
-def run_findings(run, task_info, steps_limit=10):
-    steps = run.get("steps")
-    steps = steps if is_list(steps) else []
-    want_said = bool(run.get("expected_outputs"))
+def is_lazy(value):
+    """A lazy sequence of a large trace: it has columns to filter and count with, without parsing."""
+    return is_list(value) and not isinstance(value, (list, tuple))
+
+def step_facts(steps, steps_limit, want_said):
+    """What the findings need from the steps, in one pass (a lazy trace parses each step once)."""
     failing, said, cited = [], [], set()
     n_steps = n_failing = 0
     calls, fail_tools, same_errors = collections.Counter(), collections.Counter(), collections.Counter()
     last_step = None
-    for s in steps:  # one pass: a lazy trace parses each step once
+    for s in steps:
         n_steps += 1
         if not isinstance(s, dict):
             continue
@@ -51,6 +53,39 @@ def run_findings(run, task_info, steps_limit=10):
             if str(content or "").strip():
                 last_step = {"index": s.get("index"), "content": short(content, 300)}
         cited.update(SKILL_RE.findall(str(s.get("content", ""))))
+    return n_steps, n_failing, failing, calls, fail_tools, same_errors, last_step, said, cited
+
+def lazy_step_facts(steps, steps_limit, want_said, max_parsed=20000):
+    """`step_facts` of a lazy sequence, read off its index columns, parsing only the steps it shows; the
+    repeated-failure count looks at the first `max_parsed` failing steps."""
+    errors = steps.where(is_error=True)
+    failing = [steps[i] for i in errors[:steps_limit]]
+    same_errors = collections.Counter()
+    for i in errors[:max_parsed]:
+        s = steps[i]
+        same_errors[(str(s.get("tool_name")), str(s.get("content")))] += 1
+    last_step = None
+    assistant = steps.where(role="assistant")
+    for i in reversed(assistant):
+        content = steps[i].get("content")
+        if str(content or "").strip():
+            last_step = {"index": steps[i].get("index"), "content": short(content, 300)}
+            break
+    said = [steps[i].get("content") for i in assistant] if want_said else []
+    cited = set()
+    for i in steps.grep(SKILL_RE.pattern, limit=max_parsed):
+        cited.update(SKILL_RE.findall(str(steps[i].get("content", ""))))
+    calls = collections.Counter(steps.tool_call_counts())
+    fail_tools = collections.Counter(steps.counts("tool_name", is_error=True))
+    return len(steps), len(errors), failing, calls, fail_tools, same_errors, last_step, said, cited
+
+def run_findings(run, task_info, steps_limit=10):
+    steps = run.get("steps")
+    steps = steps if is_list(steps) else []
+    want_said = bool(run.get("expected_outputs"))
+    facts = lazy_step_facts if is_lazy(steps) else step_facts
+    n_steps, n_failing, failing, calls, fail_tools, same_errors, last_step, said, cited = facts(
+        steps, steps_limit, want_said)
     repeated = {}
     for (name, _content), count in same_errors.items():
         if count > 1:

@@ -52,7 +52,7 @@ __all__ = [
 INDEX_VERSION = 1
 INDEX_SUFFIX = f".index-v{INDEX_VERSION}"  # the index of blob X is the file X + this suffix, beside it
 SAMPLE_RECORDS = 200  # records read before the format is decided (the bounded sample)
-_ARRAYS = ("starts", "ends", "step_records", "step_subs")
+_ARRAYS = ("starts", "ends", "step_records", "step_subs", "step_roles", "step_errors", "step_tools")
 _MAX_CUSTOM = 200  # OpenClaw custom events kept in the metadata (the rest are counted)
 
 
@@ -74,6 +74,13 @@ class TraceIndex:
     ends: array[int] = field(default_factory=lambda: array("q"))
     step_records: array[int] = field(default_factory=lambda: array("q"))  # step -> record (kind "run")
     step_subs: array[int] = field(default_factory=lambda: array("q"))  # step -> its position in the record
+    # Columns of the indexed steps, so that filters and counts need no parsing (`Steps.where`):
+    step_roles: array[int] = field(default_factory=lambda: array("q"))  # position in `roles`
+    step_errors: array[int] = field(default_factory=lambda: array("q"))  # 1: is_error
+    step_tools: array[int] = field(default_factory=lambda: array("q"))  # position in `tools`, -1: no tool_name
+    roles: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    call_counts: dict[str, int] = field(default_factory=dict)  # tool-call name -> calls, over every step
 
     @property
     def n_records(self) -> int:
@@ -100,6 +107,9 @@ class TraceIndex:
             "outer": self.outer,
             "tail_steps": self.tail_steps,
             "tool_names": {str(k): v for k, v in self.tool_names.items()},
+            "roles": self.roles,
+            "tools": self.tools,
+            "call_counts": self.call_counts,
             "arrays": {name: len(getattr(self, name)) for name in _ARRAYS},
             "byteorder": sys.byteorder,
         }
@@ -117,6 +127,7 @@ class TraceIndex:
             format=head["format"], kind=head["kind"], container=head["container"], key=head["key"],
             record_kind=head["record_kind"], size=int(head["size"]), header=head["header"], outer=head["outer"],
             tail_steps=head["tail_steps"], tool_names={int(k): v for k, v in head["tool_names"].items()},
+            roles=list(head["roles"]), tools=list(head["tools"]), call_counts=dict(head["call_counts"]),
         )
         pos = nl + 1
         for name in _ARRAYS:
@@ -127,7 +138,9 @@ class TraceIndex:
                 arr.byteswap()
             pos += n
             setattr(idx, name, arr)
-        if pos != len(data) or len(idx.starts) != len(idx.ends) or len(idx.step_records) != len(idx.step_subs):
+        n = len(idx.step_records)
+        columns = (idx.step_subs, idx.step_roles, idx.step_errors, idx.step_tools)
+        if pos != len(data) or len(idx.starts) != len(idx.ends) or any(len(c) != n for c in columns):
             raise ValueError("trace index is truncated or inconsistent")
         if any(s < 0 or e > idx.size or s > e for s, e in zip(idx.starts, idx.ends, strict=True)):
             raise ValueError("trace index has a record outside the trace")
@@ -260,6 +273,9 @@ def build_index(
     oc = _OpenclawStats() if record_kind == "openclaw" else None
     call_names: dict[str, str] = {}
     rewards: list[float] = []
+    roles: dict[str, int] = {}
+    tools: dict[str, int] = {}
+    calls: Counter[str] = Counter()
 
     def each(items: Iterator[tuple[int, int, Any]]) -> None:
         for start, end, value in items:
@@ -284,12 +300,19 @@ def build_index(
                 idx.step_subs.append(sub)
                 if step.get("tool_name") and step["tool_name"] != fresh[sub].get("tool_name"):
                     idx.tool_names[number] = step["tool_name"]
+                idx.step_roles.append(_code(roles, step["role"]))
+                idx.step_errors.append(1 if step.get("is_error") else 0)
+                tool = step.get("tool_name")
+                idx.step_tools.append(_code(tools, str(tool)) if tool else -1)
+                for call in step.get("tool_calls") or ():
+                    calls[str(call.get("name"))] += 1
                 stats.add(step)
 
     each(iter(sample))
     each(records)
     idx.size = h.size
     idx.outer = dict(h.outer)
+    idx.roles, idx.tools, idx.call_counts = list(roles), list(tools), dict(calls)
     if kind == "batch":
         meta = _batch_view(cast(TraceFormat, fmt), None, [{"reward": r} for r in rewards])["metadata"]
         meta["n_runs"] = idx.n_records
@@ -297,6 +320,14 @@ def build_index(
     else:
         _finish_run(idx, stats, oc)
     return fmt, idx
+
+
+def _code(table: dict[str, int], value: str) -> int:
+    """`value`'s position in `table` (added at the end when new)."""
+    code = table.get(value)
+    if code is None:
+        code = table[value] = len(table)
+    return code
 
 
 def _detect(h: ScanHeader, sample: list[Any]) -> str:

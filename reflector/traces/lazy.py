@@ -75,6 +75,24 @@ class _Source:
     def raw_text(self, n: int) -> str:
         return self.read(self.index.starts[n], self.index.ends[n]).decode("utf-8", errors="replace")
 
+    def raw_texts(self, numbers: Sequence[int]) -> Iterator[tuple[int, str]]:
+        """(record, its JSON text) for `numbers`, reading runs of neighbours in one block."""
+        starts, ends = self.index.starts, self.index.ends
+        i = 0
+        while i < len(numbers):
+            j = i + 1
+            while (
+                j < len(numbers)
+                and numbers[j] == numbers[j - 1] + 1
+                and ends[numbers[j]] - starts[numbers[i]] <= BLOCK_BYTES
+            ):
+                j += 1
+            base = starts[numbers[i]]
+            block = self.read(base, ends[numbers[j - 1]])
+            for n in numbers[i:j]:
+                yield n, block[starts[n] - base : ends[n] - base].decode("utf-8", errors="replace")
+            i = j
+
 
 def _parse(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8", errors="replace"))
@@ -142,8 +160,9 @@ class LazySeq(Sequence[Any]):
         (a regular expression, `re.search`), at most `limit`. Reads the records but parses none."""
         rx = re.compile(pattern, flags)
         found: list[int] = []
-        for k, n in enumerate(self._record_numbers()):
-            if rx.search(self._src.raw_text(n)):
+        numbers = list(self._record_numbers())
+        for k, (_n, text) in enumerate(self._src.raw_texts(numbers)):
+            if rx.search(text):
                 found.append(k)
                 if len(found) >= limit:
                     break
@@ -219,21 +238,80 @@ class Steps(LazySeq):
             if p < len(idx.step_records):
                 yield idx.step_records[p]
 
+    def where(self, role: str | None = None, is_error: bool | None = None, tool_name: str | None = None) -> list[int]:
+        """Positions (in this sequence) of the steps with every given `role` / `is_error` / `tool_name`,
+        read from the index's columns: nothing is parsed."""
+        idx = self._src.index
+        n_indexed = len(idx.step_records)
+        role_code = idx.roles.index(role) if role is not None and role in idx.roles else -2
+        tool_code = idx.tools.index(tool_name) if tool_name is not None and tool_name in idx.tools else -2
+        found: list[int] = []
+        for k, p in enumerate(self._range):
+            if p < n_indexed:
+                ok = (
+                    (role is None or idx.step_roles[p] == role_code)
+                    and (is_error is None or bool(idx.step_errors[p]) == is_error)
+                    and (tool_name is None or idx.step_tools[p] == tool_code)
+                )
+            else:
+                t = idx.tail_steps[p - n_indexed]
+                ok = (
+                    (role is None or t["role"] == role)
+                    and (is_error is None or bool(t["is_error"]) == is_error)
+                    and (tool_name is None or t["tool_name"] == tool_name)
+                )
+            if ok:
+                found.append(k)
+        return found
+
+    def counts(self, key: str, is_error: bool | None = None) -> dict[str, int]:
+        """How many steps have each value of `key` ("role", "tool_name" or "is_error"), optionally only
+        among the steps with the given `is_error`; from the index's columns (nothing is parsed)."""
+        idx = self._src.index
+        n_indexed = len(idx.step_records)
+        if key not in ("role", "tool_name", "is_error"):
+            raise ValueError("counts(key): key is 'role', 'tool_name' or 'is_error'")
+        out: dict[str, int] = {}
+        for p in self._range:
+            if p < n_indexed:
+                if is_error is not None and bool(idx.step_errors[p]) != is_error:
+                    continue
+                if key == "role":
+                    value: Any = idx.roles[idx.step_roles[p]]
+                elif key == "tool_name":
+                    value = idx.tools[idx.step_tools[p]] if idx.step_tools[p] >= 0 else None
+                else:
+                    value = bool(idx.step_errors[p])
+            else:
+                t = idx.tail_steps[p - n_indexed]
+                if is_error is not None and bool(t["is_error"]) != is_error:
+                    continue
+                value = t[key]
+            out[str(value)] = out.get(str(value), 0) + 1
+        return out
+
+    def tool_call_counts(self) -> dict[str, int]:
+        """Tool calls by name over the whole run (from the index; the same for every slice)."""
+        counts = dict(self._src.index.call_counts)
+        for t in self._src.index.tail_steps:
+            for c in t["tool_calls"]:
+                counts[str(c["name"])] = counts.get(str(c["name"]), 0) + 1
+        return counts
+
     def grep(self, pattern: str, limit: int = 100, flags: int = 0) -> list[int]:
         """Positions of the steps whose record's raw JSON text matches `pattern` (a message that
         became several steps matches for each of them)."""
         rx = re.compile(pattern, flags)
         idx = self._src.index
+        n_indexed = len(idx.step_records)
+        wanted = sorted({idx.step_records[p] for p in self._range if p < n_indexed})
+        hits = {n for n, text in self._src.raw_texts(wanted) if rx.search(text)}
         found: list[int] = []
-        last_rec, last_hit = -1, False
         for k, p in enumerate(self._range):
-            if p >= len(idx.step_records):
-                hit = bool(rx.search(json.dumps(idx.tail_steps[p - len(idx.step_records)], ensure_ascii=False)))
+            if p >= n_indexed:
+                hit = bool(rx.search(json.dumps(idx.tail_steps[p - n_indexed], ensure_ascii=False)))
             else:
-                rec = idx.step_records[p]
-                if rec != last_rec:
-                    last_rec, last_hit = rec, bool(rx.search(self._src.raw_text(rec)))
-                hit = last_hit
+                hit = idx.step_records[p] in hits
             if hit:
                 found.append(k)
                 if len(found) >= limit:

@@ -261,3 +261,29 @@ def test_the_client_memory_does_not_grow_with_the_trace(tmp_path: Path) -> None:
     small = peak_kb(6_000)
     large = peak_kb(64_000)  # ~32 MB: parsed whole it would take 100-160 MB
     assert large - small < 16 * 1024, (small, large)
+
+
+def test_step_columns_answer_filters_and_counts_without_parsing(tmp_path: Path) -> None:
+    import collections
+
+    for name, path in _shapes(tmp_path):
+        data, _ = read_trace_file(path, None)
+        eager = normalize(data)
+        if "steps" not in eager:
+            continue
+        view, _index, fd = lazy_view(path)
+        try:
+            s, e = view["steps"], eager["steps"]
+            assert s.where(is_error=True) == [i for i, x in enumerate(e) if x["is_error"]], name
+            assert s.where(role="assistant") == [i for i, x in enumerate(e) if x["role"] == "assistant"], name
+            assert s[1:].where(role="tool") == [i for i, x in enumerate(e[1:]) if x["role"] == "tool"], name
+            assert s.where(role="no such role") == []
+            fails = collections.Counter(str(x["tool_name"]) for x in e if x["is_error"])
+            assert s.counts("tool_name", is_error=True) == dict(fails), name
+            assert s.counts("role") == dict(collections.Counter(x["role"] for x in e)), name
+            calls: collections.Counter[str] = collections.Counter()
+            for x in e:
+                calls.update(str(c["name"]) for c in x["tool_calls"])
+            assert s.tool_call_counts() == dict(calls), name
+        finally:
+            os.close(fd)
