@@ -49,7 +49,7 @@ __all__ = [
     "lazy_shape",
 ]
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: step columns (role, error, tool) and tool-call counts
 INDEX_SUFFIX = f".index-v{INDEX_VERSION}"  # the index of blob X is the file X + this suffix, beside it
 SAMPLE_RECORDS = 200  # records read before the format is decided (the bounded sample)
 _ARRAYS = ("starts", "ends", "step_records", "step_subs", "step_roles", "step_errors", "step_tools")
