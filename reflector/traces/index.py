@@ -211,7 +211,8 @@ class _RunStats:
         role = step["role"]
         self.roles[role] += 1
         if role in ("user", "assistant"):
-            text = _THINKING_RE.sub("", step["content"]).strip()
+            content = step["content"]
+            text = (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
             if text:
                 if role == "user" and self.first_user is None:
                     self.first_user = text
