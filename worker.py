@@ -28,6 +28,7 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import FixedSizeSlotSupplier, Replayer, Worker, WorkerTuner
 
+from activities import batch as batch_activities
 from activities import model_requests
 from activities import sandbox as sandbox_activities
 from activities.summarise import summarise
@@ -38,13 +39,14 @@ from reflector.settings import SettingError, Settings, usable_dir
 from reflector.storage.payloads import blob_dir_of, external_storage
 from sandbox.isolation import IsolationUnavailable
 from workflows.agents import MODEL_ACTIVITIES
+from workflows.batch import BatchReflectionWorkflow
 from workflows.reflection import ReflectionWorkflow
 
 __all__ = ["build_worker", "run_worker", "in_process_worker", "make_replayer", "replay", "replay_workflow", "ReplayReport", "WORKFLOWS"]
 
 log = logging.getLogger("rr.worker")
 
-WORKFLOWS = [ReflectionWorkflow]
+WORKFLOWS = [ReflectionWorkflow, BatchReflectionWorkflow]
 MAX_ADAPTIVE_ACTIVITIES = 2000
 ACTIVITY_SLOTS_AT_START = 100
 # Activity slots hold provider requests that wait on the network: what must not come late is their first
@@ -166,7 +168,8 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=[*sandbox_activities.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise],
+        activities=[*sandbox_activities.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise,
+                    *batch_activities.ACTIVITIES],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
@@ -274,8 +277,7 @@ async def replay(client: Client, workflow_id: str, settings: Settings | None = N
 
 
 def make_replayer(blob_dir: Path | str) -> Replayer:
-    """A `Replayer` for reflections that reads external payloads from `blob_dir` and never writes."""
-    from workflows.reflection import ReflectionWorkflow
+    """A `Replayer` for reflections and batches that reads external payloads from `blob_dir` and never writes."""
 
     settings = Settings.from_env()
     load_plugins(",".join(settings.plugins))  # the workflow resolves its model by name: plugins' models must be known
@@ -283,7 +285,7 @@ def make_replayer(blob_dir: Path | str) -> Replayer:
     # import in workflow code can trip the deadlock detector on a loaded machine)
     prepare_workflow_side(None if settings.worker_models else list(SHIPPED_FAMILIES), settings=settings)
     dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
-    return Replayer(workflows=[ReflectionWorkflow], data_converter=dc, plugins=[PydanticAIPlugin()])
+    return Replayer(workflows=list(WORKFLOWS), data_converter=dc, plugins=[PydanticAIPlugin()])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="worker processes under one supervisor (default: RR_WORKER_PROCESSES or the cores available)")
 
     r = sub.add_parser("reflect", help="reflect on a trace file and print the reflection")
-    r.add_argument("trace", help="trace file (.json or .jsonl)")
+    r.add_argument("trace", nargs="+",
+                   help="trace file (.json or .jsonl); several files or directories of them: a batch, one run per file")
+    r.add_argument("--batch", action="store_true",
+                   help="each file holds many runs (a JSON array, JSONL lines): a batch, one run per record")
+    r.add_argument("--concurrency", type=int, metavar="N",
+                   help="batch: runs reflected at once (default: 8 for in-process models, 4 for provider models)")
     r.add_argument("--model", help="pydantic-ai model string (default: RR_MODEL or 'heuristic')")
     r.add_argument("--question")
     r.add_argument("--ground-truth")
@@ -53,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a reflection's history against the current code")
     rp.add_argument("id")
+
+    g = sub.add_parser("gc", help="remove blobs, journals and caches that no retained workflow needs any more")
+    g.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    g.add_argument("--min-age", default="1h", metavar="AGE",
+                   help="never remove anything younger than this (default 1h; e.g. 3600, 90s, 15m, 2d)")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
@@ -125,6 +136,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await _result(args, settings)
         if args.cmd == "replay":
             return await _replay(args, settings)
+        if args.cmd == "gc":
+            return await _gc(args, settings)
     except (ReflectError, TraceError) as e:
         return _err(str(e))
     except WorkflowFailureError as e:
@@ -163,7 +176,11 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         if not sb.is_file():
             raise c.ReflectError(f"skillbook file not found: {sb}")
         skillbook = sb.read_text(encoding="utf-8", errors="replace")
-    trace = c.upload_trace(args.trace, settings)
+    if args.batch or len(args.trace) > 1 or Path(args.trace[0]).is_dir():
+        return await _reflect_batch(args, settings, ReflectionConfig(**overrides), skillbook)
+    if args.concurrency is not None:
+        raise c.ReflectError("--concurrency is for a batch (several traces, a directory, or --batch)")
+    trace = c.upload_trace(args.trace[0], settings)
     inp = c.build_input(
         trace,
         question=args.question or "",
@@ -214,6 +231,73 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     return _finished(out)
 
 
+async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: object, skillbook: str) -> int:
+    from reflector import client as c
+    from reflector.batch.render import render_batch, render_batch_progress
+    from reflector.contract import ReflectionConfig
+    from reflector.models import is_llm
+
+    assert isinstance(config, ReflectionConfig)
+    if args.question or args.ground_truth is not None or args.feedback is not None:
+        raise c.ReflectError("--question, --ground-truth and --feedback are for one trace: in a batch each run "
+                             "carries its own")
+    manifest = c.upload_batch(args.trace, settings, split=args.batch)
+    inp = c.build_batch_input(manifest, config=config, skillbook=skillbook, mode=args.mode,
+                              concurrency=args.concurrency)
+    if not is_llm(config.model):
+        _say(f"model: {config.model} — a deterministic rule-based driver of the real tools, not an LLM")
+    tty = sys.stderr.isatty()
+
+    def progress(p: object) -> None:
+        line = render_batch_progress(p)  # type: ignore[arg-type]
+        print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    def no_worker(waited: float) -> None:
+        if tty:
+            print(file=sys.stderr)
+        _say(f"no worker is polling task queue {settings.task_queue!r} on {address}: batch {wf_id} has waited "
+             f"{waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, RR_TASK_QUEUE and RR_BLOB_DIR), "
+             f"or press Ctrl-C (the batch stays; `rr result {wf_id}` follows it later)")
+
+    def worker_back() -> None:
+        _say(f"a worker took batch {wf_id}")
+
+    rt: c.Runtime | None = None
+    wf_id = address = ""
+    try:
+        from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
+
+        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([config.model])) as rt:
+            address = rt.address
+            handle = await c.start_batch(rt.client, inp, settings.task_queue, args.id)
+            wf_id = handle.id
+            _say(f"started batch {wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}")
+            await rt.ensure_worker(handle)
+            out = await c.wait_for_batch(handle, on_progress=progress, on_no_worker=no_worker,
+                                         on_worker_back=worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            if tty:
+                print(file=sys.stderr)
+    except asyncio.CancelledError:  # Ctrl-C: the batch goes on durably
+        if not wf_id or rt is None:
+            raise
+        return _interrupted(wf_id, rt, settings, tty)
+    result = c.batch_result(out, settings)
+    print(result.model_dump_json(indent=2) if args.json else render_batch(result), end="\n" if args.json else "")
+    return _batch_finished(result)
+
+
+def _batch_finished(out: object) -> int:
+    from reflector import client as c
+    from reflector.contract import BatchOutput
+
+    assert isinstance(out, BatchOutput)
+    if c.is_batch_complete(out):
+        return 0
+    _say(f"the batch is INCOMPLETE ({out.failed} runs could not be reflected on, "
+         f"{out.synthesis.incomplete_reflections} reflections stopped early): exit code {c.EXIT_INCOMPLETE}")
+    return c.EXIT_INCOMPLETE
+
+
 def _finished(out: object) -> int:
     from reflector import client as c
     from reflector.contract import ReflectorOutput
@@ -250,23 +334,33 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
     from temporalio.client import WorkflowExecutionStatus
 
     from reflector import client as c
-    from reflector.contract import PROGRESS_QUERY, Progress
+    from reflector.batch.render import render_batch, render_batch_progress
+    from reflector.contract import BATCH_WORKFLOW_NAME, PROGRESS_QUERY, BatchProgress, Progress
     from reflector.render import render_progress, render_reflection
 
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         handle = rt.client.get_workflow_handle(args.id)
         desc = await handle.describe()
+        is_batch = desc.workflow_type == BATCH_WORKFLOW_NAME
         if desc.status == WorkflowExecutionStatus.RUNNING:
             line = "  (no worker is running it right now)"
             try:
                 # a query waits for a worker; with none taking the reflection's tasks it would only time out
                 if not await c.waiting_for_worker(handle):
-                    line = render_progress(
-                        await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
-                    )
+                    if is_batch:
+                        line = render_batch_progress(await handle.query(
+                            PROGRESS_QUERY, result_type=BatchProgress, rpc_timeout=c.QUERY_TIMEOUT))
+                    else:
+                        line = render_progress(
+                            await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
+                        )
             except Exception:  # progress is best effort; the state (running) is not
                 pass
-            return _err(f"reflection {args.id} is still running:{line}", 3)
+            return _err(f"{'batch' if is_batch else 'reflection'} {args.id} is still running:{line}", 3)
+        if is_batch:
+            batch = await c.fetch_batch_result(rt.client, args.id, settings)
+            print(batch.model_dump_json(indent=2) if args.json else render_batch(batch), end="\n" if args.json else "")
+            return _batch_finished(batch)
         out = await c.fetch_result(rt.client, args.id)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
     return _finished(out)
@@ -293,6 +387,34 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
               f"({report.events} events so far) against the current code")
     else:
         print(f"replay of {args.id} OK: {report.events} events replayed against the current code")
+    return 0
+
+
+async def _gc(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from reflector import client as c
+    from reflector import gc
+    from reflector.devserver import is_reachable
+
+    try:
+        min_age = gc.parse_duration(args.min_age)
+    except ValueError as e:
+        raise c.ReflectError(f"--min-age: {e}") from None
+    if not settings.address_explicit and not settings.db_file.exists() and not is_reachable(settings.address):
+        # an embedded server started on a new database would list no workflow: everything would look unused
+        raise c.ReflectError(f"no Temporal server at {settings.address} and no embedded server database "
+                             f"{settings.db_file}: nothing can say which blobs are in use (set TEMPORAL_ADDRESS)")
+    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
+        try:
+            report = await gc.run_gc(gc.TemporalSource(rt.client), settings.blob_dir, min_age_s=min_age,
+                                     dry_run=args.dry_run)
+        except gc.GCRefused as e:
+            return _err(f"gc removed nothing: {e}", 1)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(gc.render_report(report), end="")
     return 0
 
 

@@ -9,12 +9,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import IO, Any, TypeVar, cast
 
+from pydantic import BaseModel
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.api.enums.v1 import PendingWorkflowTaskState, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -24,12 +26,19 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from reflector.contract import (
+    BATCH_WORKFLOW_NAME,
     PROGRESS_QUERY,
     WORKFLOW_NAME,
+    BatchInput,
+    BatchOutput,
+    BatchProgress,
+    BatchResult,
+    ManifestRef,
     Progress,
     ReflectionConfig,
     ReflectionInput,
     ReflectorOutput,
+    RunRecord,
     TraceRef,
 )
 from reflector.models import (
@@ -38,7 +47,9 @@ from reflector.models import (
 from reflector.settings import SettingError, Settings, usable_dir
 from reflector.storage.blobs import BlobStore, blob_uri
 from reflector.storage.payloads import data_converter
-from reflector.traces import detect_format, read_trace_file
+from reflector.traces import TraceFormat, check_trace_file, detect_format, read_trace_file
+from reflector.traces.budget import explain_refusal
+from reflector.traces.index import INDEX_SUFFIX, TraceIndex, build_index
 
 __all__ = [
     "ReflectError",
@@ -54,6 +65,16 @@ __all__ = [
     "configure_core_logging",
     "EXIT_INCOMPLETE",
     "FIRST_TASK_WAIT_S",
+    "upload_batch",
+    "build_batch_input",
+    "start_batch",
+    "wait_for_batch",
+    "load_batch_records",
+    "fetch_batch_result",
+    "reflect_batch",
+    "is_batch_complete",
+    "batch_result",
+    "default_concurrency",
 ]
 
 # A workflow task that is not completed in this time is handed to another worker: it bounds how long a
@@ -103,14 +124,46 @@ class ReflectError(RuntimeError):
 
 
 def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
-    """Validate a trace file and put it in the blob store; the workflow only gets the reference."""
-    data, _container = read_trace_file(path, settings.max_trace_bytes)
+    """Validate a trace file and put it in the blob store; the workflow only gets the reference.
+
+    A trace under `settings.lazy_trace_bytes` is parsed whole (it is small) to check it and detect its
+    format. A larger one is streamed once: hashed, copied into the store and scanned record by record
+    (validation, format from the first records, the record index the sandbox reads it lazily with),
+    so the client's memory does not grow with the trace. A trace whose sandbox host would need more
+    memory than the workers allow (`reflector.traces.budget`) is refused before anything is stored.
+    """
+    p = Path(path)
+    size = check_trace_file(p, settings.max_trace_bytes)
     root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
+    store = BlobStore(root)
+    index: TraceIndex | None = None
     try:
-        digest, size = BlobStore(root).put_file(path)  # removes its partial file on any failure
+        if size < settings.lazy_trace_bytes:
+            data, _container = read_trace_file(p, settings.max_trace_bytes)
+            fmt: str = detect_format(data)
+            del data
+            _refuse(size, None, settings, fmt)
+            digest, size = store.put_file(p)  # removes its partial file on any failure
+        else:
+
+            def scan(fh: IO[bytes]) -> tuple[str, TraceIndex | None]:
+                found = build_index(fh, str(p))
+                _refuse(size, found[1].nbytes() if found[1] else None, settings, found[0])
+                return found
+
+            digest, size, (fmt, index) = store.ingest(p, scan)
+            if index is not None:
+                store.put_beside(digest, INDEX_SUFFIX, index.to_bytes())
     except OSError as e:
         raise ReflectError(f"cannot store the trace in the blob store {root}: {e.strerror or e}") from None
-    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(data))
+    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt))
+
+
+def _refuse(size: int, index_size: int | None, settings: Settings, fmt: str) -> None:
+    why = f"format {fmt!r} is not indexed" if size >= settings.lazy_trace_bytes else ""
+    msg = explain_refusal(size, index_size, settings.sandbox_max_memory, why)
+    if msg is not None:
+        raise ReflectError(msg)
 
 
 def build_input(
@@ -164,7 +217,7 @@ async def start_reflection(
     return handle
 
 
-async def waiting_for_worker(handle: WorkflowHandle[object, ReflectorOutput]) -> bool:
+async def waiting_for_worker(handle: WorkflowHandle[Any, Any]) -> bool:
     """True when the reflection's next workflow task is scheduled and no worker has started it.
 
     That is what "no live worker" means for this reflection, whatever the task queue's poller list says
@@ -195,6 +248,25 @@ async def wait_for_result(
     and `on_worker_back()` when a worker takes it again; progress is not queried meanwhile (a query
     needs a worker and would only time out).
     """
+    return await _follow(handle, Progress, on_progress, poll_s, on_no_worker=on_no_worker,
+                         on_worker_back=on_worker_back, no_worker_after_s=no_worker_after_s)
+
+
+_R = TypeVar("_R")
+_P = TypeVar("_P", bound=BaseModel)
+
+
+async def _follow(
+    handle: WorkflowHandle[Any, _R],
+    progress_type: type[_P],
+    on_progress: Callable[[_P], Awaitable[None] | None] | None,
+    poll_s: float,
+    *,
+    on_no_worker: Callable[[float], None] | None,
+    on_worker_back: Callable[[], None] | None,
+    no_worker_after_s: float,
+) -> _R:
+    """`wait_for_result` for any workflow whose `progress` query answers a `progress_type`."""
     result_task = asyncio.ensure_future(handle.result(rpc_timeout=None))
     waiting_since: float | None = None
     warned = False
@@ -224,13 +296,14 @@ async def wait_for_result(
             try:
                 # The server answers a query when the workflow task in progress ends: the session's
                 # task is renewed every 0.8 x task timeout, so allow a little more than one task.
-                prog = await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=QUERY_TIMEOUT)
+                prog = await handle.query(PROGRESS_QUERY, result_type=progress_type, rpc_timeout=QUERY_TIMEOUT)
             except Exception:  # a query can fail while no worker holds the workflow; progress is best effort
                 continue
             maybe = on_progress(prog)
             if maybe is not None:
                 await maybe
-        return result_task.result()
+        result: _R = result_task.result()
+        return result
     finally:
         if not result_task.done():
             result_task.cancel()
@@ -315,9 +388,7 @@ class Runtime:
     _start_worker: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     _announce: Callable[[str], None] = field(default=lambda _msg: None, repr=False)
 
-    async def ensure_worker(
-        self, handle: WorkflowHandle[object, ReflectorOutput], wait_s: float = FIRST_TASK_WAIT_S
-    ) -> None:
+    async def ensure_worker(self, handle: WorkflowHandle[Any, Any], wait_s: float = FIRST_TASK_WAIT_S) -> None:
         """Make sure a live worker runs the reflection just started: if no worker takes its first task
         within `wait_s`, run an in-process worker.
 
@@ -408,3 +479,151 @@ async def runtime(
         elif want_worker is False or in_process_worker is None:
             rt._start_worker = None
         yield rt
+
+
+# ------------------------------------------------------------------------------ batch reflection
+
+# Children of a batch that run at once (`--concurrency`) by default. An in-process model (the heuristic)
+# costs CPU only: each child holds a workflow task and a sandbox host for its whole session. On two cores
+# 8 at once reflect 10 runs/s, 32 only 12 (1: 5.5; bench/batch.py, 120 tau-bench runs), and 8 leave most of
+# a worker's 32 adaptive workflow-task slots to other reflections started meanwhile. With a provider
+# model each child waits on the network, but every request counts against the provider's rate limit and
+# costs money: 4 sessions at once stay within a default-tier limit, and a batch found to be set up wrong
+# is stopped having spent less.
+BATCH_CONCURRENCY_IN_PROCESS = 8
+BATCH_CONCURRENCY_PROVIDER = 4
+
+
+def default_concurrency(model: str) -> int:
+    from reflector.models import answers_in_process
+
+    return BATCH_CONCURRENCY_IN_PROCESS if answers_in_process(model) else BATCH_CONCURRENCY_PROVIDER
+
+
+def upload_batch(paths: Sequence[str | Path], settings: Settings, *, split: bool = False) -> ManifestRef:
+    """Store every run of `paths` as its own trace blob and the manifest listing them (`reflector.batch.split`).
+
+    Files and directories: one run per file (a file that is not a valid trace is a broken run, reported by
+    the batch); `split=True`: every file holds many runs (a JSON array, JSONL lines), one run per record.
+    """
+    from reflector.batch.split import iter_sources, write_manifest
+
+    root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
+    store = BlobStore(root)
+    try:
+        sources = iter_sources(paths, store, upload=lambda p: upload_trace(p, settings), split=split,
+                               max_bytes=settings.max_trace_bytes)
+        return write_manifest(sources, store)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise ReflectError(f"cannot read the batch or store it in the blob store {root}: {e.strerror or e}{where}") from None
+
+
+def build_batch_input(
+    manifest: ManifestRef,
+    *,
+    config: ReflectionConfig | None = None,
+    skillbook: str = "",
+    mode: str = "offline",
+    concurrency: int | None = None,
+    children_per_run: int | None = None,
+    page_size: int | None = None,
+    llm_synthesis: bool | None = None,
+) -> BatchInput:
+    config = config or ReflectionConfig()
+    try:
+        check_model_name(config.model)
+    except ValueError as e:
+        raise ReflectError(str(e)) from e
+    if concurrency is not None and concurrency < 1:
+        raise ReflectError("--concurrency must be at least 1")
+    extra: dict[str, Any] = {}
+    if children_per_run is not None:
+        extra["children_per_run"] = children_per_run
+    if page_size is not None:
+        extra["page_size"] = page_size
+    return BatchInput(
+        manifest=manifest, config=config, skillbook=skillbook, mode=mode,
+        concurrency=concurrency or default_concurrency(config.model), llm_synthesis=llm_synthesis, **extra,
+    )
+
+
+async def start_batch(
+    client: Client, inp: BatchInput, task_queue: str, workflow_id: str | None = None
+) -> WorkflowHandle[Any, BatchOutput]:
+    wf_id = workflow_id or f"rr-batch-{inp.manifest.sha256[:8]}-{uuid.uuid4().hex[:8]}"
+    try:
+        handle: WorkflowHandle[Any, BatchOutput] = await client.start_workflow(
+            BATCH_WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
+            task_timeout=task_timeout_for(inp.config.model), result_type=BatchOutput,
+        )
+    except WorkflowAlreadyStartedError:
+        raise ReflectError(f"a batch with id {wf_id!r} is already running: follow it with `rr result {wf_id}`, "
+                           "or choose another --id") from None
+    return handle
+
+
+async def wait_for_batch(
+    handle: WorkflowHandle[Any, BatchOutput],
+    on_progress: Callable[[BatchProgress], Awaitable[None] | None] | None = None,
+    poll_s: float = 1.0,
+    *,
+    on_no_worker: Callable[[float], None] | None = None,
+    on_worker_back: Callable[[], None] | None = None,
+    no_worker_after_s: float = 15.0,
+) -> BatchOutput:
+    """`wait_for_result` for a batch (it follows the batch across continue-as-new)."""
+    return await _follow(handle, BatchProgress, on_progress, poll_s, on_no_worker=on_no_worker,
+                         on_worker_back=on_worker_back, no_worker_after_s=no_worker_after_s)
+
+
+def load_batch_records(out: BatchOutput, settings: Settings) -> list[RunRecord]:
+    """Every run's record of a finished batch, in run order, from the blob store."""
+    from reflector.batch.records import load_records
+
+    return load_records(BlobStore(settings.blob_dir), [out.records.sha256])
+
+
+def batch_result(out: BatchOutput, settings: Settings) -> BatchResult:
+    """A finished batch's output with every run's record (from the blob store)."""
+    return BatchResult(**out.model_dump(), run_records=load_batch_records(out, settings))
+
+
+async def fetch_batch_result(client: Client, batch_id: str, settings: Settings) -> BatchResult:
+    handle = client.get_workflow_handle(batch_id, result_type=BatchOutput)
+    out: BatchOutput = await handle.result()
+    return batch_result(out, settings)
+
+
+async def reflect_batch(
+    client: Client,
+    paths: Sequence[str | Path],
+    settings: Settings,
+    *,
+    split: bool = False,
+    task_queue: str | None = None,
+    config: ReflectionConfig | None = None,
+    skillbook: str = "",
+    mode: str = "offline",
+    concurrency: int | None = None,
+    children_per_run: int | None = None,
+    batch_id: str | None = None,
+    on_progress: Callable[[BatchProgress], Awaitable[None] | None] | None = None,
+) -> BatchResult:
+    """Reflect on every run of `paths` (see `upload_batch`) and synthesise across them.
+
+    Returns the batch's `BatchResult`: counts, the synthesis and every run's compact record; a record's
+    `workflow_id` names its child reflection (`fetch_result(client, record.workflow_id)` for all of it).
+    Needs a worker on `task_queue` (default `RR_TASK_QUEUE`).
+    """
+    manifest = upload_batch(paths, settings, split=split)
+    inp = build_batch_input(manifest, config=config, skillbook=skillbook, mode=mode, concurrency=concurrency,
+                            children_per_run=children_per_run)
+    handle = await start_batch(client, inp, task_queue or settings.task_queue, batch_id)
+    return batch_result(await wait_for_batch(handle, on_progress), settings)
+
+
+def is_batch_complete(out: BatchOutput) -> bool:
+    """False when a run could not be reflected on or a reflection stopped early (the CLI exits with
+    `EXIT_INCOMPLETE`); the synthesis is still there, over the runs that were."""
+    return out.failed == 0 and out.synthesis.incomplete_reflections == 0

@@ -15,6 +15,8 @@ __all__ = [
     "SUMMARISE_TIMEOUT",
     "CELL_RETRY",
     "REBUILD_ALLOWANCE_S",
+    "BATCH_ACTIVITY_TIMEOUT",
+    "BATCH_RETRY",
 ]
 
 MODEL_RETRY = RetryPolicy(
@@ -36,3 +38,12 @@ SUMMARISE_TIMEOUT = timedelta(minutes=5)
 CELL_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
 # Rebuilding a namespace after a crash replays the journal: allow time for it beyond the cell's own limit.
 REBUILD_ALLOWANCE_S = 120.0
+
+# The batch workflow's local activities (manifest pages, run records, the synthesis) only read and write
+# the blob store: seconds at most (the synthesis of 10,000 records reads ~10 MB). Retried a few times
+# for a transient file-system fault; a store that stays unusable fails the batch (not one run's fault).
+BATCH_ACTIVITY_TIMEOUT = timedelta(minutes=2)
+BATCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
