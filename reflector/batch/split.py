@@ -27,7 +27,7 @@ from typing import Any
 from reflector.contract import BatchRun, ManifestPage, ManifestRef, TraceRef
 from reflector.storage.blobs import BlobStore, blob_uri
 from reflector.traces import TraceError, detect_format
-from reflector.traces.scan import iter_records
+from reflector.traces.scan import BrokenLine, iter_records
 
 __all__ = ["RunSource", "expand_paths", "iter_sources", "split_file", "write_manifest", "read_manifest_page"]
 
@@ -93,8 +93,12 @@ def split_file(path: Path, store: BlobStore, max_bytes: int | None = None) -> It
     """Every top-level record of `path` as a run whose trace blob is exactly the record's bytes."""
     name = str(path)
     with open(path, "rb") as scan, open(path, "rb") as raw:
-        for i, (start, end, value) in enumerate(iter_records(scan, name)):
+        for i, (start, end, value) in enumerate(iter_records(scan, name, yield_broken=True)):
             source = f"{name}#{i}"
+            if isinstance(value, BrokenLine):
+                yield RunSource(run_id=source, source=source,
+                                error=f"broken JSONL in {name}: line {value.lineno} is not valid JSON: {value.error}")
+                continue
             if not isinstance(value, dict | list) or not value:
                 shown = json.dumps(value)[:80] if not isinstance(value, dict | list) else json.dumps(value)
                 yield RunSource(run_id=source, source=source,

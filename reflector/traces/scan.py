@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from reflector.traces.read import MAX_NESTING, TraceError, nesting_depth
 
-__all__ = ["ScanHeader", "Scanner", "iter_records", "RECORD_KEYS", "BUFFER_BYTES"]
+__all__ = ["ScanHeader", "Scanner", "BrokenLine", "iter_records", "RECORD_KEYS", "BUFFER_BYTES"]
 
 BUFFER_BYTES = 1024**2
 FIRST_LINE_MAX = 1024**2  # longest first line read to tell JSONL from JSON (longer: JSONL only for a .jsonl name)
@@ -101,10 +101,17 @@ class Scanner:
     """
 
     def __init__(
-        self, fh: IO[bytes], name: str, *, chunk: int = BUFFER_BYTES, split_object: bool = True
+        self,
+        fh: IO[bytes],
+        name: str,
+        *,
+        chunk: int = BUFFER_BYTES,
+        split_object: bool = True,
+        yield_broken: bool = False,
     ) -> None:
         self.fh, self.name, self.chunk = fh, name, chunk
         self.split_object = split_object
+        self.yield_broken = yield_broken  # JSONL: a broken line comes back as a `BrokenLine` record
         self.jsonl_hint = name.lower().endswith(".jsonl")
         self.header = ScanHeader()
         self._end = 0
@@ -232,21 +239,24 @@ class Scanner:
             line = buf.text[pos:end]
             if line.strip():
                 value, first, last = self._line(line, lineno, bad)
+                lead = buf.base + pos + len(line) - len(line.lstrip())
                 if value is not _BAD:
-                    lead = buf.base + pos + len(line) - len(line.lstrip())
                     yield lead + first, lead + last, value
                     self.header.n_records += 1
+                elif self.yield_broken:
+                    n, msg = bad.pop()
+                    yield lead, lead + len(line.strip()), BrokenLine(n, msg)
             if nl < 0:
                 break
             lineno += 1
             pos = buf.drop(nl + 1)
-        if bad:
+        if bad and not self.yield_broken:
             n, msg = bad[0]
             if not self.header.n_records:
                 raise TraceError(f"not valid JSON or JSONL: no line of {self.name} parses (line {n}: {msg})")
             more = f" (and {len(bad) - 1} more broken lines)" if len(bad) > 1 else ""
             raise TraceError(f"broken JSONL in {self.name}: line {n} is not valid JSON: {msg}{more}")
-        if not self.header.n_records:
+        if not self.header.n_records and not self.yield_broken:
             raise TraceError(f"trace file is empty (whitespace only): {self.name}")
 
     # -- values ------------------------------------------------------------------------------------
@@ -310,6 +320,14 @@ class Scanner:
 _BAD = object()
 
 
+@dataclass(frozen=True)
+class BrokenLine:
+    """A JSONL line that is not valid JSON (`Scanner(yield_broken=True)`): its number and the error."""
+
+    lineno: int
+    error: str
+
+
 def _maybe_truncated(exc: json.JSONDecodeError, length: int) -> bool:
     """Whether a parse error can be the buffer's end cutting a valid value (then read more)."""
     return exc.msg.startswith("Unterminated string") or exc.pos >= length - 8
@@ -322,10 +340,12 @@ def _redecode(latin: str, value: Any) -> Any:
     return json.loads(latin.encode("latin-1").decode("utf-8", errors="replace"))
 
 
-def iter_records(fh: IO[bytes], name: str) -> Iterator[tuple[int, int, Any]]:
+def iter_records(fh: IO[bytes], name: str, *, yield_broken: bool = False) -> Iterator[tuple[int, int, Any]]:
     """`(start, end, value)` of each top-level record of a trace file opened in binary mode.
 
     For a JSON array its elements, for JSONL its lines, for a single JSON object the object itself
-    (`start`/`end` are byte offsets: `raw[start:end]` is the record's JSON text).
+    (`start`/`end` are byte offsets: `raw[start:end]` is the record's JSON text). `yield_broken`: a
+    broken JSONL line is a `BrokenLine` value instead of an error at the end (a batch reports it as
+    one failed run).
     """
-    yield from Scanner(fh, name, split_object=False).records()
+    yield from Scanner(fh, name, split_object=False, yield_broken=yield_broken).records()

@@ -64,6 +64,16 @@ def test_jsonl_lines_are_runs_and_a_non_run_record_is_broken(tmp_path: Path) -> 
     assert all(s.trace is None for s in over) and "over the limit" in (over[0].error or "")
 
 
+def test_a_broken_jsonl_line_is_one_broken_run(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps({"id": "r-a", "steps": []}) + "\n{\"id\": \n" + json.dumps({"id": "r-c", "steps": [1]}) + "\n")
+    sources = list(split_file(path, store))
+    assert [s.run_id for s in sources] == ["r-a", f"{path}#1", "r-c"]
+    assert sources[1].trace is None and "line 2 is not valid JSON" in (sources[1].error or "")
+    assert sources[0].trace is not None and sources[2].trace is not None
+
+
 def test_a_file_that_does_not_parse_stops_a_one_file_batch(tmp_path: Path) -> None:
     path = tmp_path / "runs.json"
     path.write_text('[{"traj": []}, {"traj": ')
