@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from reflector import client as rr
 from reflector.client import connect
+from reflector.contract import BatchOutput
 from reflector.settings import Settings
 from reflector.testing.tau_runs import synthetic_runs
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
@@ -84,3 +85,44 @@ async def test_a_batch_resumes_after_its_worker_is_killed(crash_env: dict[str, s
         w1.stop()
         if w2 is not None:
             w2.stop()
+
+
+async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Temporal server is stopped mid-batch and started again on the same SQLite file and port."""
+    from reflector.devserver import DevServer, free_port
+
+    server = DevServer(tmp_path / "temporal.sqlite", port=free_port(), ui=False, log_file=tmp_path / "server.log")
+    address = await server.astart(timeout=60)
+    home = tmp_path / "home"
+    env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": f"batch-srv-{uuid.uuid4().hex[:6]}"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("RR_BLOB_DIR", raising=False)
+    EXTRA_BLOB_DIRS.append(home / "blobs")
+    worker: WorkerProcess | None = None
+    try:
+        settings = Settings.from_env()
+        client = await connect(address, settings=settings)
+        path = tmp_path / "runs.json"
+        path.write_text(json.dumps(synthetic_runs(N_RUNS)))
+        inp = rr.build_batch_input(rr.upload_batch([path], settings, split=True), concurrency=2, children_per_run=5)
+        worker = WorkerProcess(env, tmp_path / "w.log")
+        worker.wait_ready()
+        handle = await rr.start_batch(client, inp, env["RR_TASK_QUEUE"], f"srv-batch-{uuid.uuid4().hex[:8]}")
+        deadline = time.monotonic() + 60
+        while len(await _children(client, handle.id)) < 2:
+            assert time.monotonic() < deadline, "the batch made no progress"
+            await asyncio.sleep(0.05)
+        await server.astop()
+        await asyncio.sleep(2)  # the worker polls a server that is gone
+        await server.astart(timeout=60)
+        client = await connect(address, settings=settings)
+        out = await asyncio.wait_for(client.get_workflow_handle(handle.id, result_type=BatchOutput).result(), 150)
+        assert (out.reflected, out.failed) == (N_RUNS, 0)
+        after = await _children(client, handle.id)
+        assert len(after) == N_RUNS and all(len(runs) == 1 for runs in after.values())
+    finally:
+        if worker is not None:
+            worker.stop()
+        await server.astop()
+
