@@ -292,9 +292,9 @@ def build_index(
                 continue
             if oc is not None:
                 oc.add(value)
-            before = set(call_names) if record_kind == "message" else None
             steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
-            fresh = step_of_record(record_kind, value, stats.n) if before is not None and steps else steps
+            # the names a tool result gets from earlier calls: what the record alone does not give
+            fresh = step_of_record(record_kind, value, stats.n) if record_kind == "message" and steps else steps
             for sub, step in enumerate(steps):
                 number = stats.n
                 idx.step_records.append(rec)
