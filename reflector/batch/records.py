@@ -98,12 +98,13 @@ def _short(text: str, limit: int = TEXT_CHARS) -> str:
 
 
 def outcome_of(facts: TraceRunFacts) -> RunOutcome:
-    """failure: reward below 1, or the outcome differs from what was expected; success: reward 1, or the
-    outcome checked and right; unknown: nothing to check against."""
-    if (facts.reward is not None and facts.reward < 1) or facts.answer_correct is False:
-        return "failure"
-    if facts.reward is not None or facts.answer_correct is True:
-        return "success"
+    """The run's label: its reward when the trace has one (the benchmark's verdict: a tau-bench run whose
+    calls differ from the expected ones in arguments that leave the same database state still earns 1),
+    else whether the answer or actions checked right; unknown: nothing to check against."""
+    if facts.reward is not None:
+        return "failure" if facts.reward < 1 else "success"
+    if facts.answer_correct is not None:
+        return "success" if facts.answer_correct else "failure"
     return "unknown"
 
 

@@ -159,3 +159,14 @@ def test_iter_sources_turns_an_unreadable_file_into_a_broken_run(tmp_path: Path)
 
     got = list(iter_sources([good, bad], BlobStore(tmp_path / "b"), upload=upload))
     assert got == [RunSource(str(good), str(good), trace=ref), RunSource(str(bad), str(bad), error=f"invalid JSON in {bad}")]
+
+
+def test_the_reward_is_the_label_when_the_trace_has_one() -> None:
+    from reflector.batch.records import TraceRunFacts, outcome_of
+
+    # a tau-bench run whose calls differ in arguments that leave the same state still earned 1
+    assert outcome_of(TraceRunFacts(reward=1.0, answer_correct=False)) == "success"
+    assert outcome_of(TraceRunFacts(reward=0.0, answer_correct=True)) == "failure"
+    assert outcome_of(TraceRunFacts(answer_correct=False)) == "failure"
+    assert outcome_of(TraceRunFacts(answer_correct=True)) == "success"
+    assert outcome_of(TraceRunFacts()) == "unknown"
