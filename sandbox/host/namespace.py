@@ -56,7 +56,10 @@ LAZY_NOTE = (
     "  (a large trace, read lazily: its lists are lazy sequences that parse items on access. len() is "
     "free; x[i], x[-1], slices (x[a:b] is lazy too), `for` and `in` work; x.grep(regex, limit=100) "
     "returns the positions whose raw JSON matches without parsing the rest; x.to_list(limit) makes a "
-    "list. Each access parses a fresh copy, so keep what you need in a variable; they cannot be changed.)"
+    "list. Steps also answer from the index, parsing nothing: steps.where(role=, is_error=, tool_name=) "
+    "-> positions, steps.counts('role' | 'tool_name' | 'is_error', is_error=None) -> {value: n}, "
+    "steps.tool_call_counts(). Each access parses a fresh copy, so keep what you need in a variable; "
+    "they cannot be changed.)"
 )
 
 
