@@ -161,7 +161,7 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
 
 def _refuse(size: int, index_size: int | None, settings: Settings, fmt: str) -> None:
     why = f"format {fmt!r} is not indexed" if size >= settings.lazy_trace_bytes else ""
-    msg = explain_refusal(size, index_size, settings.sandbox_max_memory, why)
+    msg = explain_refusal(size, index_size, settings.sandbox_max_memory, why, fmt)
     if msg is not None:
         raise ReflectError(msg)
 

@@ -46,19 +46,29 @@ def host_memory_bytes(trace_size: int, index_size: int | None) -> int:
     return max(HOST_MIN_BYTES, host_need_bytes(trace_size, index_size))
 
 
-def explain_refusal(trace_size: int, index_size: int | None, cap: int, why_whole: str = "") -> str | None:
+def _size(n: int) -> str:
+    gib, mib = 1024**3, 1024**2
+    return f"{n / gib:.2f} GiB" if n >= gib else f"{n / mib:.1f} MiB"
+
+
+def explain_refusal(
+    trace_size: int, index_size: int | None, cap: int, why_whole: str = "", fmt: str = ""
+) -> str | None:
     """The one-line refusal for a trace whose host would not fit under `cap`, else None."""
     need = host_need_bytes(trace_size, index_size)
     if need <= cap:
         return None
-    gib = 1024**3
     if index_size is None:
-        how = (f"it is read whole{' (' + why_whole + ')' if why_whole else ''}: {HOST_BASE_BYTES / gib:.0f} GiB + "
-               f"{EAGER_FACTOR} x {trace_size / gib:.2f} GiB")
-        fix = ("convert it to JSON lines (one step, message or run per line), which is read lazily, "
-               "or raise RR_SANDBOX_MAX_MEMORY_BYTES on the workers")
+        how = (f"it is read whole{' (' + why_whole + ')' if why_whole else ''}: {_size(HOST_BASE_BYTES)} + "
+               f"{EAGER_FACTOR} x {_size(trace_size)}")
+        if fmt == "otel":
+            fix = "OTel spans are read whole in any container: split the trace (e.g. one file per trace id)"
+        else:
+            fix = ("store it as JSON lines (one step, message or run per line) or as a JSON object whose "
+                   "`steps` array holds the steps, which are read lazily")
+        fix += ", or raise RR_SANDBOX_MAX_MEMORY_BYTES on the workers"
     else:
-        how = f"its index alone is {index_size / gib:.2f} GiB"
+        how = f"lazy, but its index alone is {_size(index_size)}"
         fix = "split it into several traces (a batch), or raise RR_SANDBOX_MAX_MEMORY_BYTES on the workers"
-    return (f"trace of {trace_size:,} bytes needs a sandbox host of {need / gib:.1f} GiB ({how}), over the "
-            f"limit of {cap / gib:.1f} GiB: {fix}")
+    return (f"trace of {trace_size:,} bytes needs a sandbox host of {_size(need)} ({how}), over the "
+            f"limit of {_size(cap)}: {fix}")

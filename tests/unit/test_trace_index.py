@@ -236,7 +236,8 @@ def test_a_trace_that_cannot_fit_is_refused_with_the_numbers(tmp_path: Path, mon
         upload_trace(spans, settings)
     msg = str(err.value)
     assert f"trace of {spans.stat().st_size:,} bytes needs a sandbox host of" in msg
-    assert "read whole (format 'otel' is not indexed)" in msg and "over the limit of 1.0 GiB" in msg
+    assert "read whole (format 'otel' is not indexed): 1.00 GiB + 6 x 1.1 MiB" in msg
+    assert "over the limit of 1.00 GiB" in msg and "split the trace" in msg
     assert not list(Path(settings.blob_dir).rglob("*.*")), "a refused trace is not stored"
 
 
