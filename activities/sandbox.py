@@ -42,7 +42,7 @@ from reflector.contract import (
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.storage.blobs import BlobStore
 from reflector.traces.budget import host_memory_bytes
-from reflector.traces.index import INDEX_SUFFIX, build_index, index_path
+from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
@@ -203,10 +203,14 @@ async def ensure_index(trace: TraceRef) -> None:
         return
 
     def build() -> None:
-        with open(path, "rb") as fh:
-            _fmt, index = build_index(fh, str(path))
-        if index is not None:
-            rt.store.put_beside(trace.sha256, INDEX_SUFFIX, index.to_bytes())
+        tmp = rt.store.new_temp()
+        try:
+            with open(path, "rb") as fh, open(tmp, "wb") as out:
+                _fmt, size = write_index(fh, str(path), out)
+            if size is not None:
+                rt.store.adopt_beside(trace.sha256, INDEX_SUFFIX, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     log.info("building the record index of trace %s (%s bytes)", trace.sha256[:12], f"{trace.size:,}")
     await asyncio.to_thread(build)

@@ -49,7 +49,7 @@ from reflector.storage.blobs import BlobStore, blob_uri
 from reflector.storage.payloads import data_converter
 from reflector.traces import TraceFormat, check_trace_file, detect_format, read_trace_file
 from reflector.traces.budget import explain_refusal
-from reflector.traces.index import INDEX_SUFFIX, TraceIndex, build_index
+from reflector.traces.index import INDEX_SUFFIX, write_index
 
 __all__ = [
     "ReflectError",
@@ -136,7 +136,6 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
     size = check_trace_file(p, settings.max_trace_bytes)
     root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
     store = BlobStore(root)
-    index: TraceIndex | None = None
     try:
         if size < settings.lazy_trace_bytes:
             data, _container = read_trace_file(p, settings.max_trace_bytes)
@@ -145,15 +144,20 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
             _refuse(size, None, settings, fmt)
             digest, size = store.put_file(p)  # removes its partial file on any failure
         else:
+            index_tmp = store.new_temp()
 
-            def scan(fh: IO[bytes]) -> tuple[str, TraceIndex | None]:
-                found = build_index(fh, str(p))
-                _refuse(size, found[1].nbytes() if found[1] else None, settings, found[0])
+            def scan(fh: IO[bytes]) -> tuple[str, int | None]:
+                with open(index_tmp, "wb") as out:  # the index is written as the scan goes
+                    found = write_index(fh, str(p), out)
+                _refuse(size, found[1], settings, found[0])
                 return found
 
-            digest, size, (fmt, index) = store.ingest(p, scan)
-            if index is not None:
-                store.put_beside(digest, INDEX_SUFFIX, index.to_bytes())
+            try:
+                digest, size, (fmt, index_size) = store.ingest(p, scan)
+                if index_size is not None:
+                    store.adopt_beside(digest, INDEX_SUFFIX, index_tmp)
+            finally:
+                index_tmp.unlink(missing_ok=True)
     except OSError as e:
         raise ReflectError(f"cannot store the trace in the blob store {root}: {e.strerror or e}") from None
     return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt))

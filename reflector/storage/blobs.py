@@ -171,6 +171,24 @@ class BlobStore:
                 os.unlink(tmp)
             raise
 
+    def new_temp(self) -> Path:
+        """A fresh temp file in the store (named as a write in progress, see `TEMP_PREFIXES`)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".incoming-")
+        os.close(fd)
+        return Path(tmp)
+
+    def adopt_beside(self, sha256: str, suffix: str, src: Path) -> Path:
+        """Move the file `src` (written in the store, e.g. by `new_temp`) next to blob `sha256`, like
+        `put_beside`; an existing one is kept (derived files of one blob are identical)."""
+        path = self.derived_path(sha256, suffix.lstrip("."))
+        if path.exists():
+            src.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, path)
+        return path
+
     def put_beside(self, sha256: str, suffix: str, data: bytes) -> Path:
         """Store `data` next to blob `sha256` as `<blob path>.<suffix>` (derived data, e.g. a trace's
         index: found from the blob's name, kept by `rr gc` as long as the blob). Idempotent."""

@@ -20,7 +20,9 @@ old one.
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 import sys
 from array import array
 from collections import Counter
@@ -40,6 +42,7 @@ from reflector.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_st
 __all__ = [
     "TraceIndex",
     "build_index",
+    "write_index",
     "index_path",
     "INDEX_VERSION",
     "INDEX_SUFFIX",
@@ -49,16 +52,29 @@ __all__ = [
     "lazy_shape",
 ]
 
-INDEX_VERSION = 2  # 2: step columns (role, error, tool) and tool-call counts
+INDEX_VERSION = 3  # 3: written as it is built (constant memory), the resolved tool name is a column
 INDEX_SUFFIX = f".index-v{INDEX_VERSION}"  # the index of blob X is the file X + this suffix, beside it
 SAMPLE_RECORDS = 200  # records read before the format is decided (the bounded sample)
-_ARRAYS = ("starts", "ends", "step_records", "step_subs", "step_roles", "step_errors", "step_tools")
 _MAX_CUSTOM = 200  # OpenClaw custom events kept in the metadata (the rest are counted)
+# The columns, by group (a record group and a step group grow at different rates), with their types.
+_GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
+    "records": (("starts", "q"), ("ends", "q")),
+    "steps": (("step_records", "q"), ("step_subs", "i"), ("step_roles", "h"), ("step_errors", "b"),
+              ("step_tools", "i")),
+}
+_COLUMNS = {name: code for group in _GROUPS.values() for name, code in group}
+BLOCK_ENTRIES = 65_536  # entries per column a writer holds before it writes them out
+_FOOTER = struct.Struct("<Q")
 
 
 @dataclass
 class TraceIndex:
-    """Byte ranges of a trace's records, plus the parts of its canonical view that need all of it."""
+    """Byte ranges of a trace's records, plus the parts of its canonical view that need all of it.
+
+    Stored as blocks of column entries written while the trace is scanned, then a JSON footer (the
+    header fields and where each block is) and the footer's length: the writer's memory does not grow
+    with the trace. `from_bytes` reads it back whole (the sandbox host holds it: the memory formula).
+    """
 
     format: str
     kind: str  # "run": records are steps of one run | "batch": records are runs
@@ -69,15 +85,16 @@ class TraceIndex:
     header: dict[str, Any]  # the view without `steps` / `runs` / `raw`
     outer: dict[str, Any] = field(default_factory=dict)  # json-object: the other fields
     tail_steps: list[dict[str, Any]] = field(default_factory=list)  # ACE: steps after the indexed ones
-    tool_names: dict[int, str] = field(default_factory=dict)  # step number -> name known only from an earlier call
     starts: array[int] = field(default_factory=lambda: array("q"))
     ends: array[int] = field(default_factory=lambda: array("q"))
     step_records: array[int] = field(default_factory=lambda: array("q"))  # step -> record (kind "run")
-    step_subs: array[int] = field(default_factory=lambda: array("q"))  # step -> its position in the record
+    step_subs: array[int] = field(default_factory=lambda: array("i"))  # step -> its position in the record
     # Columns of the indexed steps, so that filters and counts need no parsing (`Steps.where`):
-    step_roles: array[int] = field(default_factory=lambda: array("q"))  # position in `roles`
-    step_errors: array[int] = field(default_factory=lambda: array("q"))  # 1: is_error
-    step_tools: array[int] = field(default_factory=lambda: array("q"))  # position in `tools`, -1: no tool_name
+    step_roles: array[int] = field(default_factory=lambda: array("h"))  # position in `roles`
+    step_errors: array[int] = field(default_factory=lambda: array("b"))  # 1: is_error
+    # position in `tools` of the step's tool_name as resolved over the whole trace (a tool result may get
+    # it from an earlier call), -1: none
+    step_tools: array[int] = field(default_factory=lambda: array("i"))
     roles: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     call_counts: dict[str, int] = field(default_factory=dict)  # tool-call name -> calls, over every step
@@ -91,60 +108,123 @@ class TraceIndex:
         return len(self.step_records) + len(self.tail_steps)
 
     def nbytes(self) -> int:
-        """Memory the index takes once loaded (the arrays; the header is small)."""
-        return sum(getattr(self, name).itemsize * len(getattr(self, name)) for name in _ARRAYS)
+        """Memory the index takes once loaded (the columns; the header is small)."""
+        return sum(getattr(self, name).itemsize * len(getattr(self, name)) for name in _COLUMNS)
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "version": INDEX_VERSION, "format": self.format, "kind": self.kind, "container": self.container,
+            "key": self.key, "record_kind": self.record_kind, "size": self.size, "header": self.header,
+            "outer": self.outer, "tail_steps": self.tail_steps, "roles": self.roles, "tools": self.tools,
+            "call_counts": self.call_counts, "byteorder": sys.byteorder,
+        }
 
     def to_bytes(self) -> bytes:
-        head = {
-            "version": INDEX_VERSION,
-            "format": self.format,
-            "kind": self.kind,
-            "container": self.container,
-            "key": self.key,
-            "record_kind": self.record_kind,
-            "size": self.size,
-            "header": self.header,
-            "outer": self.outer,
-            "tail_steps": self.tail_steps,
-            "tool_names": {str(k): v for k, v in self.tool_names.items()},
-            "roles": self.roles,
-            "tools": self.tools,
-            "call_counts": self.call_counts,
-            "arrays": {name: len(getattr(self, name)) for name in _ARRAYS},
-            "byteorder": sys.byteorder,
-        }
-        parts = [json.dumps(head, ensure_ascii=True, default=str).encode() + b"\n"]
-        parts.extend(getattr(self, name).tobytes() for name in _ARRAYS)
-        return b"".join(parts)
+        out = io.BytesIO()
+        w = _Writer(out)
+        for name, _code in _GROUPS["records"]:
+            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
+        for name, _code in _GROUPS["steps"]:
+            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
+        w.finish(self.meta())
+        return out.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> TraceIndex:
-        nl = data.index(b"\n")
-        head = json.loads(data[:nl])
-        if head.get("version") != INDEX_VERSION:
-            raise ValueError(f"trace index version {head.get('version')!r}, expected {INDEX_VERSION}")
+        if len(data) < _FOOTER.size:
+            raise ValueError("trace index is truncated")
+        (n,) = _FOOTER.unpack_from(data, len(data) - _FOOTER.size)
+        if n > len(data) - _FOOTER.size:
+            raise ValueError("trace index is truncated")
+        body = len(data) - _FOOTER.size - n
+        try:
+            head = json.loads(data[body : body + n])
+        except ValueError:
+            raise ValueError("trace index is truncated or damaged") from None
+        if not isinstance(head, dict) or head.get("version") != INDEX_VERSION:
+            version = head.get("version") if isinstance(head, dict) else None
+            raise ValueError(f"trace index version {version!r}, expected {INDEX_VERSION}")
         idx = cls(
             format=head["format"], kind=head["kind"], container=head["container"], key=head["key"],
             record_kind=head["record_kind"], size=int(head["size"]), header=head["header"], outer=head["outer"],
-            tail_steps=head["tail_steps"], tool_names={int(k): v for k, v in head["tool_names"].items()},
-            roles=list(head["roles"]), tools=list(head["tools"]), call_counts=dict(head["call_counts"]),
+            tail_steps=head["tail_steps"], roles=list(head["roles"]), tools=list(head["tools"]),
+            call_counts=dict(head["call_counts"]),
         )
-        pos = nl + 1
-        for name in _ARRAYS:
-            arr = array("q")
-            n = int(head["arrays"][name]) * arr.itemsize
-            arr.frombytes(data[pos : pos + n])
-            if head.get("byteorder") != sys.byteorder:
-                arr.byteswap()
-            pos += n
-            setattr(idx, name, arr)
-        n = len(idx.step_records)
-        columns = (idx.step_subs, idx.step_roles, idx.step_errors, idx.step_tools)
-        if pos != len(data) or len(idx.starts) != len(idx.ends) or any(len(c) != n for c in columns):
+        swap = head.get("byteorder") != sys.byteorder
+        for group, count, offset in head["blocks"]:
+            pos = int(offset)
+            for name, code in _GROUPS[group]:
+                col = array(code)
+                size = int(count) * col.itemsize
+                if pos + size > body:
+                    raise ValueError("trace index is truncated")
+                col.frombytes(data[pos : pos + size])
+                if swap:
+                    col.byteswap()
+                getattr(idx, name).extend(col)
+                pos += size
+        n_steps = len(idx.step_records)
+        step_cols = (idx.step_subs, idx.step_roles, idx.step_errors, idx.step_tools)
+        if len(idx.starts) != len(idx.ends) or any(len(c) != n_steps for c in step_cols):
             raise ValueError("trace index is truncated or inconsistent")
         if any(s < 0 or e > idx.size or s > e for s, e in zip(idx.starts, idx.ends, strict=True)):
             raise ValueError("trace index has a record outside the trace")
+        if any(r < 0 or r >= len(idx.starts) for r in idx.step_records):
+            raise ValueError("trace index has a step outside the trace")
+        if any(t >= len(idx.tools) for t in idx.step_tools) or any(r >= len(idx.roles) for r in idx.step_roles):
+            raise ValueError("trace index is inconsistent (a column names an unknown value)")
         return idx
+
+
+class _Writer:
+    """Writes an index's columns in blocks as they grow, then the footer (see `TraceIndex`)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.pos = 0
+        self.blocks: list[tuple[str, int, int]] = []
+        self.bufs: dict[str, array[int]] = {name: array(code) for name, code in _COLUMNS.items()}
+        self.counts = {"records": 0, "steps": 0}
+
+    def record(self, start: int, end: int) -> None:
+        self.bufs["starts"].append(start)
+        self.bufs["ends"].append(end)
+        self.counts["records"] += 1
+        if len(self.bufs["starts"]) >= BLOCK_ENTRIES:
+            self._flush("records")
+
+    def step(self, record: int, sub: int, role: int, error: int, tool: int) -> None:
+        b = self.bufs
+        b["step_records"].append(record)
+        b["step_subs"].append(sub)
+        b["step_roles"].append(role)
+        b["step_errors"].append(error)
+        b["step_tools"].append(tool)
+        self.counts["steps"] += 1
+        if len(b["step_records"]) >= BLOCK_ENTRIES:
+            self._flush("steps")
+
+    def _flush(self, group: str) -> None:
+        names = [name for name, _code in _GROUPS[group]]
+        count = len(self.bufs[names[0]])
+        if not count:
+            return
+        self.blocks.append((group, count, self.pos))
+        for name in names:
+            data = self.bufs[name].tobytes()
+            self.out.write(data)
+            self.pos += len(data)
+            self.bufs[name] = array(_COLUMNS[name])
+
+    def finish(self, meta: dict[str, Any]) -> int:
+        """Write what is left and the footer; returns the index's size in bytes."""
+        self._flush("records")
+        self._flush("steps")
+        footer = json.dumps({**meta, "blocks": self.blocks}, ensure_ascii=True, default=str).encode()
+        self.out.write(footer)
+        self.out.write(_FOOTER.pack(len(footer)))
+        self.pos += len(footer) + _FOOTER.size
+        return self.pos
 
 
 def index_path(trace_path: str) -> str:
@@ -247,11 +327,22 @@ class _OpenclawStats:
 def build_index(
     fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None
 ) -> tuple[str, TraceIndex | None]:
-    """(format, index) of the trace in `fh` (binary, at offset 0); the index is None when the shape is
-    read whole (see the module doc).
+    """(format, index) of the trace in `fh` (binary, at offset 0), built in memory; the index is None
+    when the shape is read whole (see the module doc). `write_index` streams it instead."""
+    out = io.BytesIO()
+    fmt, size = write_index(fh, name, out, on_record=on_record)
+    return fmt, (TraceIndex.from_bytes(out.getvalue()) if size is not None else None)
+
+
+def write_index(
+    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None
+) -> tuple[str, int | None]:
+    """Scan the trace in `fh` (binary, at offset 0) and write its index to `out` as it goes; returns
+    (format, the index's size in bytes), the size None (nothing written) when the shape is read whole.
 
     Raises `TraceError` on a trace that is not valid JSON / JSONL (the same one-line messages as
-    `reflector.traces.read`). `on_record(n)` is called every 10,000 records (progress).
+    `reflector.traces.read`). `on_record(n)` is called every 10,000 records (progress). Memory: the
+    scan's buffer, one record, one block of column entries and the small tables.
     """
     scanner = Scanner(fh, name)
     records = scanner.records()
@@ -270,6 +361,7 @@ def build_index(
         return fmt, None
     kind, record_kind = shape
     idx = TraceIndex(format=fmt, kind=kind, container=h.container, key=h.key, record_kind=record_kind, size=0, header={})
+    w = _Writer(out)
     stats = _RunStats()
     oc = _OpenclawStats() if record_kind == "openclaw" else None
     call_names: dict[str, str] = {}
@@ -277,12 +369,14 @@ def build_index(
     roles: dict[str, int] = {}
     tools: dict[str, int] = {}
     calls: Counter[str] = Counter()
+    n_records = 0
 
     def each(items: Iterator[tuple[int, int, Any]]) -> None:
+        nonlocal n_records
         for start, end, value in items:
-            rec = len(idx.starts)
-            idx.starts.append(start)
-            idx.ends.append(end)
+            rec = n_records
+            n_records += 1
+            w.record(start, end)
             if on_record is not None and rec % 10_000 == 0:
                 on_record(rec)
             if kind == "batch":
@@ -293,34 +387,27 @@ def build_index(
             if oc is not None:
                 oc.add(value)
             steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
-            # the names a tool result gets from earlier calls: what the record alone does not give
-            fresh = step_of_record(record_kind, value, stats.n) if record_kind == "message" and steps else steps
             for sub, step in enumerate(steps):
-                number = stats.n
-                idx.step_records.append(rec)
-                idx.step_subs.append(sub)
-                if step.get("tool_name") and step["tool_name"] != fresh[sub].get("tool_name"):
-                    idx.tool_names[number] = step["tool_name"]
-                idx.step_roles.append(_code(roles, step["role"]))
-                idx.step_errors.append(1 if step.get("is_error") else 0)
                 tool = step.get("tool_name")
-                idx.step_tools.append(_code(tools, str(tool)) if tool else -1)
+                w.step(rec, sub, _code(roles, step["role"]), 1 if step.get("is_error") else 0,
+                       _code(tools, str(tool)) if tool else -1)
                 for call in step.get("tool_calls") or ():
                     calls[str(call.get("name"))] += 1
                 stats.add(step)
 
     each(iter(sample))
+    del sample, values
     each(records)
     idx.size = h.size
     idx.outer = dict(h.outer)
     idx.roles, idx.tools, idx.call_counts = list(roles), list(tools), dict(calls)
     if kind == "batch":
         meta = _batch_view(cast(TraceFormat, fmt), None, [{"reward": r} for r in rewards])["metadata"]
-        meta["n_runs"] = idx.n_records
+        meta["n_runs"] = n_records
         idx.header = {"format": fmt, "metadata": meta}
     else:
         _finish_run(idx, stats, oc)
-    return fmt, idx
+    return fmt, w.finish(idx.meta())
 
 
 def _code(table: dict[str, int], value: str) -> int:

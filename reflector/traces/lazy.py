@@ -227,9 +227,9 @@ class Steps(LazySeq):
             rec = next(parsed)
             first = p - idx.step_subs[p]
             step = step_of_record(idx.record_kind, rec, first)[idx.step_subs[p]]
-            name = idx.tool_names.get(p)
-            if name is not None:
-                step["tool_name"] = name
+            tool = idx.step_tools[p]
+            if tool >= 0:  # the name as resolved over the whole trace (a tool result's, from its call)
+                step["tool_name"] = idx.tools[tool]
             yield step
 
     def _record_numbers(self) -> Iterator[int]:

@@ -288,3 +288,28 @@ def test_step_columns_answer_filters_and_counts_without_parsing(tmp_path: Path) 
             assert s.tool_call_counts() == dict(calls), name
         finally:
             os.close(fd)
+
+
+async def test_a_worker_indexes_a_large_trace_stored_without_its_index(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace put in the store some other way (not by `upload_trace`) gets its index before a host opens it."""
+    from activities import sandbox as sandbox_activities
+    from reflector.contract import TraceRef
+    from reflector.storage.blobs import blob_uri
+
+    store = BlobStore(tmp_path / "blobs")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps(m) for m in _messages()) + "\n")
+    digest, size = store.put_file(trace)
+    runtime = sandbox_activities._Runtime(store=store, sessions=None, lazy_trace_bytes=1)  # type: ignore[arg-type]
+    monkeypatch.setattr(sandbox_activities, "_runtime", runtime)
+    ref = TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format="messages")
+    await sandbox_activities.ensure_index(ref)
+    index = TraceIndex.from_bytes(store.derived_path(digest, INDEX_SUFFIX[1:]).read_bytes())
+    assert index.n_steps == 8 and not list(store.root.glob(".incoming-*"))
+    other = tmp_path / "u.jsonl"
+    other.write_text(trace.read_text() + "\n")
+    d2, s2 = store.put_file(other)
+    monkeypatch.setattr(sandbox_activities, "_runtime", dataclasses.replace(runtime, lazy_trace_bytes=s2 + 1))
+    await sandbox_activities.ensure_index(TraceRef(uri=blob_uri(d2), sha256=d2, size=s2, format="messages"))
+    assert not store.derived_path(d2, INDEX_SUFFIX[1:]).exists()  # under the threshold: read whole
