@@ -73,7 +73,9 @@ def lazy_step_facts(steps, steps_limit, want_said, max_parsed=20000):
             break
     said = [steps[i].get("content") for i in assistant] if want_said else []
     cited = set()
-    for i in steps.grep(SKILL_RE.pattern, limit=max_parsed):
+    # a skill id has "-" and 3 digits: a search for that literal is ~10x faster than SKILL_RE over the
+    # whole raw text, and only the steps it finds are parsed and searched properly
+    for i in steps.grep("-[0-9]{3}", limit=max_parsed):
         cited.update(SKILL_RE.findall(str(steps[i].get("content", ""))))
     calls = collections.Counter(steps.tool_call_counts())
     fail_tools = collections.Counter(steps.counts("tool_name", is_error=True))

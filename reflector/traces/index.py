@@ -25,7 +25,7 @@ import json
 import struct
 import sys
 from array import array
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
@@ -65,6 +65,7 @@ _GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
 _COLUMNS = {name: code for group in _GROUPS.values() for name, code in group}
 BLOCK_ENTRIES = 65_536  # entries per column a writer holds before it writes them out
 _FOOTER = struct.Struct("<Q")
+RECENT_CALLS = 65_536  # tool-call ids the index pass remembers to name the results that follow
 
 
 @dataclass
@@ -364,7 +365,7 @@ def write_index(
     w = _Writer(out)
     stats = _RunStats()
     oc = _OpenclawStats() if record_kind == "openclaw" else None
-    call_names: dict[str, str] = {}
+    call_names: dict[str, str] = _RecentCalls()
     rewards: list[float] = []
     roles: dict[str, int] = {}
     tools: dict[str, int] = {}
@@ -408,6 +409,16 @@ def write_index(
     else:
         _finish_run(idx, stats, oc)
     return fmt, w.finish(idx.meta())
+
+
+class _RecentCalls(OrderedDict[str, str]):
+    """Tool-call id -> name for the last `RECENT_CALLS` calls: a result names a call made shortly
+    before it, and an unbounded table would grow with the trace (1 GB of messages: ~200 MB)."""
+
+    def __setitem__(self, key: str, value: str) -> None:
+        super().__setitem__(key, value)
+        if len(self) > RECENT_CALLS:
+            self.popitem(last=False)  # O(1); deleting a plain dict's first key is not
 
 
 def _code(table: dict[str, int], value: str) -> int:

@@ -20,9 +20,11 @@ Runs in the sandbox host: reads go through the file descriptor opened before the
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -72,11 +74,12 @@ class _Source:
                 yield _parse(block[starts[n] - base : ends[n] - base])
             i = j
 
-    def raw_text(self, n: int) -> str:
-        return self.read(self.index.starts[n], self.index.ends[n]).decode("utf-8", errors="replace")
-
-    def raw_texts(self, numbers: Sequence[int]) -> Iterator[tuple[int, str]]:
-        """(record, its JSON text) for `numbers`, reading runs of neighbours in one block."""
+    def matching(self, numbers: Sequence[int], rx: re.Pattern[str]) -> Iterator[int]:
+        """The records of `numbers` whose raw JSON text `rx` finds a match in (`re.search` on each
+        record's text), in order. Runs of neighbouring ASCII records (what `json.dumps` writes) are
+        searched as one block, in C, and only the records a match starts in are looked at again; a
+        pattern that anchors or looks behind is searched record by record."""
+        blockwise = not any(t in rx.pattern for t in ("^", "$", "\\A", "\\Z", "(?<"))
         starts, ends = self.index.starts, self.index.ends
         i = 0
         while i < len(numbers):
@@ -87,11 +90,42 @@ class _Source:
                 and ends[numbers[j]] - starts[numbers[i]] <= BLOCK_BYTES
             ):
                 j += 1
-            base = starts[numbers[i]]
-            block = self.read(base, ends[numbers[j - 1]])
-            for n in numbers[i:j]:
-                yield n, block[starts[n] - base : ends[n] - base].decode("utf-8", errors="replace")
+            run = numbers[i:j]
+            base = starts[run[0]]
+            block = self.read(base, ends[run[-1]])
+            if blockwise and block.isascii():
+                yield from _block_hits(block.decode("ascii"), run, [starts[n] - base for n in run],
+                                       [ends[n] - base for n in run], rx)
+            else:
+                for n in run:
+                    if rx.search(block[starts[n] - base : ends[n] - base].decode("utf-8", errors="replace")):
+                        yield n
             i = j
+
+
+def _block_hits(text: str, run: Sequence[int], rel_starts: list[int], rel_ends: list[int],
+                rx: re.Pattern[str]) -> Iterator[int]:
+    """The records of `run` (laid out at `rel_starts`/`rel_ends` in `text`) that contain a match."""
+    r = 0
+    while r < len(run):
+        m = rx.search(text, rel_starts[r])
+        if m is None:
+            return
+        r = max(r, bisect.bisect_right(rel_starts, m.start()) - 1)
+        if m.start() >= rel_ends[r]:  # the match starts between two records: look at the next one
+            r += 1
+            if r < len(run) and rx.search(text[rel_starts[r] : rel_ends[r]]):
+                yield run[r]
+        elif m.end() <= rel_ends[r] or rx.search(text[rel_starts[r] : rel_ends[r]]):
+            yield run[r]
+        r += 1
+
+
+def _as_slice(r: range) -> slice:
+    """The slice that takes `r`'s positions from a sequence (a descending range may stop at -1)."""
+    if not r:
+        return slice(0, 0)
+    return slice(r.start, r.stop if r.stop >= 0 else None, r.step)
 
 
 def _parse(raw: bytes) -> Any:
@@ -159,13 +193,13 @@ class LazySeq(Sequence[Any]):
         """Positions (in this sequence) of the items whose record's raw JSON text matches `pattern`
         (a regular expression, `re.search`), at most `limit`. Reads the records but parses none."""
         rx = re.compile(pattern, flags)
-        found: list[int] = []
         numbers = list(self._record_numbers())
-        for k, (_n, text) in enumerate(self._src.raw_texts(numbers)):
-            if rx.search(text):
-                found.append(k)
-                if len(found) >= limit:
-                    break
+        where = {n: k for k, n in enumerate(numbers)} if self._range.step != 1 else None
+        found: list[int] = []
+        for n in self._src.matching(numbers, rx):
+            found.append(where[n] if where is not None else n - numbers[0])
+            if len(found) >= limit:
+                break
         return found
 
     def to_list(self, limit: int = 10_000) -> list[Any]:
@@ -242,53 +276,69 @@ class Steps(LazySeq):
         """Positions (in this sequence) of the steps with every given `role` / `is_error` / `tool_name`,
         read from the index's columns: nothing is parsed."""
         idx = self._src.index
-        n_indexed = len(idx.step_records)
-        role_code = idx.roles.index(role) if role is not None and role in idx.roles else -2
-        tool_code = idx.tools.index(tool_name) if tool_name is not None and tool_name in idx.tools else -2
-        found: list[int] = []
-        for k, p in enumerate(self._range):
-            if p < n_indexed:
-                ok = (
-                    (role is None or idx.step_roles[p] == role_code)
-                    and (is_error is None or bool(idx.step_errors[p]) == is_error)
-                    and (tool_name is None or idx.step_tools[p] == tool_code)
-                )
-            else:
-                t = idx.tail_steps[p - n_indexed]
-                ok = (
-                    (role is None or t["role"] == role)
-                    and (is_error is None or bool(t["is_error"]) == is_error)
-                    and (tool_name is None or t["tool_name"] == tool_name)
-                )
-            if ok:
+        indexed, offset, tail = self._split()
+        wanted: list[tuple[array[int], int]] = []
+        if role is not None:
+            wanted.append((idx.step_roles, idx.roles.index(role) if role in idx.roles else -2))
+        if is_error is not None:
+            wanted.append((idx.step_errors, 1 if is_error else 0))
+        if tool_name is not None:
+            wanted.append((idx.step_tools, idx.tools.index(tool_name) if tool_name in idx.tools else -2))
+        if wanted:
+            column, code = wanted[0]
+            found = [k for k, v in enumerate(column[_as_slice(indexed)]) if v == code]
+            for column, code in wanted[1:]:
+                found = [k for k in found if column[indexed[k]] == code]
+        else:
+            found = list(range(len(indexed)))
+        found = [offset + k for k in found]
+        for k, t in tail:
+            if ((role is None or t["role"] == role) and (is_error is None or bool(t["is_error"]) == is_error)
+                    and (tool_name is None or t["tool_name"] == tool_name)):
                 found.append(k)
-        return found
+        return sorted(found) if tail and offset else found
 
     def counts(self, key: str, is_error: bool | None = None) -> dict[str, int]:
         """How many steps have each value of `key` ("role", "tool_name" or "is_error"), optionally only
         among the steps with the given `is_error`; from the index's columns (nothing is parsed)."""
-        idx = self._src.index
-        n_indexed = len(idx.step_records)
         if key not in ("role", "tool_name", "is_error"):
             raise ValueError("counts(key): key is 'role', 'tool_name' or 'is_error'")
+        idx = self._src.index
+        indexed, _offset, tail = self._split()
+        column = {"role": idx.step_roles, "tool_name": idx.step_tools, "is_error": idx.step_errors}[key]
+        values = column[_as_slice(indexed)]
+        if is_error is not None:
+            flags = idx.step_errors[_as_slice(indexed)]
+            values = array(values.typecode, (v for v, e in zip(values, flags, strict=True) if bool(e) == is_error))
+        coded: dict[int, int] = {}
+        for v in values:
+            coded[v] = coded.get(v, 0) + 1
         out: dict[str, int] = {}
-        for p in self._range:
-            if p < n_indexed:
-                if is_error is not None and bool(idx.step_errors[p]) != is_error:
-                    continue
-                if key == "role":
-                    value: Any = idx.roles[idx.step_roles[p]]
-                elif key == "tool_name":
-                    value = idx.tools[idx.step_tools[p]] if idx.step_tools[p] >= 0 else None
-                else:
-                    value = bool(idx.step_errors[p])
+        for v, n in coded.items():
+            if key == "role":
+                name = idx.roles[v]
+            elif key == "tool_name":
+                name = idx.tools[v] if v >= 0 else "None"
             else:
-                t = idx.tail_steps[p - n_indexed]
-                if is_error is not None and bool(t["is_error"]) != is_error:
-                    continue
-                value = t[key]
-            out[str(value)] = out.get(str(value), 0) + 1
+                name = str(bool(v))
+            out[name] = n
+        for _k, t in tail:
+            if is_error is None or bool(t["is_error"]) == is_error:
+                out[str(t[key])] = out.get(str(t[key]), 0) + 1
         return out
+
+    def _split(self) -> tuple[range, int, list[tuple[int, dict[str, Any]]]]:
+        """This sequence's indexed steps (a range of step numbers, which starts at position `offset` here)
+        and its tail steps (position here, step)."""
+        idx = self._src.index
+        n_indexed = len(idx.step_records)
+        r = self._range
+        tail = [(k, idx.tail_steps[p - n_indexed]) for k, p in enumerate(r) if p >= n_indexed] if idx.tail_steps else []
+        if not tail:
+            return r, 0, []
+        if r.step > 0:
+            return r[: len(r) - len(tail)], 0, tail
+        return r[len(tail) :], len(tail), tail
 
     def tool_call_counts(self) -> dict[str, int]:
         """Tool calls by name over the whole run (from the index; the same for every slice)."""
@@ -305,7 +355,7 @@ class Steps(LazySeq):
         idx = self._src.index
         n_indexed = len(idx.step_records)
         wanted = sorted({idx.step_records[p] for p in self._range if p < n_indexed})
-        hits = {n for n, text in self._src.raw_texts(wanted) if rx.search(text)}
+        hits = set(self._src.matching(wanted, rx))
         found: list[int] = []
         for k, p in enumerate(self._range):
             if p >= n_indexed:

@@ -11,7 +11,7 @@ from reflector.heuristic import FINDINGS_CELL
 # The cell's text is the code argument of an `execute_code` call recorded in every heuristic
 # workflow history: a different text is a different program for histories already written. Change
 # this pin only together with the cell (and record new histories in tests/replay/histories).
-FINDINGS_CELL_SHA256 = "d5fd08f155372f59b72d1c8218a4663ed9ddb0489a0e35a5faa90ff5a1f7572a"
+FINDINGS_CELL_SHA256 = "f23836ace53ae212809dfa7998d058703cf655d1abe8bfc045dd992a9772f993"
 
 
 def test_loaded_cell_compiles() -> None:

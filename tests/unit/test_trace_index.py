@@ -277,7 +277,12 @@ def test_step_columns_answer_filters_and_counts_without_parsing(tmp_path: Path) 
             s, e = view["steps"], eager["steps"]
             assert s.where(is_error=True) == [i for i, x in enumerate(e) if x["is_error"]], name
             assert s.where(role="assistant") == [i for i, x in enumerate(e) if x["role"] == "assistant"], name
-            assert s[1:].where(role="tool") == [i for i, x in enumerate(e[1:]) if x["role"] == "tool"], name
+            for cut in (slice(1, None), slice(None, None, -1), slice(-3, None), slice(2, -1, 2), slice(None, None, -2)):
+                part, want = s[cut], e[cut]
+                assert part.where(role="tool") == [i for i, x in enumerate(want) if x["role"] == "tool"], (name, cut)
+                assert part.where(role="assistant", is_error=False) == [
+                    i for i, x in enumerate(want) if x["role"] == "assistant" and not x["is_error"]], (name, cut)
+                assert part.counts("role") == dict(collections.Counter(x["role"] for x in want)), (name, cut)
             assert s.where(role="no such role") == []
             fails = collections.Counter(str(x["tool_name"]) for x in e if x["is_error"])
             assert s.counts("tool_name", is_error=True) == dict(fails), name
@@ -313,3 +318,29 @@ async def test_a_worker_indexes_a_large_trace_stored_without_its_index(tmp_path:
     monkeypatch.setattr(sandbox_activities, "_runtime", dataclasses.replace(runtime, lazy_trace_bytes=s2 + 1))
     await sandbox_activities.ensure_index(TraceRef(uri=blob_uri(d2), sha256=d2, size=s2, format="messages"))
     assert not store.derived_path(d2, INDEX_SUFFIX[1:]).exists()  # under the threshold: read whole
+
+
+def test_grep_finds_exactly_the_records_a_search_of_each_finds(tmp_path: Path) -> None:
+    """The block-wise search (one regex pass over neighbouring records) against `re.search` per record,
+    with matches that cross record boundaries, non-ASCII records and anchored patterns."""
+    import re
+
+    rng = random.Random(11)
+    words = ["error", "ok", "Err", "timeout", "é", "a,b", "x1-234", "}{", "\\n"]
+    records = [{"role": rng.choice(["user", "assistant", "tool"]),
+                "content": " ".join(rng.choice(words) for _ in range(rng.randint(0, 6)))} for _ in range(400)]
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(records, ensure_ascii=rng.random() < 0.5))
+    view, _index, fd = lazy_view(path)
+    raw = path.read_bytes()
+    try:
+        recs = view["raw"]
+        texts = [raw[s:e].decode() for s, e in zip(_index.starts, _index.ends, strict=True)]
+        for pattern in ["error", r"\bErr\b", r"ok.*timeout", r"\}\s*,\s*\{", r"^\{", r"[0-9]{3}", "é", r"ok\"\}, \{",
+                        r"(?<=: )\"ok"]:
+            want = [i for i, t in enumerate(texts) if re.search(pattern, t)]
+            assert recs.grep(pattern, limit=10**6) == want, pattern
+            assert recs[100:300].grep(pattern, limit=10**6) == [i - 100 for i in want if 100 <= i < 300], pattern
+            assert recs[::-3].grep(pattern, limit=10**6) == [k for k, i in enumerate(range(399, -1, -3)) if i in want]
+    finally:
+        os.close(fd)

@@ -27,7 +27,8 @@ N_STEPS = 400
 def big_trace(path: Path, indent: int | None) -> Path:
     steps: list[dict[str, Any]] = []
     for i in range(N_STEPS):
-        steps.append({"role": "assistant", "content": f"step {i}: calling the calculator",
+        cite = f" (skill arith-{i:03d})" if i % 100 == 3 else ""  # cited skill ids: found through the index too
+        steps.append({"role": "assistant", "content": f"step {i}: calling the calculator{cite}",
                       "tool_calls": [{"name": "calculator", "arguments": json.dumps({"expr": f"{i}*2"})}]})
         failed = i % 50 == 7
         steps.append({"role": "tool", "tool_name": "calculator",
@@ -41,8 +42,12 @@ def lazy(settings: Settings) -> Settings:
     return dataclasses.replace(settings, lazy_trace_bytes=1)
 
 
+SKILLBOOK = "## Arithmetic\n[arith-103] Check a product by estimating it.\n[arith-999] Never cited.\n"
+
+
 async def _reflect(client, tq: str, ref, model: str = "heuristic", question: str = "") -> tuple[ReflectorOutput, str]:
-    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(model=model))
+    inp = rr.build_input(ref, question=question, ground_truth="408", skillbook=SKILLBOOK, mode="online",
+                         config=ReflectionConfig(model=model))
     handle = await rr.start_reflection(client, inp, tq, f"lazy-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
@@ -63,6 +68,7 @@ async def test_the_heuristic_reflects_the_same_on_the_lazy_view(client, task_que
     diffs = [d for d in _diff(a, b) if "tokens" not in d.split(":")[0]]  # the prefill (describe_traces) differs
     assert diffs == []
     assert "calculator" in out_lazy.error_identification
+    assert [t.id for t in out_lazy.skill_tags] == ["arith-103"]  # cited in the trace (online mode tags), found lazily
 
 
 async def test_a_child_shares_the_lazy_trace_by_reference(client, task_queue, settings, tmp_path) -> None:
