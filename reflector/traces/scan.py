@@ -264,7 +264,7 @@ class Scanner:
         """A JSONL line's value and where it starts and ends in the stripped line (`_BAD` if broken)."""
         text = line.strip()
         start = 0 if text[:1] in "[{" else max(text.find("{"), 0)  # stray bytes before `{` (OpenClaw)
-        if nesting_depth(text, MAX_NESTING) > MAX_NESTING:
+        if _depth_over(text, MAX_NESTING):
             raise TraceError(
                 f"trace {self.name} nests deeper than {MAX_NESTING} levels of arrays/objects at line {lineno}, "
                 "the limit for traces (flatten the deepest values or store them as JSON strings)"
@@ -295,7 +295,7 @@ class Scanner:
                 buf.fill(self.chunk)  # a number or literal may go on in the next block
                 continue
             if isinstance(value, dict | list):
-                if nesting_depth(buf.text[pos:end], MAX_NESTING) + depth_above > MAX_NESTING:
+                if _depth_over(buf.text[pos:end], MAX_NESTING - depth_above):
                     raise self._nesting(buf, pos)
                 value = _redecode(buf.text[pos:end], value)
             elif isinstance(value, str) and not value.isascii():
@@ -326,6 +326,14 @@ class BrokenLine:
 
     lineno: int
     error: str
+
+
+def _depth_over(text: str, limit: int) -> bool:
+    """Whether `text` nests deeper than `limit`. Counting the opening brackets (in strings too) bounds
+    the depth from above, in C: only a record with more of them than the limit is scanned properly."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    return nesting_depth(text, limit) > limit
 
 
 def _maybe_truncated(exc: json.JSONDecodeError, length: int) -> bool:
