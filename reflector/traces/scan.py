@@ -205,6 +205,9 @@ class Scanner:
             if buf.text[pos : pos + 1] != ":":
                 raise self._error(buf, pos, "expecting ':' after a property name")
             pos = buf.skip_ws(pos + 1)
+            if key == self.header.key:  # JSON keeps the last value; the records were the first one
+                raise self._error(buf, pos, f"the field {key!r} appears twice in the object (its first value "
+                                            "was read as the records; remove the duplicate)")
             if self.header.key is None and key in RECORD_KEYS and buf.peek(pos) == "[":
                 self.header.key = key
                 self.header.outer_before = list(outer)

@@ -69,6 +69,7 @@ def test_scan_matches_json_for_any_buffer_size() -> None:
         (b'{"x": ' + b"[" * 300 + b"]" * 300 + b"}", "t.json", "nests deeper than 100 levels"),
         (b'{"a":1} {"b":2}', "t.json", "Extra data after the JSON document"),
         (b"not json\nat all\n", "t.jsonl", "no line of t.jsonl parses (line 1"),
+        (b'{"steps": [1], "q": 2, "steps": [3]}', "t.json", "the field 'steps' appears twice"),
     ],
 )
 def test_broken_traces_are_one_line_errors(text: bytes, name: str, message: str) -> None:
