@@ -40,7 +40,7 @@ from reflector.contract import (
     session_key,
 )
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
-from reflector.storage.blobs import BlobStore
+from reflector.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.traces.budget import host_memory_bytes
 from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
@@ -109,7 +109,7 @@ def configure(settings: Settings | None = None, *, max_live: int | None = None) 
     sweep_stale_workdirs()
     store = BlobStore(settings.blob_dir)
     sessions = SessionManager(
-        Path(settings.blob_dir) / "sessions",
+        Path(settings.blob_dir) / SESSIONS_DIR,
         max_live=settings.max_live_sandboxes if max_live is None else max_live,
         fsync=settings.journal_fsync,
         archive_root=settings.blob_dir,
