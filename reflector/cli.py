@@ -8,9 +8,9 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from reflector.settings import SettingError, Settings
 
@@ -192,41 +192,24 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     )
     if not is_llm(model):
         _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
-    tty = sys.stderr.isatty()
-
-    def progress(p: object) -> None:
-        line = render_progress(p)  # type: ignore[arg-type]
-        print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-
-    def no_worker(waited: float) -> None:
-        if tty:
-            print(file=sys.stderr)
-        _say(f"no worker is polling task queue {settings.task_queue!r} on {address}: reflection {wf_id} has "
-             f"waited {waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, RR_TASK_QUEUE and "
-             f"RR_BLOB_DIR), or press Ctrl-C (the reflection stays; `rr result {wf_id}` follows it later)")
-
-    def worker_back() -> None:
-        _say(f"a worker took reflection {wf_id}")
-
+    f = _Follower("reflection", render_progress, settings)
     rt: c.Runtime | None = None
-    wf_id = address = ""
     try:
         from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
 
         async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([model])) as rt:
-            address = rt.address
+            f.address = rt.address
             handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id)
-            wf_id = handle.id
+            f.wf_id = handle.id
             _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
             await rt.ensure_worker(handle)
-            out = await c.wait_for_result(handle, on_progress=progress, on_no_worker=no_worker,
-                                          on_worker_back=worker_back, no_worker_after_s=settings.no_worker_warn_s)
-            if tty:
-                print(file=sys.stderr)
+            out = await c.wait_for_result(handle, on_progress=f.progress, on_no_worker=f.no_worker,
+                                          on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            f.end_line()
     except asyncio.CancelledError:  # Ctrl-C (asyncio.run cancels this task on SIGINT)
-        if not wf_id or rt is None:
+        if not f.wf_id or rt is None:
             raise  # nothing started: the plain "interrupted"
-        return _interrupted(wf_id, rt, settings, tty)
+        return _interrupted(f.wf_id, rt, settings, f.tty)
     print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
     return _finished(out)
 
@@ -246,41 +229,24 @@ async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: o
                               concurrency=args.concurrency)
     if not is_llm(config.model):
         _say(f"model: {config.model} — a deterministic rule-based driver of the real tools, not an LLM")
-    tty = sys.stderr.isatty()
-
-    def progress(p: object) -> None:
-        line = render_batch_progress(p)  # type: ignore[arg-type]
-        print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-
-    def no_worker(waited: float) -> None:
-        if tty:
-            print(file=sys.stderr)
-        _say(f"no worker is polling task queue {settings.task_queue!r} on {address}: batch {wf_id} has waited "
-             f"{waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, RR_TASK_QUEUE and RR_BLOB_DIR), "
-             f"or press Ctrl-C (the batch stays; `rr result {wf_id}` follows it later)")
-
-    def worker_back() -> None:
-        _say(f"a worker took batch {wf_id}")
-
+    f = _Follower("batch", render_batch_progress, settings)
     rt: c.Runtime | None = None
-    wf_id = address = ""
     try:
         from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
 
         async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([config.model])) as rt:
-            address = rt.address
+            f.address = rt.address
             handle = await c.start_batch(rt.client, inp, settings.task_queue, args.id)
-            wf_id = handle.id
-            _say(f"started batch {wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}")
+            f.wf_id = handle.id
+            _say(f"started batch {f.wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}")
             await rt.ensure_worker(handle)
-            out = await c.wait_for_batch(handle, on_progress=progress, on_no_worker=no_worker,
-                                         on_worker_back=worker_back, no_worker_after_s=settings.no_worker_warn_s)
-            if tty:
-                print(file=sys.stderr)
+            out = await c.wait_for_batch(handle, on_progress=f.progress, on_no_worker=f.no_worker,
+                                         on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            f.end_line()
     except asyncio.CancelledError:  # Ctrl-C: the batch goes on durably
-        if not wf_id or rt is None:
+        if not f.wf_id or rt is None:
             raise
-        return _interrupted(wf_id, rt, settings, tty)
+        return _interrupted(f.wf_id, rt, settings, f.tty, "batch")
     result = c.batch_result(out, settings)
     print(result.model_dump_json(indent=2) if args.json else render_batch(result), end="\n" if args.json else "")
     return _batch_finished(result)
@@ -310,22 +276,51 @@ def _finished(out: object) -> int:
     return c.EXIT_INCOMPLETE
 
 
-def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool) -> int:
+class _Follower:
+    """The progress line and the no-worker notices `rr reflect` shows while it waits for a `noun`
+    ("reflection" or "batch"); `wf_id` and `address` are filled in once it has started."""
+
+    def __init__(self, noun: str, render: Callable[[Any], str], settings: Settings) -> None:
+        self.noun, self.render, self.settings = noun, render, settings
+        self.tty = sys.stderr.isatty()
+        self.wf_id = self.address = ""
+
+    def progress(self, p: object) -> None:
+        line = self.render(p)
+        print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
+              flush=True)
+
+    def end_line(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+    def no_worker(self, waited: float) -> None:
+        self.end_line()
+        _say(f"no worker is polling task queue {self.settings.task_queue!r} on {self.address}: {self.noun} "
+             f"{self.wf_id} has waited {waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, "
+             f"RR_TASK_QUEUE and RR_BLOB_DIR), or press Ctrl-C (the {self.noun} stays; `rr result {self.wf_id}` "
+             "follows it later)")
+
+    def worker_back(self) -> None:
+        _say(f"a worker took {self.noun} {self.wf_id}")
+
+
+def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool, noun: str = "reflection") -> int:
     from reflector.client import Runtime
 
     assert isinstance(rt, Runtime)
     if tty:
         print(file=sys.stderr)
     ns = settings.namespace
-    print(f"rr: error: interrupted: reflection {wf_id} was not stopped; it goes on durably on {rt.address} "
+    print(f"rr: error: interrupted: {noun} {wf_id} was not stopped; it goes on durably on {rt.address} "
           f"(namespace {ns!r})", file=sys.stderr)
     _say(f"  follow it: rr result {wf_id}")
     _say(f"  cancel it: temporal workflow cancel --workflow-id {wf_id} --address {rt.address} --namespace {ns}")
     if rt.local_worker:
-        _say(f"  this process ran its only worker: the reflection continues when a worker runs (`rr worker` "
+        _say(f"  this process ran its only worker: the {noun} continues when a worker runs (`rr worker` "
              f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})")
     if rt.embedded_server:
-        _say(f"  the embedded server stopped with this process; the reflection is saved in {settings.db_file}: "
+        _say(f"  the embedded server stopped with this process; the {noun} is saved in {settings.db_file}: "
              "run `rr server` (same RR_HOME) for the commands above")
     return 130
 

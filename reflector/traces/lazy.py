@@ -53,11 +53,9 @@ class _Source:
             pos += len(block)
         return b"".join(chunks)
 
-    def record(self, n: int) -> Any:
-        return _parse(self.read(self.index.starts[n], self.index.ends[n]))
-
-    def records(self, numbers: Sequence[int]) -> Iterator[Any]:
-        """The records `numbers` (ascending or not), reading runs of neighbours in one block."""
+    def blocks(self, numbers: Sequence[int]) -> Iterator[tuple[Sequence[int], int, bytes]]:
+        """`numbers` (ascending or not) cut into runs of neighbouring records, each read in one block of
+        at most `BLOCK_BYTES`: (the run, the block's offset in the trace, the block)."""
         starts, ends = self.index.starts, self.index.ends
         i = 0
         while i < len(numbers):
@@ -69,10 +67,15 @@ class _Source:
             ):
                 j += 1
             base = starts[numbers[i]]
-            block = self.read(base, ends[numbers[j - 1]])
-            for n in numbers[i:j]:
-                yield _parse(block[starts[n] - base : ends[n] - base])
+            yield numbers[i:j], base, self.read(base, ends[numbers[j - 1]])
             i = j
+
+    def records(self, numbers: Sequence[int]) -> Iterator[Any]:
+        """The records `numbers`, parsed, reading runs of neighbours in one block."""
+        starts, ends = self.index.starts, self.index.ends
+        for run, base, block in self.blocks(numbers):
+            for n in run:
+                yield _parse(block[starts[n] - base : ends[n] - base])
 
     def matching(self, numbers: Sequence[int], rx: re.Pattern[str]) -> Iterator[int]:
         """The records of `numbers` whose raw JSON text `rx` finds a match in (`re.search` on each
@@ -81,18 +84,7 @@ class _Source:
         pattern that anchors or looks behind is searched record by record."""
         blockwise = not any(t in rx.pattern for t in ("^", "$", "\\A", "\\Z", "(?<"))
         starts, ends = self.index.starts, self.index.ends
-        i = 0
-        while i < len(numbers):
-            j = i + 1
-            while (
-                j < len(numbers)
-                and numbers[j] == numbers[j - 1] + 1
-                and ends[numbers[j]] - starts[numbers[i]] <= BLOCK_BYTES
-            ):
-                j += 1
-            run = numbers[i:j]
-            base = starts[run[0]]
-            block = self.read(base, ends[run[-1]])
+        for run, base, block in self.blocks(numbers):
             if blockwise and block.isascii():
                 yield from _block_hits(block.decode("ascii"), run, [starts[n] - base for n in run],
                                        [ends[n] - base for n in run], rx)
@@ -100,7 +92,6 @@ class _Source:
                 for n in run:
                     if rx.search(block[starts[n] - base : ends[n] - base].decode("utf-8", errors="replace")):
                         yield n
-            i = j
 
 
 def _block_hits(text: str, run: Sequence[int], rel_starts: list[int], rel_ends: list[int],
