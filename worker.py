@@ -21,17 +21,28 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.worker import FixedSizeSlotSupplier, Replayer, Worker, WorkerTuner
+from temporalio.worker import (
+    FixedSizeSlotSupplier,
+    Replayer,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkerTuner,
+    WorkflowRunner,
+)
 
 from activities import batch as batch_activities
 from activities import model_requests
+from activities import rerun as rerun_activities
 from activities import sandbox as sandbox_activities
+from activities.provider_failures import CompactProviderFailures
 from activities.summarise import summarise
+from reflector import telemetry
 from reflector.admission import AdmissionControl, StartDelay
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
@@ -43,6 +54,9 @@ from workflows.batch import BatchReflectionWorkflow
 from workflows.reflection import ReflectionWorkflow
 
 __all__ = ["build_worker", "run_worker", "in_process_worker", "make_replayer", "replay", "replay_workflow", "ReplayReport", "WORKFLOWS"]
+
+if TYPE_CHECKING:
+    from reflector.audit.capture import ReplayHooks
 
 log = logging.getLogger("rr.worker")
 
@@ -150,7 +164,7 @@ def build_worker(
     interceptors = [StartDelay(
         activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
         local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
-    )]
+    ), CompactProviderFailures()]  # a retried provider error's failure fits in the history (no stack traces)
     tuner = WorkerTuner.create_composite(
         workflow_supplier=workflow_slots,
         activity_supplier=activity_slots,
@@ -169,7 +183,7 @@ def build_worker(
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
         activities=[*sandbox_activities.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise,
-                    *batch_activities.ACTIVITIES],
+                    *batch_activities.ACTIVITIES, *rerun_activities.ACTIVITIES],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
@@ -217,9 +231,12 @@ async def run_worker(settings: Settings | None = None) -> None:
     print(f"sandbox: {isolation.summary()}", flush=True)
     if isolation.mode == "language-only":
         print(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}", file=sys.stderr, flush=True)
-    async with worker:
-        await stop.wait()
-    await sandbox_activities.shutdown()
+    try:
+        async with worker:
+            await stop.wait()
+        await sandbox_activities.shutdown()
+    finally:
+        telemetry.flush()  # RR_OTEL: export the spans still buffered (a no-op when tracing is off)
 
 
 def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
@@ -268,7 +285,10 @@ class ReplayReport:
 
 
 async def replay(client: Client, workflow_id: str, settings: Settings | None = None) -> ReplayReport:
-    """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one."""
+    """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one.
+
+    The latest run of `workflow_id` only: `rr replay` replays every run of its continue-as-new chain and
+    every child (`reflector.audit.replay.replay_all` over `reflector.audit.histories.iter_runs`)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     running = not history.events or history.events[-1].event_type not in _CLOSE_EVENTS
     blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
@@ -276,16 +296,42 @@ async def replay(client: Client, workflow_id: str, settings: Settings | None = N
     return ReplayReport(events=len(history.events), running=running)
 
 
-def make_replayer(blob_dir: Path | str) -> Replayer:
-    """A `Replayer` for reflections and batches that reads external payloads from `blob_dir` and never writes."""
+def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: WorkflowRunner | None = None,
+                  models: Sequence[str] | None = None) -> Replayer:
+    """A `Replayer` for reflections and batches that reads external payloads from `blob_dir` and never writes.
+
+    `unsandboxed_workflow_runner` (the workflows run unsandboxed): e.g. `reflector.audit.replay.CommandRecorder`,
+    which records the commands the code produces (to name what it did at a diverging event). `models`: the
+    models the histories use (e.g. `rr audit` reads them from the inputs), prepared instead of every shipped
+    provider family (whose imports cost seconds)."""
 
     settings = Settings.from_env()
     load_plugins(",".join(settings.plugins))  # the workflow resolves its model by name: plugins' models must be known
     # as `rr worker` does: replayed workflow code must not import either (a provider model's first
     # import in workflow code can trip the deadlock detector on a loaded machine)
-    prepare_workflow_side(None if settings.worker_models else list(SHIPPED_FAMILIES), settings=settings)
+    served = list(models) if models else None if settings.worker_models else list(SHIPPED_FAMILIES)
+    prepare_workflow_side(served, settings=settings)
     dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
-    return Replayer(workflows=list(WORKFLOWS), data_converter=dc, plugins=[PydanticAIPlugin()])
+    return Replayer(workflows=list(WORKFLOWS), data_converter=dc, plugins=[PydanticAIPlugin()],
+                    unsandboxed_workflow_runner=unsandboxed_workflow_runner or UnsandboxedWorkflowRunner())
+
+
+def replay_factory(blob_dir: Path | str, runner: WorkflowRunner) -> Replayer:
+    """`make_replayer` with `runner` for the (unsandboxed) workflows: what `reflector.audit.replay` replays with."""
+    return make_replayer(blob_dir, unsandboxed_workflow_runner=runner)
+
+
+def audit_replay_hooks() -> ReplayHooks:
+    """What `rr audit` replays histories with: `make_replayer`, and the installer of the workflow-side
+    model-request capture (`workflows.local_model.request_capture`; reflector/ never imports workflows/)."""
+    from reflector.audit.capture import ReplayHooks
+    from workflows import local_model
+
+    def install(callback: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+        previous, local_model.request_capture = local_model.request_capture, callback
+        return previous
+
+    return ReplayHooks(make_replayer=lambda blob_dir, models: make_replayer(blob_dir, models=models), install=install)
 
 
 if __name__ == "__main__":

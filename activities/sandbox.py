@@ -243,6 +243,7 @@ async def _run(
         submitted=result.submitted,
         host_restarted=result.host_restarted,
         cells_replayed=int(result.meta.get("cells_replayed", 0)),
+        seq=seq,
     )
 
 

@@ -6,6 +6,7 @@ The CLI is a thin shell over these functions. Nothing here runs inside a workflo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from reflector import telemetry
 from reflector.contract import (
     BATCH_WORKFLOW_NAME,
     PROGRESS_QUERY,
@@ -64,6 +66,9 @@ __all__ = [
     "is_complete",
     "configure_core_logging",
     "EXIT_INCOMPLETE",
+    "EXIT_CANCELLED",
+    "EXIT_NOT_RUNNING",
+    "is_cancelled",
     "FIRST_TASK_WAIT_S",
     "upload_batch",
     "build_batch_input",
@@ -102,6 +107,11 @@ FIRST_TASK_WAIT_S = 2.0
 # Exit code of `rr reflect` / `rr result` for a reflection that finished but is incomplete (stop reason
 # other than "completed": budget spent, compaction limit, loop guard or error; a partial or fallback text).
 EXIT_INCOMPLETE = 4
+# Exit code of `rr reflect` / `rr result` (and `rr cancel` for a workflow that did not say so) for a cancelled
+# reflection or batch (`rr cancel`): its output says so and keeps the findings so far.
+EXIT_CANCELLED = 5
+# Exit code of `rr cancel` for a reflection or batch that had already finished: nothing was cancelled.
+EXIT_NOT_RUNNING = 6
 
 
 async def connect(
@@ -111,8 +121,10 @@ async def connect(
 
     `read_only=True` never writes a blob (for clients that only inspect or replay workflows).
     """
-    dc = data_converter(settings or Settings.from_env(), read_only=read_only)
-    return await Client.connect(address, namespace=namespace, data_converter=dc, plugins=[PydanticAIPlugin()])
+    settings = settings or Settings.from_env()
+    dc = data_converter(settings, read_only=read_only)
+    plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # RR_OTEL: tracing (reflector.telemetry)
+    return await Client.connect(address, namespace=namespace, data_converter=dc, plugins=plugins)
 
 
 InProcessWorker = Callable[[Client, Settings, AsyncExitStack, Callable[[str], None]], Awaitable[None]]
@@ -201,9 +213,17 @@ def new_workflow_id(trace: TraceRef) -> str:
 
 
 async def start_reflection(
-    client: Client, inp: ReflectionInput, task_queue: str, workflow_id: str | None = None
+    client: Client, inp: ReflectionInput, task_queue: str, workflow_id: str | None = None, *, trace_name: str = ""
 ) -> WorkflowHandle[object, ReflectorOutput]:
+    """Start `ReflectionWorkflow`; with rr's search attributes set where the namespace has them registered
+    (`reflector.search_attributes`), and a memo naming the trace (`trace_name`: its file name) for `rr list`."""
+    from reflector import search_attributes as sa
+
     wf_id = workflow_id or new_workflow_id(inp.trace)
+    attrs = None
+    if not await sa.missing(client):
+        inp = inp.model_copy(update={"search_attributes": True})
+        attrs = sa.start_attributes(inp.config.model, trace_sha256=inp.trace.sha256, parent=inp.parent_workflow_id)
     try:
         handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(
             WORKFLOW_NAME,
@@ -212,6 +232,8 @@ async def start_reflection(
             task_queue=task_queue,
             task_timeout=task_timeout_for(inp.config.model),
             result_type=ReflectorOutput,
+            search_attributes=attrs,
+            memo={**sa.memo(inp.trace, trace_name), **_rerun_memo(inp)},
         )
     except WorkflowAlreadyStartedError:
         raise ReflectError(
@@ -219,6 +241,12 @@ async def start_reflection(
             "or choose another --id"
         ) from None
     return handle
+
+
+def _rerun_memo(inp: ReflectionInput) -> dict[str, Any]:
+    """`rr rerun`: the memo names the origin and the first live step (for `rr list`, `rr status`, the Web UI)."""
+    r = inp.rerun
+    return {} if r is None else {"rr_rerun": {"origin": r.origin, "from_step": r.from_step, "origin_model": r.origin_model}}
 
 
 async def waiting_for_worker(handle: WorkflowHandle[Any, Any]) -> bool:
@@ -351,6 +379,11 @@ async def check_namespace(client: Client, address: str) -> None:
         raise
 
 
+def is_cancelled(out: ReflectorOutput) -> bool:
+    """True for a reflection cancelled by `rr cancel` (its text is built from the findings so far)."""
+    return bool(out.raw.get("rr_trace", {}).get("stop_reason") == "cancelled")
+
+
 def is_complete(out: ReflectorOutput) -> bool:
     """False for a reflection that stopped early (budget, compaction limit, loop guard, error): its text is
     a partial synthesis or the deterministic fallback (the CLI exits with `EXIT_INCOMPLETE`)."""
@@ -459,13 +492,19 @@ async def runtime(
             stack.push_async_callback(server.astop)
             announce(f"embedded server on {address}, Web UI {server.ui_url}")
         converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
+        plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
         try:
             client = await Client.connect(
-                address, namespace=settings.namespace, data_converter=converter, plugins=[PydanticAIPlugin()],
+                address, namespace=settings.namespace, data_converter=converter, plugins=plugins,
             )
         except Exception as e:
             raise ReflectError(f"cannot connect to Temporal at {address}: {e}") from e
         await check_namespace(client, address)
+        if server is not None:  # an embedded server on a database older than rr's search attributes
+            from reflector import search_attributes as sa
+
+            with contextlib.suppress(Exception):  # best effort: without them, rr works and `rr list` says so
+                await sa.register(client)
         rt = Runtime(client, address, server is not None, False, server.ui_url if server else None,
                      task_queue=settings.task_queue, _announce=announce)
 
@@ -553,13 +592,21 @@ def build_batch_input(
 
 
 async def start_batch(
-    client: Client, inp: BatchInput, task_queue: str, workflow_id: str | None = None
+    client: Client, inp: BatchInput, task_queue: str, workflow_id: str | None = None, *, name: str = ""
 ) -> WorkflowHandle[Any, BatchOutput]:
+    """Start `BatchReflectionWorkflow` (search attributes and memo as `start_reflection`; `name`: what it reads)."""
+    from reflector import search_attributes as sa
+
     wf_id = workflow_id or f"rr-batch-{inp.manifest.sha256[:8]}-{uuid.uuid4().hex[:8]}"
+    attrs = None
+    if not await sa.missing(client):
+        inp = inp.model_copy(update={"search_attributes": True})
+        attrs = sa.start_attributes(inp.config.model, batch_id=wf_id)
     try:
         handle: WorkflowHandle[Any, BatchOutput] = await client.start_workflow(
             BATCH_WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
             task_timeout=task_timeout_for(inp.config.model), result_type=BatchOutput,
+            search_attributes=attrs, memo=sa.memo(None, name, runs=inp.manifest.n_runs),
         )
     except WorkflowAlreadyStartedError:
         raise ReflectError(f"a batch with id {wf_id!r} is already running: follow it with `rr result {wf_id}`, "

@@ -40,6 +40,11 @@ CLOSE_ACTIVITY = "rr.sandbox.close_session"
 SUMMARISE_ACTIVITY = "rr.summarise"
 FORGET_ACTIVITY = "rr.model.forget_responses"
 LOCAL_MODEL_SUFFIX = "_local"  # pydantic-ai's model-request activity name + this: the local-activity variant
+# `rr rerun`: local activities that answer a reused step from the origin's recorded prefix (`RerunOf`)
+RERUN_RESPONSE_ACTIVITY = "rr.rerun.reused_response"
+RERUN_CELL_ACTIVITY = "rr.rerun.reused_cell"
+RERUN_CHILD_ACTIVITY = "rr.rerun.reused_child"
+RERUN_SUMMARY_ACTIVITY = "rr.rerun.reused_summary"
 
 LOCAL_MODEL_PATCH = "rr-local-model-requests"
 """Workflows recorded before this change keep replaying their model requests as regular activities."""
@@ -48,7 +53,29 @@ PROVIDER_MODEL_PATCH = "rr-provider-model-activities"
 
 PAYLOAD_DRIVER_NAME = "rr-blobs"  # external payload storage driver, named in every stored payload
 
-StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error"]
+StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error", "cancelled"]
+
+CANCEL_PATCH = "rr-cancelled-output"
+"""A cancelled reflection (or batch) returns its findings so far; cancelled before this: the workflow was cancelled."""
+
+# Custom search attributes (Temporal visibility; `rr list`, the Web UI's filters): set at start by the client
+# (children: by their parent), stop reason and totals upserted at the end, only where they are registered
+# (`ReflectionInput.search_attributes`). Registered by the embedded server and by `rr setup`.
+SA_MODEL = "RrModel"
+SA_STOP_REASON = "RrStopReason"
+SA_TRACE_SHA256 = "RrTraceSha256"
+SA_BATCH_ID = "RrBatchId"
+SA_PARENT = "RrParent"
+SA_REQUESTS = "RrRequests"
+SA_TOKENS = "RrTokens"
+SA_CHILDREN = "RrChildren"
+SEARCH_ATTRIBUTES: dict[str, str] = {  # name -> Temporal's type name (`temporal ... --search-attribute NAME=TYPE`)
+    SA_MODEL: "Keyword", SA_STOP_REASON: "Keyword", SA_TRACE_SHA256: "Keyword", SA_BATCH_ID: "Keyword",
+    SA_PARENT: "Keyword", SA_REQUESTS: "Int", SA_TOKENS: "Int", SA_CHILDREN: "Int",
+}
+SEARCH_ATTRIBUTES_PATCH = "rr-search-attributes"
+"""Reflections and batches upsert their stop reason and totals when they end (and give children memo and attributes)."""
+MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 _SAFE_SESSION = re.compile(SESSION_ID_PATTERN)
 
@@ -105,6 +132,11 @@ class Counters(BaseModel):
     chars_per_token: float = 4.0
     recursions: int = 0
     runs: int = 1
+    # `rr rerun` (`RerunOf`): what this session took from its origin's recorded prefix instead of paying again
+    reused_requests: int = 0
+    reused_cells: int = 0
+    reused_children: int = 0
+    reused_summaries: int = 0
 
 
 class Continuation(Counters):
@@ -116,6 +148,28 @@ class Continuation(Counters):
     thoughts: list[dict[str, Any]] = Field(default_factory=list)
     subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
+    cell_outputs: dict[int, str] = Field(default_factory=dict)  # what each cell showed the model, by cell id
+
+
+class RerunOf(_Frozen):
+    """`rr rerun`: this reflection reuses the recorded results of its origin's steps before `from_step`.
+
+    A step is one model request of the origin's root session (its turns across its continue-as-new
+    chain). The recorded prefix (`RerunPrefix`, written by `reflector.rerun`: the responses of steps
+    1..from_step-1 and the cells, children and summaries the origin ran before its request `from_step`)
+    is one blob, `prefix_sha256`; the workflow reads each item from it with a local activity
+    (`activities.rerun`).
+    The counts say which items exist, so the workflow decides without I/O what is reused.
+    """
+
+    origin: str  # the origin's workflow id
+    from_step: int = Field(ge=1)
+    prefix_sha256: str
+    origin_model: str = ""
+    steps: int = 0  # responses in the prefix (from_step - 1)
+    cells_through: int = 0  # the last cell sequence number in the prefix (0: none)
+    children: int = 0  # children (recursion numbers 1..children) in the prefix
+    summaries: int = 0  # summaries (compactions 1..summaries) in the prefix
 
 
 class ReflectionInput(_Frozen):
@@ -133,6 +187,8 @@ class ReflectionInput(_Frozen):
     inherit_ref: str | None = None
     context_code: str = ""
     continuation: Continuation | None = None
+    rerun: RerunOf | None = None  # `rr rerun` (root sessions only; never handed to a child)
+    search_attributes: bool = False  # the namespace has rr's search attributes: set them on children, upsert at the end
 
 
 class ExtractedLearning(BaseModel):
@@ -172,18 +228,53 @@ class RunTrace(BaseModel):
     continued_as_new: int = 0
 
 
+class CellCitation(BaseModel):
+    """One cell a learning cites in its `evidence` ("cell N", optionally with quoted text), as the
+    workflow checked it against what that cell printed (`reflector.citations`)."""
+
+    learning: int  # index in `extracted_learnings`
+    cell: int  # the cited cell id: the N of the "[cell N]" line that heads every cell output the model sees
+    exists: bool  # a cell with that id ran in this session (cell 1 is the prefill shown in the task prompt)
+    quote: str = ""  # a quoted text of the evidence attributed to this cell ("" when the evidence quotes none)
+    printed: bool = True  # the quote appears in that cell's output (as printed, or JSON/repr-escaped)
+
+    @property
+    def supported(self) -> bool:
+        return self.exists and self.printed
+
+
 class ReflectorOutput(ReflectionDraft):
     """The reflection returned by `ReflectionWorkflow`.
 
     `raw` carries `rr_trace`, `usage`, `thoughts`, `workflow_id` (and `model`), all written by the
-    workflow from its own state.
+    workflow from its own state. `citations` links each learning to the cells its evidence cites and
+    says whether each citation holds (the cell ran, the quoted text is in its output).
     """
 
     raw: dict[str, Any] = Field(default_factory=dict)
+    citations: list[CellCitation] = Field(default_factory=list)
+
+
+class ChildProgress(BaseModel):
+    """A child session as its parent's `progress` query describes it (usage: for a finished child)."""
+
+    workflow_id: str
+    done: bool = False
+    requests: int = 0
+    total_tokens: int = 0
+    stop_reason: str | None = None
 
 
 class Progress(BaseModel):
-    """Answer of the workflow's `progress` query (shown by the CLI while it waits)."""
+    """Answer of the workflow's `progress` query (`rr status`, and `rr reflect` while it waits).
+
+    `cells` counts the cells the model wrote; `last_cell` is the id of the latest cell that ran (its
+    sequence number, the N of "[cell N]": ids count the prefill and internal cells too, so the latest id
+    is not the count). `requests` / `total_tokens` are this session's ledger: its own requests and those
+    of its finished children, against `max_requests` / `max_tokens`, its budget (the tree's budget for the
+    root, the allocation carved for it for a child); a running child's usage reaches the ledger when the
+    child ends, so `rr status` adds the running children's own progress to get the tree total.
+    """
 
     phase: str = "starting"
     iterations: int = 0
@@ -192,6 +283,20 @@ class Progress(BaseModel):
     requests: int = 0
     total_tokens: int = 0
     last_event: str = ""
+    model: str = ""
+    depth: int = 0
+    max_depth: int = 0
+    max_requests: int = 0  # 0: answered by a worker older than these fields
+    max_tokens: int = 0
+    last_cell: int = 0  # 0: no cell ran yet
+    last_tool: str = ""  # the tool(s) the model called in its latest response ("" before the first)
+    compactions: int = 0
+    microcompactions: int = 0
+    children_started: int = 0
+    children_done: int = 0
+    child_running: str = ""  # the workflow id of the child running now ("" when none)
+    children: list[ChildProgress] = Field(default_factory=list)  # every child started, in order
+    continued_as_new: int = 0
 
 
 class ReflectorDeps(BaseModel):
@@ -293,6 +398,7 @@ class CellOutcome(BaseModel):
     submitted: Any | None = None
     host_restarted: bool = False
     cells_replayed: int = 0
+    seq: int = 0  # the cell id (its sequence number in the session); 0 in outcomes recorded before it was added
 
 
 class CloseSessionInput(_Frozen):
@@ -316,6 +422,45 @@ class SummariseResult(BaseModel):
     model: str
     input_tokens: int = 0
     output_tokens: int = 0
+
+
+# ------------------------------------------------------------------------------ rr rerun
+
+
+class ReusedChild(BaseModel):
+    """A child reflection the origin ran before the rerun's first live step, and what it returned."""
+
+    workflow_id: str
+    output: ReflectorOutput
+    call: dict[str, Any] = Field(default_factory=dict)  # the origin's `subagent_calls` entry, when recorded
+
+
+class RerunPrefix(BaseModel):
+    """The blob `RerunOf.prefix_sha256`: what the origin recorded before its request `from_step`."""
+
+    origin: str
+    from_step: int
+    origin_model: str = ""
+    responses: list[str] = Field(default_factory=list)  # step i's ModelResponse (JSON) at index i - 1
+    cells: dict[int, CellOutcome] = Field(default_factory=dict)  # by cell sequence number
+    children: dict[int, ReusedChild] = Field(default_factory=dict)  # by recursion number (1, 2, ...)
+    summaries: list[SummariseResult] = Field(default_factory=list)  # compaction k at index k - 1
+
+
+class ReusedItemInput(_Frozen):
+    """Read item `index` (0-based) of a kind from the prefix blob."""
+
+    prefix_sha256: str
+    index: int
+
+
+class ReusedCellInput(_Frozen):
+    """The recorded outcome of cell `seq`; its code is journaled for the new session (not run)."""
+
+    prefix_sha256: str
+    session_id: str
+    seq: int
+    code: str
 
 
 # ------------------------------------------------------------------------------ batch reflection
@@ -358,6 +503,8 @@ class BatchCursor(BaseModel):
     failed: int = 0
     record_pages: list[str] = Field(default_factory=list)  # sha256 of each blob of `RunRecord`s, in index order
     runs: int = 1  # runs of the continue-as-new chain so far (this one included)
+    requests: int = 0  # model requests of the children so far (the RrRequests / RrTokens search attributes)
+    total_tokens: int = 0
 
 
 class BatchInput(_Frozen):
@@ -372,6 +519,7 @@ class BatchInput(_Frozen):
     page_size: int = Field(default=100, ge=1, le=1_000)  # manifest entries read per activity
     llm_synthesis: bool | None = None  # None: one reflection session over the records when the model is an LLM
     cursor: BatchCursor | None = None
+    search_attributes: bool = False  # as `ReflectionInput.search_attributes` (handed to every child)
 
 
 class BatchProgress(BaseModel):
@@ -512,6 +660,7 @@ class BatchOutput(BaseModel):
     records: TraceRef
     llm_synthesis: ReflectorOutput | None = None
     llm_synthesis_error: str | None = None
+    cancelled: bool = False  # cancelled (`rr cancel`): no run was started after it; the counts are the runs so far
 
 
 class BatchResult(BatchOutput):

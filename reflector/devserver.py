@@ -219,6 +219,7 @@ class DevServer:
     ``db_file=None`` runs an ephemeral in-memory server (state lost at stop). Ports default to free
     loopback ports. ``dynamic_config`` maps dynamic-config keys to JSON-serialisable values, e.g.
     ``{"limit.historyCount.suggestContinueAsNew": 50}`` to exercise continue-as-new quickly.
+    ``search_attributes`` registers rr's custom search attributes (``--search-attribute``) at launch.
 
     Usable as a sync context manager (``with DevServer(...) as srv``) and from async code
     (``await srv.astart()`` / ``await srv.astop()``). A server left running is stopped at
@@ -236,6 +237,7 @@ class DevServer:
         log_file: Path | None = None,
         dynamic_config: Mapping[str, object] | None = None,
         binary: Path | None = None,
+        search_attributes: bool = True,
     ) -> None:
         self.db_file = db_file
         self.port = port if port is not None else free_port()
@@ -248,6 +250,9 @@ class DevServer:
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.dynamic_config: dict[str, object] = {**LOW_LATENCY_DYNAMIC_CONFIG, **(dynamic_config or {})}
         self.binary = binary
+        # rr's custom search attributes (`reflector.search_attributes`), registered in the namespaces created
+        # at launch; False: a server without them (a namespace created later never has them either)
+        self.search_attributes = search_attributes
         self._log_file_given = log_file is not None
         self.log_file: Path | None = log_file
         self._log_handle: IO[bytes] | None = None
@@ -297,6 +302,10 @@ class DevServer:
         if self.namespace != "default":
             args += ["--namespace", self.namespace]
         args += _dynamic_config_args(self.dynamic_config)
+        if self.search_attributes:
+            from reflector.search_attributes import devserver_args
+
+            args += devserver_args()
         args += list(self.extra_args)
         return args
 

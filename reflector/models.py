@@ -73,17 +73,23 @@ _OPENAI_FAMILY = ("openai", "openai-chat", "openai-responses")
 
 
 def _no_retry_provider(name: str) -> Provider[Any]:
+    """The OpenAI and Anthropic clients without SDK retries and with an HTTP timeout of
+    `RR_PROVIDER_TIMEOUT_S` (a provider that hangs fails the attempt, and Temporal retries it)."""
     if name in _OPENAI_FAMILY:
         from openai import AsyncOpenAI
         from pydantic_ai.providers.openai import OpenAIProvider
 
-        return OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0))
+        return OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0, timeout=_provider_timeout_s()))
     if name == "anthropic":
         from anthropic import AsyncAnthropic
         from pydantic_ai.providers.anthropic import AnthropicProvider
 
-        return AnthropicProvider(anthropic_client=AsyncAnthropic(max_retries=0))
+        return AnthropicProvider(anthropic_client=AsyncAnthropic(max_retries=0, timeout=_provider_timeout_s()))
     return infer_provider(name)
+
+
+def _provider_timeout_s() -> float:
+    return Settings.from_env().provider_timeout_s
 
 
 def resolve_model(name: str) -> Model:

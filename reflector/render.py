@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 from reflector.contract import Progress, ReflectorOutput
 from reflector.models import is_llm
 
-__all__ = ["render_reflection", "render_progress"]
+__all__ = ["render_reflection", "render_progress", "clock", "used", "cells_text"]
 
 
 def _wrap(text: str, indent: str = "  ") -> str:
@@ -44,6 +45,7 @@ def render_reflection(out: ReflectorOutput) -> str:
             lines.append(f"  {i}. {learning.learning}  (atomicity {learning.atomicity_score:.2f})")
             if learning.evidence:
                 lines.append(_wrap(f"evidence: {learning.evidence}", "     "))
+            lines.append(_wrap(f"cells: {_citations_line(out, i - 1)}", "     "))
             if learning.justification:
                 lines.append(_wrap(f"why: {learning.justification}", "     "))
         lines.append("")
@@ -52,8 +54,71 @@ def render_reflection(out: ReflectorOutput) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_progress(p: Progress) -> str:
-    return (
-        f"  … {p.phase}: {p.iterations} model turns, {p.cells} cells ({p.failed_cells} failed), "
-        f"{p.total_tokens:,} tokens{(' — ' + p.last_event) if p.last_event else ''}"
-    )
+def clock(seconds: float) -> str:
+    """An elapsed time for progress lines: `4.2s` under a minute, else `m:ss` (`h:mm:ss` past an hour)."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def used(n: int, limit: int) -> str:
+    """`n/limit` with thousands separators (`n` alone when the limit is unknown: an older worker)."""
+    return f"{n:,}/{limit:,}" if limit else f"{n:,}"
+
+
+def cells_text(cells: int, failed: int, last_cell: int = 0) -> str:
+    """The cells the model wrote, and the id of the latest cell: ids count the prefill and internal
+    cells too (the model sees each output headed "[cell N]"), so the latest id is not the count."""
+    latest = f", latest [cell {last_cell}]" if last_cell else ""
+    return f"cells {cells} by the model ({failed} failed){latest}"
+
+
+def render_progress(p: Progress, elapsed_s: float | None = None, running: Sequence[Progress] = ()) -> str:
+    """One plain progress line. `running`: the progress of the running child, its running child, ...
+    (`reflector.status.running_chain`): their usage is added to the tree's total and the deepest is named."""
+    requests = p.requests + sum(c.requests for c in running)
+    tokens = p.total_tokens + sum(c.total_tokens for c in running)
+    scope = " (tree)" if running else ""
+    parts = [
+        p.phase,
+        f"requests {used(requests, p.max_requests)}{scope}",
+        f"tokens {used(tokens, p.max_tokens)}{scope}",
+        cells_text(p.cells, p.failed_cells, p.last_cell),
+    ]
+    if p.children_started:
+        child = ""
+        if p.child_running:
+            child = f", 1 running: {p.child_running}"
+            if running:
+                deepest = running[-1]
+                child = (f", 1 running: {' > '.join(c.child_running for c in [p, *running[:-1]])} (depth "
+                         f"{deepest.depth}, {deepest.phase}, {cells_text(deepest.cells, deepest.failed_cells, deepest.last_cell)}"
+                         + (f", last tool {deepest.last_tool}" if deepest.last_tool else "") + ")")
+        parts.append(f"children {p.children_done} done{child}")
+    if p.depth:
+        parts.append(f"depth {p.depth}")
+    if p.compactions:
+        parts.append(f"compactions {p.compactions}")
+    if p.continued_as_new:
+        parts.append(f"continued as new {p.continued_as_new}x")
+    if p.last_tool:
+        parts.append(f"last tool {p.last_tool}")
+    when = f"[{clock(elapsed_s)}] " if elapsed_s is not None else ""
+    return "  … " + when + " · ".join(parts)
+
+
+def _citations_line(out: ReflectorOutput, learning: int) -> str:
+    """The cells a learning cites, each checked: `3 ok`, `4 UNSUPPORTED (quote not printed: "...")`."""
+    parts = []
+    for c in out.citations:
+        if c.learning != learning:
+            continue
+        if c.supported:
+            parts.append(f"{c.cell} ok")
+        elif not c.exists:
+            parts.append(f"{c.cell} UNSUPPORTED (no such cell)")
+        else:
+            parts.append(f'{c.cell} UNSUPPORTED (not printed: "{c.quote[:60]}")')
+    return ", ".join(parts) or "none cited"

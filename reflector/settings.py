@@ -6,6 +6,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 from sandbox.protocol import MAX_LIVE_HOSTS
@@ -20,6 +21,9 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "DEFAULT_NO_WORKER_WARN_S",
     "WORKER_MODELS_ENV",
+    "OTEL_ENV",
+    "OtelMode",
+    "parse_otel",
 ]
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -36,6 +40,12 @@ ACTIVITIES_ENV = "RR_MAX_CONCURRENT_ACTIVITIES"
 # After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
 # a short value is what makes recovery fast.
 DEFAULT_STICKY_TIMEOUT_S = 1.0
+# The provider SDK clients' HTTP timeout (RR_PROVIDER_TIMEOUT_S): shorter than the model-request activity's
+# 5-minute limit, so a provider that never answers fails one attempt, which Temporal retries with backoff.
+DEFAULT_PROVIDER_TIMEOUT_S = 120.0
+# OpenTelemetry tracing (reflector/telemetry.py): off, OTLP from the standard OTEL_EXPORTER_OTLP_* variables, or logfire
+OTEL_ENV = "RR_OTEL"
+OtelMode = Literal["off", "otlp", "logfire"]
 
 
 class SettingError(ValueError):
@@ -116,6 +126,8 @@ class Settings:
     sticky_timeout_s: float = DEFAULT_STICKY_TIMEOUT_S  # RR_STICKY_TIMEOUT_S
     lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
     sandbox_max_memory: int = DEFAULT_SANDBOX_MAX_MEMORY
+    provider_timeout_s: float = DEFAULT_PROVIDER_TIMEOUT_S  # RR_PROVIDER_TIMEOUT_S
+    otel: OtelMode = "off"  # RR_OTEL: 1/otlp (OTLP exporter), logfire, unset/0 (off)
 
     @property
     def blob_dir(self) -> Path:
@@ -157,6 +169,9 @@ class Settings:
                                         minimum=0.1),
             lazy_trace_bytes=int(env_number("RR_LAZY_TRACE_BYTES", DEFAULT_LAZY_TRACE_BYTES)),
             sandbox_max_memory=int(env_number("RR_SANDBOX_MAX_MEMORY_BYTES", DEFAULT_SANDBOX_MAX_MEMORY)),
+            provider_timeout_s=env_number("RR_PROVIDER_TIMEOUT_S", DEFAULT_PROVIDER_TIMEOUT_S, integer=False,
+                                          minimum=0.1),
+            otel=parse_otel(env.get(OTEL_ENV)),
         )
 
 
@@ -165,6 +180,18 @@ def _isolation(raw: str | None) -> IsolationMode:
         return parse_mode(raw)
     except ValueError as exc:
         raise SettingError(str(exc)) from None
+
+
+def parse_otel(raw: str | None) -> OtelMode:
+    """RR_OTEL: unset, blank or 0/false/no/off: off; 1/true/yes/on/otlp: OTLP; logfire: logfire."""
+    value = (raw or "").strip().lower()
+    if value in ("", *_FALSE):
+        return "off"
+    if value in (*_TRUE, "otlp"):
+        return "otlp"
+    if value == "logfire":
+        return "logfire"
+    raise SettingError(f"{OTEL_ENV} must be 1 (OpenTelemetry over OTLP), logfire, or 0 (off), got {raw!r}")
 
 
 def _names(raw: str) -> tuple[str, ...]:

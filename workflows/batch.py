@@ -31,12 +31,15 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, Workflow
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from reflector import search_attributes as sa
     from reflector.batch.synthesis import llm_feedback, llm_question
     from reflector.contract import (
         BATCH_WORKFLOW_NAME,
+        CANCEL_PATCH,
         PROGRESS_QUERY,
         READ_MANIFEST_ACTIVITY,
         RECORD_RUN_ACTIVITY,
+        SEARCH_ATTRIBUTES_PATCH,
         SYNTHESISE_BATCH_ACTIVITY,
         WORKFLOW_NAME,
         WRITE_RECORDS_ACTIVITY,
@@ -56,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from reflector.models import is_llm
     from workflows.activity_options import BATCH_ACTIVITY_TIMEOUT, BATCH_RETRY
+    from workflows.state import await_cancel_safe, clear_cancellation
 
 __all__ = ["BatchReflectionWorkflow", "child_id"]
 
@@ -108,27 +112,43 @@ class BatchReflectionWorkflow:
         chunk: dict[int, str] = {}
         tasks: list[asyncio.Task[None]] = []
         self.phase = "reflecting"
-        while cur.next_index < stop:
-            page = await self._local(
-                READ_MANIFEST_ACTIVITY,
-                ReadManifestInput(manifest=inp.manifest, offset=cur.offset, first_index=cur.next_index,
-                                  limit=min(inp.page_size, stop - cur.next_index)),
-                ManifestPage, "read manifest page",
-            )
-            if not page.runs:
-                raise ApplicationError(f"the manifest ends at run {cur.next_index} of {self.total}", non_retryable=True)
-            for run in page.runs:
-                await workflow.wait_condition(lambda: self.running < inp.concurrency)
-                self.running += 1
-                tasks.append(asyncio.create_task(self._reflect_run(inp, batch_id, run, chunk)))
-            cur.next_index += len(page.runs)
-            cur.offset = page.next_offset
-            if workflow.info().is_continue_as_new_suggested():  # the server finds the history large
-                stop = cur.next_index
-        await asyncio.gather(*tasks)
+        cancelled = False
+        try:
+            while cur.next_index < stop:
+                page = await self._local(
+                    READ_MANIFEST_ACTIVITY,
+                    ReadManifestInput(manifest=inp.manifest, offset=cur.offset, first_index=cur.next_index,
+                                      limit=min(inp.page_size, stop - cur.next_index)),
+                    ManifestPage, "read manifest page",
+                )
+                if not page.runs:
+                    raise ApplicationError(f"the manifest ends at run {cur.next_index} of {self.total}",
+                                           non_retryable=True)
+                for run in page.runs:
+                    await workflow.wait_condition(lambda: self.running < inp.concurrency)
+                    self.running += 1
+                    tasks.append(asyncio.create_task(self._reflect_run(inp, batch_id, run, chunk)))
+                cur.next_index += len(page.runs)
+                cur.offset = page.next_offset
+                if workflow.info().is_continue_as_new_suggested():  # the server finds the history large
+                    stop = cur.next_index
+            await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            # `rr cancel`: start no more runs; each running child is asked to cancel and returns its findings so
+            # far (recorded like any reflection); runs not started yet stay unreflected
+            if not workflow.patched(CANCEL_PATCH):
+                raise
+            clear_cancellation()
+            cancelled, self.phase = True, "cancelling"
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
         if chunk:
             records = WriteRecordsInput(batch_id=batch_id, records=[chunk[i] for i in sorted(chunk)])
             cur.record_pages.append(await self._local(WRITE_RECORDS_ACTIVITY, records, str, "write record page"))
+        if cancelled:
+            return await self._finish(inp, batch_id, cancelled=True)
         if cur.next_index < self.total:
             self.phase = "continuing as new"
             workflow.continue_as_new(inp.model_copy(update={"cursor": cur.model_copy(update={"runs": cur.runs + 1})}))
@@ -145,12 +165,13 @@ class BatchReflectionWorkflow:
             if error is None and run.trace is not None:
                 wf_id = child_id(batch_id, run.index)
                 child = ReflectionInput(trace=run.trace, skillbook=inp.skillbook, mode=inp.mode, config=inp.config,
-                                        parent_workflow_id=batch_id)
+                                        parent_workflow_id=batch_id, search_attributes=inp.search_attributes)
                 try:
                     out = await workflow.execute_child_workflow(
                         WORKFLOW_NAME, child, id=wf_id, result_type=ReflectorOutput,
                         parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                         task_timeout=workflow.info().task_timeout,
+                        **_child_visibility(child, batch_id, run.source or run.run_id),
                     )
                 except ChildWorkflowError as e:
                     error = f"the reflection failed: {_failure_text(e.cause or e)}"
@@ -158,6 +179,10 @@ class BatchReflectionWorkflow:
                     error = f"a workflow with id {wf_id} is already running (not started again)"
             record = RecordRunInput(batch_id=batch_id, run=run, workflow_id=wf_id, output=out, error=error)
             chunk[run.index] = await self._local(RECORD_RUN_ACTIVITY, record, str, f"record run {run.index}")
+            if out is not None:
+                usage = out.raw.get("usage", {})
+                self.cursor.requests += int(usage.get("requests", 0))
+                self.cursor.total_tokens += int(usage.get("total_tokens", 0))
             if error is None:
                 self.cursor.reflected += 1
             else:
@@ -166,7 +191,7 @@ class BatchReflectionWorkflow:
         finally:
             self.running -= 1
 
-    async def _finish(self, inp: BatchInput, batch_id: str) -> BatchOutput:
+    async def _finish(self, inp: BatchInput, batch_id: str, *, cancelled: bool = False) -> BatchOutput:
         cur = self.cursor
         self.phase = "synthesising"
         res = await self._local(
@@ -177,29 +202,49 @@ class BatchReflectionWorkflow:
         want_llm = inp.llm_synthesis if inp.llm_synthesis is not None else is_llm(inp.config.model)
         llm_out: ReflectorOutput | None = None
         llm_error: str | None = None
-        if want_llm and res.synthesis.reflected:
+        if want_llm and res.synthesis.reflected and not cancelled:
             self.phase = "LLM synthesis over the run records"
             synth = ReflectionInput(
                 trace=res.records, question=llm_question(self.total), feedback=llm_feedback(res.synthesis),
-                mode="offline", config=inp.config, parent_workflow_id=batch_id,
+                mode="offline", config=inp.config, parent_workflow_id=batch_id, search_attributes=inp.search_attributes,
             )
             try:
                 llm_out = await workflow.execute_child_workflow(
                     WORKFLOW_NAME, synth, id=f"{batch_id}.synthesis", result_type=ReflectorOutput,
                     parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, task_timeout=workflow.info().task_timeout,
+                    **_child_visibility(synth, batch_id, "run records"),
                 )
             except ChildWorkflowError as e:
                 llm_error = _failure_text(e.cause or e)
         self.phase = "done"
-        return BatchOutput(
+        out = BatchOutput(
             batch_id=batch_id, model=inp.config.model, n_runs=self.total, reflected=cur.reflected,
             failed=cur.failed, continued_as_new=cur.runs - 1, synthesis=res.synthesis, records=res.records,
-            llm_synthesis=llm_out, llm_synthesis_error=llm_error,
+            llm_synthesis=llm_out, llm_synthesis_error=llm_error, cancelled=cancelled,
         )
+        if inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            complete = out.failed == 0 and out.synthesis.incomplete_reflections == 0
+            workflow.upsert_search_attributes(sa.end_updates(
+                "cancelled" if cancelled else "completed" if complete else "incomplete",
+                requests=cur.requests, tokens=cur.total_tokens, children=cur.reflected + cur.failed,
+            ))
+        return out
 
     async def _local(self, name: str, arg: Any, result_type: type[T], summary: str) -> T:
-        result: T = await workflow.execute_local_activity(
+        # a cancellation (`rr cancel`) arriving meanwhile is raised as such once the activity is resolved
+        result: T = await await_cancel_safe(workflow.start_local_activity(
             name, arg, result_type=result_type, start_to_close_timeout=BATCH_ACTIVITY_TIMEOUT,
             retry_policy=BATCH_RETRY, summary=summary,
-        )
+        ))
         return result
+
+
+def _child_visibility(child: ReflectionInput, batch_id: str, source: str) -> dict[str, Any]:
+    """A run's search attributes and memo (only where the namespace has rr's attributes: the input says so)."""
+    if not child.search_attributes or child.trace is None:
+        return {}
+    return {
+        "search_attributes": sa.start_attributes(child.config.model, trace_sha256=child.trace.sha256,
+                                                 parent=batch_id, batch_id=batch_id),
+        "memo": sa.memo(child.trace, source),
+    }

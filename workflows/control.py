@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from temporalio import workflow
 
 from reflector.compaction import compacted_history, message_chars, microcompact, transcript_json
 from reflector.contract import SUMMARISE_ACTIVITY, ReflectorDeps, SummariseInput, SummariseResult
 from workflows.activity_options import MODEL_HEARTBEAT, MODEL_RETRY, SUMMARISE_TIMEOUT
+from workflows.rerun import reused_summary, reusing_step, reusing_summary
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
 __all__ = ["SessionControl", "COMPACT_THRESHOLD", "continue_as_new", "continue_as_new_now"]
@@ -53,9 +54,13 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
     ) -> ModelResponse:
         if workflow.in_workflow():
             state = current_state()
+            reused = reusing_step(state)  # `rr rerun`: the origin's response, paid by the origin
             state.counters.iterations += 1
             state.last_event = f"model response {state.counters.iterations}"
-            state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
+            called = [p.tool_name for p in response.parts if isinstance(p, ToolCallPart)]
+            state.last_tool = ", ".join(dict.fromkeys(called)) or "(text, no tool)"
+            if not reused:
+                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
             if response.usage.input_tokens > 0 and state.last_request_chars > 0:
                 state.counters.chars_per_token = max(0.5, state.last_request_chars / response.usage.input_tokens)
         return response
@@ -91,7 +96,8 @@ async def _compact(state: SessionState, messages: list[ModelMessage]) -> list[Mo
         raise SessionEnded("max_compactions", f"the context needed a summary after {state.counters.compactions} summaries")
     _enforce_budget(state)
     state.phase = "summarising"
-    result: SummariseResult = await await_cancel_safe(
+    reuse = reusing_summary(state)  # `rr rerun`: the origin's summary, paid by the origin
+    result: SummariseResult = await reused_summary(state) if reuse else await await_cancel_safe(
         workflow.start_activity(
             SUMMARISE_ACTIVITY,
             SummariseInput(
@@ -105,7 +111,8 @@ async def _compact(state: SessionState, messages: list[ModelMessage]) -> list[Mo
             summary="summarise",
         )
     )
-    state.charge("summary", result.model, result.input_tokens, result.output_tokens)
+    if not reuse:
+        state.charge("summary", result.model, result.input_tokens, result.output_tokens)
     await state.run_cell(f'history.extend(ARCHIVE("{result.archive_ref}"))', internal=True)
     state.counters.compactions += 1
     state.continue_after_summary = True

@@ -59,16 +59,22 @@ from temporalio import activity, workflow
 from temporalio.workflow import ActivityConfig
 
 from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
-from reflector.contract import LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX, PROVIDER_MODEL_PATCH
+from reflector.contract import AGENT_NAME, LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX, PROVIDER_MODEL_PATCH
 from reflector.models import answers_in_process
+from workflows.rerun import maybe_reused_response
 from workflows.state import await_cancel_safe
 
 __all__ = [
     "LocalModelDurability",
     "local_model_requests",
     "provider_model_activities",
+    "request_capture",
 ]
 
+request_capture: Callable[[Any], None] | None = None
+"""Audit side channel (`reflector.audit.capture`): called in workflow code with every model request's
+params (pydantic-ai's `ModelRequestParams`), during replay too. None in production; it only records and
+never changes a command."""
 
 
 def local_model_requests() -> bool:
@@ -90,16 +96,22 @@ class _LocalModelRequest:
         inner: TemporalBoundOperation[Any, Any, ModelResponse],
         local: Callable[..., Awaitable[ModelResponse]],
         config: ActivityConfig,
+        steps: bool = False,
     ) -> None:
         self._inner = inner
         self._local = local
         self._config = config
+        self._steps = steps  # the reflector agent's requests: the session's steps (`rr rerun` may reuse them)
 
     @property
     def operation(self) -> DurableOperation[Any, Any, ModelResponse]:
         return self._inner.operation
 
     async def __call__(self, params: Any, *, config: object | None = None) -> ModelResponse:
+        if request_capture is not None:
+            request_capture(params)
+        if self._steps and (reused := await maybe_reused_response()) is not None:
+            return reused  # `rr rerun`: the origin's recorded response of this step (workflows.rerun)
         if not local_model_requests():
             return await self._inner(params, config=config)
         if not answers_in_process(getattr(params, "model_id", None)) and provider_model_activities():
@@ -150,7 +162,8 @@ class LocalModelDurability(TemporalDurability[AgentDepsT]):
                 return await op.handler(semantic)
 
         self.local_request_activity = cached_request_activity(run, name)
-        local = _LocalModelRequest(inner, self.local_request_activity, self._model_activity_config)
+        local = _LocalModelRequest(inner, self.local_request_activity, self._model_activity_config,
+                                   steps=agent.name == AGENT_NAME)
         self._bound_model_operations = ops._replace(request=local)
 
 

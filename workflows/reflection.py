@@ -9,6 +9,7 @@ failing.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -24,12 +25,16 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.usage import UsageLimits
 
     from reflector import prompts
+    from reflector import search_attributes as sa
+    from reflector.citations import check_citations
     from reflector.contract import (
+        CANCEL_PATCH,
         CLOSE_ACTIVITY,
         EXECUTE_CODE_TOOL,
         FORGET_ACTIVITY,
         PREPARE_ACTIVITY,
         PROGRESS_QUERY,
+        SEARCH_ATTRIBUTES_PATCH,
         WORKFLOW_NAME,
         CloseSessionInput,
         PrepareSessionInput,
@@ -42,15 +47,19 @@ with workflow.unsafe.imports_passed_through():
         RunTrace,
         StopReason,
     )
+    from reflector.provider_errors import describe as describe_error
     from reflector.skillbook import IDS_LINE, parse_skillbook
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
     from workflows.agents import reflector_agent, synthesis_agent
     from workflows.local_model import local_model_requests
-    from workflows.state import SessionEnded, SessionState
+    from workflows.rerun import rerun_raw
+    from workflows.state import SessionEnded, SessionState, await_cancel_safe, clear_cancellation
 
 __all__ = ["ReflectionWorkflow", "WORKFLOW_NAME"]
 
 PREVIEW_CHARS = 4_000
+CANCELLED_DETAIL = "cancelled by request (rr cancel)"
+CANCELLED_FINDINGS_CHARS = 6_000
 SYNTHESIS_FINDINGS_CHARS = 12_000
 
 
@@ -85,10 +94,19 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         if inp.continuation is not None:
             messages_in = ModelMessagesTypeAdapter.validate_json(inp.continuation.messages_json)
         else:
-            prep = await self._prepare(inp)
+            try:
+                prep = await self._prepare(inp)
+            except asyncio.CancelledError:  # `rr cancel` before the first turn
+                if not workflow.patched(CANCEL_PATCH):
+                    raise
+                clear_cancellation()
+                state.phase = "finishing"
+                await self._close()
+                state.phase = "done"
+                return self._ended(self._output(None, [], "cancelled", CANCELLED_DETAIL))
             if prep.context_error is not None:
-                return self._output(None, [], "error", f"context_code failed: {prep.context_error}",
-                                    context_error=prep.context_error)
+                return self._ended(self._output(None, [], "error", f"context_code failed: {prep.context_error}",
+                                                context_error=prep.context_error))
             prompt = self._task_prompt(prep)
 
         deps = ReflectorDeps(
@@ -111,7 +129,8 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                     model=inp.config.model,
                     model_settings=_model_settings(inp.config.model_settings),
                     # the ledger (SessionControl) enforces the tree-wide budget; this is a backstop
-                    usage_limits=UsageLimits(request_limit=inp.config.max_requests + 1),
+                    # (`rr rerun`: plus the reused steps, which the ledger does not charge)
+                    usage_limits=UsageLimits(request_limit=inp.config.max_requests + 1 + _reused_steps(inp)),
                 )
                 draft = result.output
             except SessionEnded as e:
@@ -121,22 +140,29 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             except UsageLimitExceeded as e:
                 stop_reason, error = "request_budget", str(e)
             except (UnexpectedModelBehavior, AgentRunError) as e:
-                stop_reason, error = "error", f"{type(e).__name__}: {e}"
+                stop_reason, error = "error", describe_error(e)  # a provider's error: its complaint, one line
             except (ActivityError, ChildWorkflowError) as e:
                 # an activity or child that failed for good (retries exhausted, non-retryable error)
                 cause = e.cause if e.cause is not None else e
                 stop_reason, error = "error", f"{type(e).__name__}: {e} ({type(cause).__name__}: {cause})"
+            except asyncio.CancelledError:
+                # `rr cancel`: the cell, request or child in flight was cancelled (await_cancel_safe); the
+                # sandbox is closed below and the output is built from the findings so far
+                if not workflow.patched(CANCEL_PATCH):
+                    raise
+                clear_cancellation()
+                stop_reason, error = "cancelled", CANCELLED_DETAIL
         if draft is None and stop_reason in ("token_budget", "request_budget", "max_compactions"):
             draft = await self._synthesise(list(messages))
         state.phase = "finishing"
         await self._close()
         state.phase = "done"
-        return self._output(draft, list(messages), stop_reason, error)
+        return self._ended(self._output(draft, list(messages), stop_reason, error))
 
     async def _prepare(self, inp: ReflectionInput) -> PrepareSessionResult:
         state = self.state
         state.phase = "preparing sandbox"
-        prep: PrepareSessionResult = await workflow.execute_local_activity(
+        prep: PrepareSessionResult = await await_cancel_safe(workflow.start_local_activity(
             PREPARE_ACTIVITY,
             PrepareSessionInput(
                 session_id=state.session_id,
@@ -153,29 +179,40 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             start_to_close_timeout=timedelta(seconds=inp.config.cell_timeout_s * 2 + REBUILD_ALLOWANCE_S),
             retry_policy=CELL_RETRY,
             summary="prefill",
-        )
+        ))
         state.init_ref, state.counters.seq, state.facts = prep.init_ref, prep.next_seq - 1, prep.facts
+        state.cell_outputs[1] = _shown_preview(prep.preview)
         state.phase = "thinking"
         return prep
 
+    def _ended(self, out: ReflectorOutput) -> ReflectorOutput:
+        """Upsert the stop reason and totals (where the namespace has rr's search attributes)."""
+        if self.state.inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            rt, usage = out.raw.get("rr_trace", {}), out.raw.get("usage", {})
+            workflow.upsert_search_attributes(sa.end_updates(
+                str(rt.get("stop_reason", "completed")), requests=int(usage.get("requests", 0)),
+                tokens=int(usage.get("total_tokens", 0)), children=len(rt.get("subagent_calls", [])),
+            ))
+        return out
+
     async def _close(self) -> None:
-        await workflow.execute_local_activity(
+        await _despite_cancel(workflow.start_local_activity(
             CLOSE_ACTIVITY,
             CloseSessionInput(session_id=self.state.session_id),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=CELL_RETRY,
             summary="close sandbox",
-        )
+        ))
         if local_model_requests():
             # A regular activity: scheduling it ends the workflow task, which records every model
             # response in the history before the response cache is deleted.
-            await workflow.execute_activity(
+            await _despite_cancel(workflow.start_activity(
                 FORGET_ACTIVITY,
                 self.state.session_id,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=CELL_RETRY,
                 summary="forget cached model responses",
-            )
+            ))
 
     async def _synthesise(self, messages: list[ModelMessage]) -> ReflectionDraft | None:
         """One last, budgeted request that turns the findings so far into a reflection."""
@@ -217,9 +254,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
 
     def _task_prompt(self, prep: PrepareSessionResult) -> str:
         inp = self.state.inp
-        preview = prep.preview
-        if len(preview) > PREVIEW_CHARS:
-            preview = preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
+        preview = _shown_preview(prep.preview)
         skillbook_line = ""
         if inp.skillbook.strip():
             skillbook_line = f"A skillbook ({len(inp.skillbook)} chars) is in the variable `skillbook`.\n"
@@ -270,13 +305,41 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             "workflow_id": state.session_id,
             "model": state.inp.config.model,
         }
+        rerun = rerun_raw(state)
+        if rerun is not None:
+            raw["rerun"] = rerun
         if state.facts.answer_correct is not None:
             raw["answer_correct"] = state.facts.answer_correct
         if error:
             raw["error"] = error
         if context_error is not None:
             raw["context_error"] = context_error
-        return ReflectorOutput(**draft.model_dump(), raw=raw)
+        citations = check_citations(draft.extracted_learnings, state.cell_outputs)
+        return ReflectorOutput(**draft.model_dump(), raw=raw, citations=citations)
+
+
+def _shown_preview(preview: str) -> str:
+    """The prefill's output as the task prompt shows it (cell 1 of every session)."""
+    if len(preview) > PREVIEW_CHARS:
+        return preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
+    return preview
+
+
+def _reused_steps(inp: ReflectionInput) -> int:
+    return inp.rerun.steps if inp.rerun is not None and inp.depth == 0 else 0
+
+
+async def _despite_cancel(handle: asyncio.Future[Any]) -> Any:
+    """Close the session even when `rr cancel` arrives meanwhile: it is ending anyway, and a cancelled close
+    would fail the workflow. (Recorded before the cancel patch: the activity is cancelled, as it was.)"""
+    try:
+        return await asyncio.shield(handle)
+    except asyncio.CancelledError:
+        if workflow.patched(CANCEL_PATCH):
+            clear_cancellation()
+        else:
+            handle.cancel()
+        return await handle
 
 
 def _model_settings(given: dict[str, Any] | None) -> ModelSettings:
@@ -299,7 +362,10 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
         "max_compactions": "the context was compacted the maximum number of times",
         "error": "the model did not produce a valid reflection",
         "completed": "the session ended",
+        "cancelled": "it was cancelled",
     }[stop_reason]
+    if stop_reason == "cancelled":  # the findings so far: every cell output (the latest ones when long)
+        seen = "\n---\n".join(outputs)[-CANCELLED_FINDINGS_CHARS:] if outputs else "(no cell output)"
     facts = state.facts
     verdict = ""
     if facts.actions_checked:
@@ -316,18 +382,21 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
             f"{'matches' if facts.answer_correct else 'does NOT match'} the ground truth "
             f"({(facts.ground_truth or '')[:200]!r}) under a normalised comparison."
         )
+    cancelled = stop_reason == "cancelled"
     return ReflectionDraft(
         reasoning=(
-            f"INCOMPLETE: the reflection stopped early because {why} ({error}). "
+            f"{'CANCELLED' if cancelled else 'INCOMPLETE'}: the reflection stopped early because {why} ({error}). "
             f"{state.counters.cells} cells ran ({state.counters.failed_cells} failed). This is not a finding that nothing went wrong."
             + verdict
         ),
         error_identification=(
-            f"Not determined: the session stopped early ({stop_reason}).{verdict} Last cell output: {seen}"
+            f"Not determined: the session stopped early ({stop_reason}).{verdict} "
+            + (f"Cell outputs so far: {seen}" if cancelled else f"Last cell output: {seen}")
         ),
         root_cause_analysis="Not determined: the session stopped before an analysis was complete.",
-        correct_approach="Re-run the reflection with a larger budget (--max-requests / --max-tokens).",
-        key_insight="Incomplete reflection; see raw.rr_trace.stop_reason.",
+        correct_approach=("Re-run the reflection (it was cancelled)." if cancelled else
+                          "Re-run the reflection with a larger budget (--max-requests / --max-tokens)."),
+        key_insight=("Cancelled reflection" if cancelled else "Incomplete reflection") + "; see raw.rr_trace.stop_reason.",
         extracted_learnings=[],
         skill_tags=[],
     )

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_CELL_ACTIVITY,
         CellInput,
         CellOutcome,
+        ChildProgress,
         Continuation,
         Counters,
         ExportInput,
@@ -35,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
 
-__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe"]
+__all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe", "clear_cancellation"]
 
 T = TypeVar("T")
 
@@ -69,8 +70,10 @@ class SessionState:
     thoughts: list[dict[str, Any]] = field(default_factory=list)
     subagent_calls: list[dict[str, Any]] = field(default_factory=list)
     facts: TraceFacts = field(default_factory=TraceFacts)
+    cell_outputs: dict[int, str] = field(default_factory=dict)  # what each cell showed the model, by cell id
     phase: str = "starting"
     last_event: str = ""
+    last_tool: str = ""  # what the model called in its latest response (the progress query shows it)
     continue_after_summary: bool = False
     recurse_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -90,6 +93,7 @@ class SessionState:
             thoughts=list(c.thoughts),
             subagent_calls=list(c.subagent_calls),
             facts=TraceFacts.model_validate(c.facts),
+            cell_outputs=dict(c.cell_outputs),
         )
 
     def continuation(self, messages_json: str) -> Continuation:
@@ -101,6 +105,7 @@ class SessionState:
             thoughts=self.thoughts,
             subagent_calls=self.subagent_calls,
             facts=self.facts.model_dump(),
+            cell_outputs=self.cell_outputs,
         )
 
     @property
@@ -145,7 +150,11 @@ class SessionState:
         self.counters.seq += 1
         self.phase = "running cell"
         self.last_event = f"cell {self.counters.seq}"
-        outcome: CellOutcome = await await_cancel_safe(
+        from workflows import rerun  # imported here: workflows.rerun imports this module
+
+        # `rr rerun`: a cell the origin ran before the first live step returns its recorded outcome
+        reuse = rerun.reusing_cell(self, self.counters.seq)
+        outcome: CellOutcome = await rerun.reused_cell(self, self.counters.seq, code) if reuse else await await_cancel_safe(
             workflow.start_local_activity(
                 RUN_CELL_ACTIVITY,
                 CellInput(
@@ -206,15 +215,40 @@ class SessionState:
         return result
 
     def progress(self) -> Progress:
-        spent = self.ledger.spent()
+        spent, c, cfg = self.ledger.spent(), self.counters, self.inp.config
+        # `recurse` counts a child before starting it and records it in `subagent_calls` when it returns
+        running = c.recursions > len(self.subagent_calls) and self.phase == "waiting for child"
+        running_id = f"{self.session_id}.r{c.recursions}" if running else ""
+        children = [
+            ChildProgress(
+                workflow_id=str(call.get("child_workflow_id", "")), done=True,
+                requests=int(call.get("usage", {}).get("requests", 0)),
+                total_tokens=int(call.get("usage", {}).get("total_tokens", 0)), stop_reason=call.get("stop_reason"),
+            )
+            for call in self.subagent_calls
+        ] + ([ChildProgress(workflow_id=running_id)] if running else [])
         return Progress(
             phase=self.phase,
-            iterations=self.counters.iterations,
-            cells=self.counters.cells,
-            failed_cells=self.counters.failed_cells,
+            iterations=c.iterations,
+            cells=c.cells,
+            failed_cells=c.failed_cells,
             requests=spent.requests,
             total_tokens=spent.total_tokens,
             last_event=self.last_event,
+            model=cfg.model,
+            depth=self.inp.depth,
+            max_depth=cfg.max_depth,
+            max_requests=self.ledger.max_requests,
+            max_tokens=self.ledger.max_tokens,
+            last_cell=c.seq if self.init_ref else 0,  # the prepare cells (prefill = cell 1) ran once init_ref is set
+            last_tool=self.last_tool,
+            compactions=c.compactions,
+            microcompactions=c.microcompactions,
+            children_started=c.recursions,
+            children_done=len(self.subagent_calls),
+            child_running=running_id,
+            children=children,
+            continued_as_new=c.runs - 1,
         )
 
 
@@ -234,6 +268,14 @@ async def await_cancel_safe(handle: asyncio.Future[T]) -> T:
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([handle])
         raise
+
+
+def clear_cancellation() -> None:
+    """After catching the workflow's cancellation (`rr cancel`) to finish cleanly: forget it, so the
+    activities that close the session are not taken for cancelled as well (Python >= 3.11 counts cancels)."""
+    task = asyncio.current_task()
+    while task is not None and task.cancelling():
+        task.uncancel()
 
 
 def current_state() -> SessionState:

@@ -8,6 +8,8 @@ model request and response.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 from pydantic_ai import ModelRetry, RunContext
 from pydantic_ai.tools import ToolDefinition
@@ -15,6 +17,8 @@ from pydantic_ai.toolsets import FunctionToolset
 from temporalio import workflow
 from temporalio.workflow import ParentClosePolicy
 
+from reflector import search_attributes as sa
+from reflector.citations import cell_header
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     RECURSE_TOOL,
@@ -23,11 +27,13 @@ from reflector.contract import (
     TOOLSET_ID,
     WORKFLOW_NAME,
     ReflectionDraft,
+    ReflectionInput,
     ReflectorDeps,
     ReflectorOutput,
 )
 from reflector.ledger import UsageRecord
 from reflector.skillbook import parse_skillbook
+from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
 __all__ = ["toolset"]
@@ -54,13 +60,15 @@ async def execute_code(ctx: RunContext[ReflectorDeps], code: str) -> str:
             raise SessionEnded("error", f"the model kept repeating a failing cell: {refusal}")
         return refusal
     outcome = await state.run_cell(code)
+    seq = state.counters.seq
+    state.cell_outputs[seq] = outcome.output
     if outcome.ok and outcome.submitted is not None:
         return _accept_submission(outcome.submitted, outcome.output)
     if state.consecutive_failures >= limit:
         raise SessionEnded("error", f"{limit} consecutive cells failed; last error: {outcome.error}")
     if outcome.ok and not outcome.output.strip():
-        return "(cell ran; it printed nothing - print() what you want to see)"
-    return outcome.output
+        return f"{cell_header(seq)}\n(cell ran; it printed nothing - print() what you want to see)"
+    return f"{cell_header(seq)}\n{outcome.output}"
 
 
 def _accept_submission(value: object, output: str) -> str:
@@ -115,6 +123,8 @@ async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str
 
 async def _run_child(state: SessionState, prompt: str, context_code: str) -> str:
     cfg = state.inp.config
+    if reusing_child(state, state.counters.recursions + 1):
+        return await _reused_child(state, prompt)
     alloc = state.ledger.child_allocation(cfg.child_budget_fraction)
     if alloc is None:
         return "REFUSED: the budget is spent; no child session can be started. Give your final answer."
@@ -130,6 +140,7 @@ async def _run_child(state: SessionState, prompt: str, context_code: str) -> str
             "inherit_ref": export.export_ref,
             "context_code": context_code,
             "continuation": None,
+            "rerun": None,
         }
     )
     state.phase, state.last_event = "waiting for child", child_id
@@ -140,6 +151,7 @@ async def _run_child(state: SessionState, prompt: str, context_code: str) -> str
         result_type=ReflectorOutput,
         parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
         task_timeout=workflow.info().task_timeout,
+        **child_visibility(child_inp, state.session_id),
     )
     out: ReflectorOutput = await await_cancel_safe(handle)
     state.phase = "thinking"
@@ -165,6 +177,41 @@ async def _run_child(state: SessionState, prompt: str, context_code: str) -> str
     if too_big:
         rendered += "\n(not handed down to the child: " + "; ".join(too_big) + ")"
     return rendered
+
+
+async def _reused_child(state: SessionState, prompt: str) -> str:
+    """`rr rerun`: the origin's child of this recursion number and what its session was told (no new child,
+    nothing charged: the origin paid for it)."""
+    state.counters.recursions += 1
+    child = await reused_child(state, state.counters.recursions)
+    out, rt = child.output, child.output.raw.get("rr_trace", {})
+    call = dict(child.call) or {
+        "prompt": prompt, "child_workflow_id": child.workflow_id, "depth": state.inp.depth + 1,
+        "usage": out.raw.get("usage", {}), "cut_short": bool(rt.get("timed_out")), "stop_reason": rt.get("stop_reason"),
+    }
+    state.subagent_calls.append({**call, "reused_from": child.workflow_id})
+    if out.raw.get("context_error"):
+        raise ModelRetry(f"context_code failed in the child session: {out.raw['context_error']}")
+    rendered = _render_child(child.workflow_id, out)
+    too_big = [name for name in call.get("skipped_variables") or [] if " " in name]
+    if too_big:
+        rendered += "\n(not handed down to the child: " + "; ".join(too_big) + ")"
+    return rendered
+
+
+def child_visibility(child: ReflectionInput, parent_id: str) -> dict[str, Any]:
+    """A child's search attributes and memo (only where the namespace has rr's attributes: the input says so).
+
+    The child shows its parent's trace name and belongs to its parent's batch, if any."""
+    if not child.search_attributes:
+        return {}
+    shown = sa.memo_of(workflow.memo())
+    batch = workflow.info().typed_search_attributes.get(sa.BATCH_ID)
+    return {
+        "search_attributes": sa.start_attributes(child.config.model, trace_sha256=child.trace.sha256,
+                                                 parent=parent_id, batch_id=batch),
+        "memo": sa.memo(child.trace, str(shown.get("trace", ""))),
+    }
 
 
 def _render_child(child_id: str, out: ReflectorOutput) -> str:

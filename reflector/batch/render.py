@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from reflector.contract import BatchOutput, BatchProgress, BatchResult
 from reflector.models import is_llm
-from reflector.render import render_reflection
+from reflector.render import clock, render_reflection
 
 __all__ = ["render_batch", "render_batch_progress"]
 
 MAX_RUN_LINES = 50
 
 
-def render_batch_progress(p: BatchProgress) -> str:
+def render_batch_progress(p: BatchProgress, elapsed_s: float | None = None) -> str:
     pending = max(0, p.total - p.done - p.failed - p.running)
     cont = f", continued as new {p.continued_as_new}x" if p.continued_as_new else ""
+    when = f"[{clock(elapsed_s)}] " if elapsed_s is not None else ""
     return (
-        f"  … {p.phase}: {p.done}/{p.total} done, {p.running} running, {p.failed} failed, {pending} pending{cont}"
+        f"  … {when}{p.phase}: {p.done}/{p.total} done, {p.running} running, {p.failed} failed, {pending} pending{cont}"
         f"{(' — ' + p.last_event) if p.last_event else ''}"
     )
 

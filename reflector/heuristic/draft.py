@@ -32,13 +32,20 @@ def build_draft(
     *,
     skillbook_ids: list[str] | None = None,
     cell_errors: list[str] | None = None,
+    cell: int | None = None,
 ) -> ReflectionDraft:
-    """A `ReflectionDraft` that restates the findings; every claim cites what a cell printed."""
+    """A `ReflectionDraft` that restates the findings; every claim cites what a cell printed
+    (`cell`: the id of the cell that printed the findings, cited in every learning's evidence)."""
     if findings.get("batch"):
-        return _batch_draft(findings)
-    if not findings or findings.get("simple") or findings.get("format") == "unknown":
-        return _shallow_draft(findings, cell_errors or [])
-    return _run_draft(findings, skillbook_ids or [])
+        draft = _batch_draft(findings)
+    elif not findings or findings.get("simple") or findings.get("format") == "unknown":
+        draft = _shallow_draft(findings, cell_errors or [])
+    else:
+        draft = _run_draft(findings, skillbook_ids or [])
+    if cell is not None:
+        for item in draft.extracted_learnings:
+            item.evidence = f"cell {cell}: {item.evidence}"
+    return draft
 
 
 def _q(text: Any, limit: int = 160) -> str:

@@ -36,6 +36,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.answers import ANSWER_RULES_SOURCE
+from reflector.citations import header_cell
 from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import EXECUTE_CODE_TOOL, ReflectionDraft
 from reflector.heuristic.draft import HEURISTIC_NAME, _draft_no_tool, build_draft
@@ -122,6 +123,18 @@ def _first_prompt(messages: list[ModelMessage]) -> str:
     return ""
 
 
+def _findings_cell(outputs: list[str]) -> int | None:
+    """The id of the last cell that printed the findings."""
+    for text in reversed(outputs):
+        if parse_findings([text]) is not None:
+            return header_cell(text)
+    return None
+
+
+def _last_cell(outputs: list[str]) -> int | None:
+    return header_cell(outputs[-1]) if outputs else None
+
+
 def parse_findings(outputs: list[str]) -> dict[str, Any] | None:
     """The last `RR_FINDINGS <json>` line printed by any cell, or None."""
     for text in reversed(outputs):
@@ -162,7 +175,8 @@ def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
         call = ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=_CELL_CALL_IDS[len(results)])
         return ModelResponse(parts=[call])
     skill_ids = ids_from_prompt(_first_prompt(messages))
-    draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results])
+    draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results],
+                        cell=_findings_cell(results) if findings else _last_cell(results))
     return _final(info, draft)
 
 

@@ -303,3 +303,31 @@ async def gated_plan(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
 
 
 register_model("scripted-plan-gated", lambda: FunctionModel(gated_plan, model_name="scripted-plan-gated"))
+
+
+def citing_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Two cells, then learnings whose evidence cites them: one citation that holds, one quote the cell
+    never printed, one cell that never ran, and one learning citing nothing."""
+    from reflector.citations import header_cell
+
+    outputs = _returns(messages)
+    cells = ["print('failing tool: book_reservation (3 errors)')", "print({'seat': '12A', 'status': 'taken'})"]
+    if len(outputs) < len(cells):
+        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": cells[len(outputs)]},
+                                                 tool_call_id=f"cite{len(outputs)}")])
+    first, second = (header_cell(o) for o in outputs[:2])
+    learnings = [
+        ("retry with other arguments", f'cell {first}: "book_reservation (3 errors)"; cell {second} printed "12A"'),
+        ("check the seat map", f'cell {second}: "seat 14C is free"'),
+        ("read the policy", 'cell 99: "policy says no"'),
+        ("be careful", "general experience"),
+    ]
+    args = {
+        "reasoning": "scripted citations", "error_identification": "e", "root_cause_analysis": "r",
+        "correct_approach": "c", "key_insight": "k", "skill_tags": [],
+        "extracted_learnings": [{"learning": t, "atomicity_score": 0.8, "evidence": e} for t, e in learnings],
+    }
+    return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")])
+
+
+register_model("scripted-cite", lambda: FunctionModel(synthesis_aware(citing_script), model_name="scripted-cite"))

@@ -125,3 +125,18 @@ def test_dockerfile_installs_project_and_runs_worker() -> None:
     assert users and users[-1] not in {"USER root", "USER 0"}, "the worker must not run as root"
     cmd = [line for line in lines if line.startswith("CMD ")]
     assert cmd and cmd[-1] == 'CMD ["rr", "worker"]'
+
+
+def test_a_one_shot_job_registers_the_search_attributes(services: dict[str, dict[str, Any]]) -> None:
+    jobs = [(name, svc) for name, svc in services.items() if svc.get("command") == ["rr", "setup"]]
+    assert len(jobs) == 1, "one job must run `rr setup` (rr's search attributes, for `rr list`)"
+    name, job = jobs[0]
+    build = job["build"]
+    assert build == "." or (isinstance(build, dict) and build.get("context") == ".")
+    env = _env(job)
+    assert env["TEMPORAL_ADDRESS"] == "temporal:7233"
+    assert env["TEMPORAL_NAMESPACE"] == _env(services["worker"])["TEMPORAL_NAMESPACE"]
+    # after the namespace exists; the workers start once it has finished
+    assert job["depends_on"]["temporal-namespace"]["condition"] == "service_completed_successfully"
+    assert services["worker"]["depends_on"][name]["condition"] == "service_completed_successfully"
+    assert str(job.get("restart", "")).startswith("on-failure"), "a one-shot job must not restart forever"

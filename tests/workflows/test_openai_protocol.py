@@ -120,8 +120,9 @@ async def test_reflection_completes_over_local_openai_server(
     assert rt["stop_reason"] == "completed" and rt["cells"] == 1 and rt["failed_cells"] == 0, rt
     assert out.raw["model"] == model
     # the final answer quotes what the model's cell printed in the sandbox (server -> tool -> server)
-    assert f"cell said: steps {N_STEPS}" == out.error_identification
-    assert out.extracted_learnings[0].evidence == f"steps {N_STEPS}"
+    # (every cell output the model sees starts with the cell's id: cells 1 and 2 are the prefill's)
+    assert f"cell said: [cell 3]\nsteps {N_STEPS}" == out.error_identification
+    assert out.extracted_learnings[0].evidence == f"[cell 3]\nsteps {N_STEPS}"
 
     reqs = openai_server.requests
     assert [r.path for r in reqs] == [PROTOCOLS[prefix]] * 2
@@ -150,7 +151,7 @@ async def test_reflection_completes_over_local_openai_server(
     # carried the output of that cell, run in the sandbox against the uploaded trace
     assert _sent_cell_outputs(prefix, reqs[0].body) == []
     assert _sent_cell_calls(prefix, reqs[1].body) == [{"code": CELL_CODE}]
-    assert [o.strip() for o in _sent_cell_outputs(prefix, reqs[1].body)] == [f"steps {N_STEPS}"]
+    assert [o.strip() for o in _sent_cell_outputs(prefix, reqs[1].body)] == [f"[cell 3]\nsteps {N_STEPS}"]
 
 
 @pytest.mark.parametrize("status", [500, 429])
