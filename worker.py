@@ -316,9 +316,9 @@ def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: Workflow
                     unsandboxed_workflow_runner=unsandboxed_workflow_runner or UnsandboxedWorkflowRunner())
 
 
-def replay_factory(blob_dir: Path | str, runner: WorkflowRunner) -> Replayer:
+def replay_factory(blob_dir: Path | str, runner: WorkflowRunner, models: Sequence[str] | None = None) -> Replayer:
     """`make_replayer` with `runner` for the (unsandboxed) workflows: what `reflector.audit.replay` replays with."""
-    return make_replayer(blob_dir, unsandboxed_workflow_runner=runner)
+    return make_replayer(blob_dir, unsandboxed_workflow_runner=runner, models=models)
 
 
 def audit_replay_hooks() -> ReplayHooks:

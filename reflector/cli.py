@@ -554,6 +554,7 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     from reflector import client as c
     from reflector.audit import replay as rp
+    from reflector.audit.events import models_of
     from reflector.audit.histories import BundleError, iter_runs, load_bundle
     from reflector.storage.blobs import BlobNotFound
     from reflector.storage.payloads import blob_dir_of
@@ -572,19 +573,30 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
             bundle = load_bundle(path)
         except BundleError as e:
             return _err(str(e))
+        firsts = (r.history.events[0] for r in bundle.runs if r.history.events)
         report = await rp.replay_all(rp.as_stream(bundle.runs), root_id=bundle.root_id, source=str(path),
-                                     blob_dir=settings.blob_dir, make_replayer=replay_factory, on_run=line)
+                                     blob_dir=settings.blob_dir, make_replayer=replay_factory,
+                                     models=models_of(firsts, settings.blob_dir) or None, on_run=line)
     else:
         async with c.runtime(settings, want_worker=False, announce=_say) as rt:
             blob_dir = blob_dir_of(rt.client.data_converter) or settings.blob_dir
             try:
+                # every session of a tree (a batch's runs too) uses the root's model: prepare only that one
+                first = [ev async for ev in _first_event(rt.client, args.id)]
                 report = await rp.replay_all(iter_runs(rt.client, args.id, blob_dir), root_id=args.id,
                                              source="server", blob_dir=blob_dir, make_replayer=replay_factory,
-                                             on_run=line)
+                                             models=models_of(first, blob_dir) or None, on_run=line)
             except (BundleError, BlobNotFound) as e:
                 return _err(f"replay of {args.id}: {e}", 1)
     print(json.dumps(report.to_json(), indent=2) if args.json else rp.render_summary(report))
     return 0 if report.ok else 1
+
+
+async def _first_event(client: Any, workflow_id: str) -> Any:
+    """The first event of a workflow's latest run (an async generator of at most one)."""
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1):
+        yield event
+        return
 
 
 async def _export(args: argparse.Namespace, settings: Settings) -> int:

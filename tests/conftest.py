@@ -57,14 +57,24 @@ def _info(server: DevServer) -> ServerInfo:
 
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    """A dev server on a free loopback port with a temp SQLite file, shared by the session."""
+    """A dev server on a free loopback port with a temp SQLite file, shared by the session (by one
+    pytest-xdist worker's tests). Before it stops, every finished reflection and batch history it holds
+    is replayed against the current code: a failure is an error of the session (at this teardown)."""
+    import asyncio
+
+    from tests.support.blob_dirs import EXTRA_BLOB_DIRS
+    from tests.support.replay_all import replay_server_histories
+
     root = tmp_path_factory.mktemp("temporal")
     server = DevServer(root / "temporal.sqlite", ui=False, log_file=root / "server.log")
     server.start(timeout=60)
+    failures: list[str] = []
     try:
         yield _info(server)
+        _replayed, failures = asyncio.run(replay_server_histories(server.address, EXTRA_BLOB_DIRS))
     finally:
         server.stop()
+    assert not failures, "histories that do not replay against the current code:\n" + "\n".join(failures)
 
 
 StartServer = Callable[..., ServerInfo]

@@ -26,7 +26,14 @@ from reflector.audit.capture import (
     replay_inputs,
     summarise_messages,
 )
-from reflector.audit.events import event_time, failure_text, first_json, local_activity, payload_json
+from reflector.audit.events import (
+    event_time,
+    failure_text,
+    first_json,
+    local_activity,
+    models_of,
+    payload_json,
+)
 from reflector.audit.histories import HistoryBundle, RunHistory, collect, load_bundle
 from reflector.audit.timeline import (
     Audit,
@@ -455,22 +462,9 @@ def build_audit(bundle: HistoryBundle, capture: ReplayCapture, blob_dir: Path | 
     )
 
 
-def _models(bundle: HistoryBundle, blob_dir: Path | str) -> list[str]:
-    """The models the bundle's sessions were started with (read from each run's input)."""
-    names: list[str] = []
-    for run in bundle.runs:
-        events = run.history.events
-        if events and events[0].HasField("workflow_execution_started_event_attributes"):
-            inp = first_json(events[0].workflow_execution_started_event_attributes.input, blob_dir)
-            model = ((inp.get("config") or {}).get("model") if isinstance(inp, dict) else None) or ""
-            if model and model not in names:
-                names.append(str(model))
-    return names
-
-
 async def audit_bundle(bundle: HistoryBundle, blob_dir: Path | str, source: str, hooks: ReplayHooks) -> Audit:
     """The audit of `bundle`; `hooks` (`worker.audit_replay_hooks()`) replay it to rebuild the model inputs."""
-    capture = await replay_inputs([r.history for r in bundle.runs], blob_dir, hooks, _models(bundle, blob_dir) or None)
+    capture = await replay_inputs([r.history for r in bundle.runs], blob_dir, hooks, models_of((r.history.events[0] for r in bundle.runs if r.history.events), blob_dir) or None)
     return build_audit(bundle, capture, blob_dir, source)
 
 

@@ -4,6 +4,7 @@ timestamps. No interpretation of what a reflection did (that is `reflector.audit
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ from temporalio.api.history.v1 import HistoryEvent
 
 from reflector.storage.payloads import resolve
 
-__all__ = ["payload_json", "first_json", "event_time", "failure_text", "LocalActivityMarker", "local_activity"]
+__all__ = ["payload_json", "first_json", "event_time", "failure_text", "LocalActivityMarker", "local_activity",
+           "started_model", "models_of"]
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
@@ -33,6 +35,26 @@ def payload_json(payload: Payload, blob_dir: Path | str) -> Any:
 
 def first_json(payloads: Payloads, blob_dir: Path | str) -> Any:
     return payload_json(payloads.payloads[0], blob_dir) if payloads.payloads else None
+
+
+def started_model(first: HistoryEvent, blob_dir: Path | str) -> str | None:
+    """The model a reflection or batch was started with, from its first event's input (`config.model`)."""
+    if not first.HasField("workflow_execution_started_event_attributes"):
+        return None
+    inp = first_json(first.workflow_execution_started_event_attributes.input, blob_dir)
+    model = (inp.get("config") or {}).get("model") if isinstance(inp, dict) else None
+    return str(model) if model else None
+
+
+def models_of(firsts: Iterable[HistoryEvent], blob_dir: Path | str) -> list[str]:
+    """The models the histories whose first events these are were started with, each once: what a replayer
+    must prepare (instead of every shipped provider family, whose imports cost seconds)."""
+    names: list[str] = []
+    for event in firsts:
+        model = started_model(event, blob_dir)
+        if model and model not in names:
+            names.append(model)
+    return names
 
 
 def event_time(event: HistoryEvent) -> float:

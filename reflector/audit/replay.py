@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -373,15 +373,16 @@ async def as_stream(runs: Iterable[RunHistory]) -> AsyncIterator[RunHistory]:
         yield run
 
 
-ReplayerFactory = Callable[[Path | str, WorkflowRunner], Replayer]
-"""`(blob_dir, workflow runner) -> Replayer`: the composition root's (`worker.replay_factory`); reflector/
-never imports the workflows itself."""
+ReplayerFactory = Callable[[Path | str, WorkflowRunner, Sequence[str] | None], Replayer]
+"""`(blob_dir, workflow runner, models) -> Replayer`: the composition root's (`worker.replay_factory`);
+reflector/ never imports the workflows itself. `models`: the ones the histories use (None: every family)."""
 
 
-def recording_replayer(blob_dir: Path | str, make_replayer: ReplayerFactory) -> tuple[Replayer, CommandRecorder]:
+def recording_replayer(blob_dir: Path | str, make_replayer: ReplayerFactory,
+                       models: Sequence[str] | None = None) -> tuple[Replayer, CommandRecorder]:
     """A replayer from `make_replayer` with a `CommandRecorder` as its runner (building it loads the models)."""
     recorder = CommandRecorder()
-    return make_replayer(blob_dir, recorder), recorder
+    return make_replayer(blob_dir, recorder, models), recorder
 
 
 async def replay_runs(runs: AsyncIterator[RunHistory], *,
@@ -413,12 +414,12 @@ async def replay_runs(runs: AsyncIterator[RunHistory], *,
 
 
 async def replay_all(runs: AsyncIterator[RunHistory], *, root_id: str, source: str, blob_dir: Path | str,
-                     make_replayer: ReplayerFactory,
+                     make_replayer: ReplayerFactory, models: Sequence[str] | None = None,
                      on_run: Callable[[RunReplay], None] | None = None) -> ReplayReport:
     """`replay_runs`, gathered into a report with its wall time (which includes reading a streamed source);
     `on_run` sees each result as it comes."""
     report = ReplayReport(root_id, source)
-    replayer = recording_replayer(blob_dir, make_replayer)  # not timed: the figure is the replay's
+    replayer = recording_replayer(blob_dir, make_replayer, models)  # not timed: the figure is the replay's
     start = time.perf_counter()
     try:
         async for r in replay_runs(runs, replayer=replayer):

@@ -23,7 +23,11 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def settings(session_home: Path) -> Settings:
-    return Settings.from_env()
+    from tests.support.blob_dirs import EXTRA_BLOB_DIRS
+
+    s = Settings.from_env()
+    EXTRA_BLOB_DIRS.append(s.blob_dir)  # the session server's final replay (tests/conftest.py) reads it
+    return s
 
 
 @pytest.fixture(scope="session")
