@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import (
@@ -44,6 +43,7 @@ from activities.provider_failures import CompactProviderFailures
 from activities.summarise import summarise
 from reflector import telemetry
 from reflector.admission import AdmissionControl, StartDelay
+from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
 from reflector.settings import SettingError, Settings, usable_dir
@@ -268,14 +268,6 @@ async def replay_workflow(client: Client, workflow_id: str, settings: Settings |
     return (await replay(client, workflow_id, settings)).events
 
 
-_CLOSE_EVENTS = frozenset({
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
-})
 
 
 @dataclass
@@ -290,7 +282,7 @@ async def replay(client: Client, workflow_id: str, settings: Settings | None = N
     The latest run of `workflow_id` only: `rr replay` replays every run of its continue-as-new chain and
     every child (`reflector.audit.replay.replay_all` over `reflector.audit.histories.iter_runs`)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    running = not history.events or history.events[-1].event_type not in _CLOSE_EVENTS
+    running = not history.events or history.events[-1].event_type not in CLOSE_EVENTS
     blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
     await make_replayer(blob_dir).replay_workflow(history)
     return ReplayReport(events=len(history.events), running=running)

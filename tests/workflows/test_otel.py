@@ -154,11 +154,16 @@ async def test_a_reflection_and_its_child_form_one_tree_exported_once(
     child_id = f"{root_id}.r1"
     child_out = ReflectorOutput.model_validate(await client.get_workflow_handle(child_id).result())
     assert telemetry.flush()
-    tree = Tree(exporter.get_finished_spans())
-
-    # no span twice, although every workflow task of both workflows replayed the history before it
-    ids = [s.context.span_id for s in tree.spans]
-    assert len(ids) == len(set(ids))
+    by_id: dict[int, list[ReadableSpan]] = {}
+    for span in exporter.get_finished_spans():
+        by_id.setdefault(span.context.span_id, []).append(span)
+    # no span twice, although every workflow task of both workflows replayed the history before it; the one
+    # exception is real work done twice: a local activity in flight when the SDK evicts its workflow (with
+    # max_cached_workflows=0 it then cancels it and runs it again: "Eviction requested while local activities
+    # are still in flight", seen under load) is traced again, under the same id
+    again = [spans[0].name for spans in by_id.values() if len(spans) > 1]
+    assert set(again) <= {f"RunActivity:{LOCAL_REQUEST}", f"RunActivity:{CELL}"}, again
+    tree = Tree(tuple(spans[0] for spans in by_id.values()))
     root_history = await client.get_workflow_handle(root_id).fetch_history()
     assert _workflow_tasks(root_history) >= 3  # started the child, got its result, finished: 2+ replays
 
