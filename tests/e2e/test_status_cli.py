@@ -253,7 +253,8 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         rr_term = subprocess.run(
             [sys.executable, "-c", "import asyncio, sys\nfrom reflector import client as c\nfrom reflector.settings "
              "import Settings\nasync def m():\n    s = Settings.from_env()\n    cl = await c.connect(s.address, "
-             "settings=s)\n    await cl.get_workflow_handle(sys.argv[1]).terminate('test cleanup')\nasyncio.run(m())\n",
+             "settings=s)\n    await cl.get_workflow_handle(sys.argv[1]).terminate('test cleanup')\nasyncio.run(m())\n"
+             "import os; os._exit(0)\n",  # as above: no interpreter finalization
              wf_id], env=_env(nobody), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert rr_term.returncode == 0, rr_term.stderr
     assert follow.wait() == 1, "\n".join(follow.lines)  # it ended, but not completed
