@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from reflector.contract import Progress, ReflectorOutput
+from reflector.contract import CellCitation, Progress, ReflectorOutput
 from reflector.models import is_llm
 
 __all__ = ["render_reflection", "render_progress", "clock", "used", "cells_text"]
@@ -110,15 +110,21 @@ def render_progress(p: Progress, elapsed_s: float | None = None, running: Sequen
 
 
 def _citations_line(out: ReflectorOutput, learning: int) -> str:
-    """The cells a learning cites, each checked: `3 ok`, `4 UNSUPPORTED (quote not printed: "...")`."""
-    parts = []
+    """The cells a learning cites, one entry per cell: `cell 3 ok (4 quotes)`, `cell 9 UNSUPPORTED (no such
+    cell)`, `cell 4 UNSUPPORTED (not printed: "...")`."""
+    by_cell: dict[int, list[CellCitation]] = {}
     for c in out.citations:
-        if c.learning != learning:
-            continue
-        if c.supported:
-            parts.append(f"{c.cell} ok")
-        elif not c.exists:
-            parts.append(f"{c.cell} UNSUPPORTED (no such cell)")
+        if c.learning == learning:
+            by_cell.setdefault(c.cell, []).append(c)
+    parts = []
+    for cell, cites in by_cell.items():
+        quotes = sum(1 for c in cites if c.quote)
+        bad = [c for c in cites if not c.supported]
+        if not bad:
+            parts.append(f"cell {cell} ok" + (f" ({quotes} quote{'s' * (quotes != 1)})" if quotes else ""))
+        elif not bad[0].exists:
+            parts.append(f"cell {cell} UNSUPPORTED (no such cell)")
         else:
-            parts.append(f'{c.cell} UNSUPPORTED (not printed: "{c.quote[:60]}")')
+            shown = "; ".join(f'"{c.quote[:60]}"' for c in bad[:3])
+            parts.append(f"cell {cell} UNSUPPORTED (not printed: {shown}{' ...' if len(bad) > 3 else ''})")
     return ", ".join(parts) or "none cited"

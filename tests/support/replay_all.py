@@ -25,7 +25,8 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
     from reflector.storage.blobs import BlobNotFound
 
     client: Client = await connect(address, settings=Settings.from_env())
-    dirs = list(dict.fromkeys(blob_dirs))
+    # no store registered (e.g. only unit and CLI tests ran): histories with inline payloads still replay
+    dirs = list(dict.fromkeys(blob_dirs)) or [Settings.from_env().blob_dir]
     replayers = [worker.make_replayer(d) for d in dirs]
     replayed, failures = 0, []
     query = f"WorkflowType = '{WORKFLOW_NAME}' OR WorkflowType = '{BATCH_WORKFLOW_NAME}'"

@@ -56,3 +56,18 @@ def test_escaped_and_shortened_quotes_match() -> None:
     assert quote_printed("answer wa...", OUTPUTS[5])  # shortened with an ellipsis
     assert quote_printed("it's", "{'k': \"it's\"}") and not quote_printed("its", "it is")
     assert not quote_printed("answer was 4200", OUTPUTS[5])
+
+
+def test_rendered_reflection_shows_one_checked_entry_per_cited_cell() -> None:
+    from reflector.contract import ReflectorOutput
+    from reflector.render import render_reflection
+
+    learnings = [ExtractedLearning(learning="a", atomicity_score=0.5, evidence='cell 3: "steps 12"; cell 3 "tool"'),
+                 ExtractedLearning(learning="b", atomicity_score=0.5, evidence='cell 5: "answer was 43"; cell 9'),
+                 ExtractedLearning(learning="c", atomicity_score=0.5, evidence="no citation")]
+    out = ReflectorOutput(reasoning="r", error_identification="e", root_cause_analysis="c", correct_approach="a",
+                          key_insight="k", extracted_learnings=learnings, citations=check_citations(learnings, OUTPUTS))
+    text = render_reflection(out)
+    assert "cells: cell 3 ok (2 quotes)" in text
+    assert 'cells: cell 5 UNSUPPORTED (not printed: "answer was 43"), cell 9 UNSUPPORTED (no such cell)' in text
+    assert "cells: none cited" in text
