@@ -39,6 +39,7 @@ from reflector.contract import (
     TraceRef,
     session_key,
 )
+from reflector.diagnosis import from_divergence
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.traces.budget import host_memory_bytes
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 FACTS_MARKER = "RR_FACTS "
+FACTS_TEXT_CHARS = 4_000  # the trace's question / feedback kept in `TraceFacts` (the prompt shows at most 1,500)
 # Read what the deterministic fallback needs from the already-loaded trace (no second parse here).
 # What the deterministic fallback compares (run once per session, journaled like any cell): the final
 # answer and the ground truth, and, where the trace has expected actions (tau-bench), the agent's
@@ -68,14 +70,23 @@ FACTS_MARKER = "RR_FACTS "
 FACTS_CODE = """def rr_facts_line():
     view = traces if isinstance(traces, dict) else {}
     truth = task.get("ground_truth") or view.get("ground_truth")
-    facts = {"final_answer": view.get("final_answer"), "ground_truth": truth}
+    facts = {"final_answer": view.get("final_answer"), "ground_truth": truth,
+             "question": view.get("question"), "feedback": view.get("feedback")}
     acts = {"actions": view.get("actions"), "expected_actions": view.get("expected_actions")}
     if isinstance(acts["expected_actions"], list) and len(json.dumps(acts, default=str)) < 40000:
         facts.update(acts)
+    if isinstance(acts["expected_actions"], list) or view.get("expected_outputs"):
+        try:
+            div = first_divergence(view)
+        except Exception as e:
+            div = {"error": repr(e)[:200]}
+        if isinstance(div, dict):
+            facts["divergence"] = {k: div.get(k) for k in ("kind", "step", "tool", "argument", "actual",
+                                                           "expected", "where", "error")}
     text = json.dumps(facts, default=str)
     if len(text) > 45000:
         text = json.dumps({k: None if facts[k] is None else str(facts[k])[:20000]
-                           for k in ("final_answer", "ground_truth")})
+                           for k in ("final_answer", "ground_truth", "question", "feedback")})
     return "RR_FACTS " + text
 print(rr_facts_line())
 del rr_facts_line"""
@@ -259,13 +270,17 @@ def _facts(outcome: CellOutcome) -> TraceFacts:
             final, truth = data.get("final_answer"), data.get("ground_truth")
             final = None if final is None else str(final)
             truth = None if truth is None else str(truth)
+            # the trace's own question and feedback, for the task prompt (a few KB at most: its fields are cut)
+            told = {k: str(data[k])[:FACTS_TEXT_CHARS] for k in ("question", "feedback") if data.get(k) is not None}
+            diagnosis = from_divergence(data.get("divergence"), [outcome.seq])
             if isinstance(data.get("expected_actions"), list):
                 ok, missing, unexpected = compare_actions(data.get("actions"), data["expected_actions"])
                 return TraceFacts(
                     final_answer=final, ground_truth=truth, answer_correct=ok, actions_checked=ok is not None,
-                    missing_actions=missing[:20], unexpected_actions=unexpected[:20],
+                    missing_actions=missing[:20], unexpected_actions=unexpected[:20], diagnosis=diagnosis, **told,
                 )
-            return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth))
+            return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth),
+                              diagnosis=diagnosis, **told)
     return TraceFacts()
 
 

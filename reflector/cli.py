@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", choices=["online", "offline"], default="offline")
     r.add_argument("--max-requests", type=int)
     r.add_argument("--max-tokens", type=int)
+    r.add_argument("--recursion", choices=["auto", "always"],
+                   help="when the model may start child sessions (recurse): auto (default) on a large trace only, "
+                        "always below the depth limit")
     r.add_argument("--id", help="workflow id (default: generated)")
     r.add_argument("--json", action="store_true", help="print the ReflectorOutput as JSON")
 
@@ -247,6 +250,8 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         if args.max_tokens < 1:
             raise c.ReflectError("--max-tokens must be at least 1")
         overrides["max_tokens"] = args.max_tokens
+    if args.recursion is not None:
+        overrides["recursion"] = args.recursion
     skillbook = ""
     if args.skillbook:
         sb = Path(args.skillbook)

@@ -75,6 +75,9 @@ SEARCH_ATTRIBUTES: dict[str, str] = {  # name -> Temporal's type name (`temporal
 }
 SEARCH_ATTRIBUTES_PATCH = "rr-search-attributes"
 """Reflections and batches upsert their stop reason and totals when they end (and give children memo and attributes)."""
+RECURSE_BY_STRATEGY_PATCH = "rr-recurse-by-strategy"
+"""`recurse` is offered only where the strategy allows children (`ReflectionConfig.recursion`); recorded before
+this change: below max_depth, as then (a recorded response may call it)."""
 MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 _SAFE_SESSION = re.compile(SESSION_ID_PATTERN)
@@ -116,6 +119,10 @@ class ReflectionConfig(_Frozen):
     max_output_chars: int = Field(default=50_000, ge=200)
     max_failed_repeats: int = Field(default=3, ge=1)
     max_consecutive_cell_errors: int = Field(default=6, ge=1)
+    # When `recurse` is offered (below max_depth): "auto" only where the prompt's strategy asks to split
+    # (a large trace, `reflector.prompts.may_split`); "always" at every depth below max_depth (the scripted
+    # test models, or a caller who wants children on a small trace).
+    recursion: Literal["auto", "always"] = "auto"
 
 
 class Counters(BaseModel):
@@ -191,28 +198,119 @@ class ReflectionInput(_Frozen):
     search_attributes: bool = False  # the namespace has rr's search attributes: set them on children, upsert at the end
 
 
+# The field descriptions below are the output tool's JSON schema: they are what a model reads about each
+# field, so they say what to put there (they change no validation).
+
+
 class ExtractedLearning(BaseModel):
-    learning: str
-    atomicity_score: float = Field(ge=0.0, le=1.0)
-    evidence: str = ""
-    justification: str = ""
+    """One atomic, reusable lesson from this trace, with the evidence it rests on."""
+
+    learning: str = Field(
+        description="One actionable rule that names the tool, argument or policy it is about "
+        "(e.g. \"Before book_reservation, confirm each passenger's date of birth with the user\")."
+    )
+    atomicity_score: float = Field(
+        ge=0.0, le=1.0,
+        description="How atomic the learning is, 0 to 1: 1.0 for a single rule about one thing; lower when it "
+        "bundles several ideas or stays vague.",
+    )
+    evidence: str = Field(
+        default="",
+        description="The cells that show it, each as `cell N: \"exact text it printed\"` with the step index "
+        "(e.g. `cell 3: \"dob 1990-01-01 != 1990-10-01\" at step 14`); several separated by `; `.",
+    )
+    justification: str = Field(
+        default="", description="Why the evidence supports this learning, and how following it would have avoided the failure."
+    )
 
 
 class SkillTag(BaseModel):
-    id: str
-    tag: Literal["helpful", "harmful", "neutral"]
+    """A skillbook skill the trace cites, tagged by its effect on the outcome (online mode)."""
+
+    id: str = Field(description="The skill's id exactly as in the skillbook, without brackets (e.g. `section-00001`).")
+    tag: Literal["helpful", "harmful", "neutral"] = Field(description="What following the skill did to this run.")
+
+
+DiagnosisKind = Literal[
+    "missing_action",
+    "wrong_arguments",
+    "extra_action",
+    "wrong_information",
+    "tool_error_mishandled",
+    "reasoning_error",
+    "policy_violation",
+    "other",
+]
+DIAGNOSIS_KINDS: tuple[str, ...] = DiagnosisKind.__args__  # type: ignore[attr-defined]
+
+
+class Diagnosis(BaseModel):
+    """The decisive failure of the run: the first step where the agent went wrong, and how."""
+
+    kind: DiagnosisKind = Field(
+        description=(
+            "What went wrong at that step: missing_action (an expected action never taken), wrong_arguments "
+            "(the right tool with a wrong value), extra_action (a harmful action that should not have been "
+            "taken), wrong_information (the agent told the user something false or incomplete), "
+            "tool_error_mishandled (a tool error the agent ignored or repeated), reasoning_error (a wrong "
+            "inference or calculation), policy_violation (a rule of the task or domain broken), other."
+        )
+    )
+    step: int | None = Field(
+        default=None,
+        description="Index of the decisive step in the normalised trace (`traces['steps'][i]['index']`); null if unknown.",
+    )
+    actor: str | None = Field(
+        default=None, description="The agent or role that took that step (for multi-agent traces: its name)."
+    )
+    tool: str | None = Field(default=None, description="The tool involved, if any (the called or the expected tool).")
+    argument: str | None = Field(
+        default=None,
+        description="The argument that differs, as a path into the call's arguments (e.g. `passengers[1].dob`).",
+    )
+    actual: str | None = Field(default=None, description="What the agent did or used there (a value or a short call).")
+    expected: str | None = Field(default=None, description="What it should have been, and where that comes from.")
+    evidence: list[int] = Field(
+        default_factory=list, description="Ids of the cells whose output shows this (the N of `[cell N]`)."
+    )
+    confidence: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="How sure the diagnosis is: 1.0 when a cell compared the trace with its expected actions.",
+    )
+    summary: str = Field(default="", description="One sentence: what the agent did at that step and why it is wrong.")
 
 
 class ReflectionDraft(BaseModel):
-    """What the model is allowed to produce. `raw` is deliberately absent: the workflow fills it."""
+    # What the model is allowed to produce. `raw` is deliberately absent: the workflow fills it.
+    # No docstring on purpose: pydantic would put it in the JSON schema and pydantic-ai would append it to
+    # the output tool's description, which is `reflector.prompts.OUTPUT_TOOL_DESCRIPTION` (what the model reads).
 
-    reasoning: str
-    error_identification: str
-    root_cause_analysis: str
-    correct_approach: str
-    key_insight: str
-    extracted_learnings: list[ExtractedLearning] = Field(default_factory=list)
-    skill_tags: list[SkillTag] = Field(default_factory=list)
+    reasoning: str = Field(description="How you reached the conclusion: the checks you ran, by cell, and what each showed.")
+    error_identification: str = Field(
+        description="What went wrong, concretely: the step index, the tool call or message, and the wrong value or "
+        "omission. If nothing went wrong, say so and what shows it."
+    )
+    root_cause_analysis: str = Field(
+        description="Why the agent did it: the check it skipped, the rule it misread or the assumption it made. "
+        "Say so when the trace does not show the cause."
+    )
+    correct_approach: str = Field(
+        description="What the agent should have done at that step, precisely enough to follow (tool, arguments, rule)."
+    )
+    key_insight: str = Field(description="The one lesson to keep, in one sentence.")
+    extracted_learnings: list[ExtractedLearning] = Field(
+        default_factory=list,
+        description="Atomic, reusable learnings (usually 1 to 3), each about one tool, argument or rule, each with evidence.",
+    )
+    skill_tags: list[SkillTag] = Field(
+        default_factory=list,
+        description="Online mode: every cited skill that exists in the skillbook (exact id match), tagged; otherwise empty.",
+    )
+    diagnosis: Diagnosis | None = Field(
+        default=None,
+        description="The decisive failure: the first step where the agent went wrong. Null only when the run did not "
+        "fail or no step could be identified.",
+    )
 
 
 class RunTrace(BaseModel):
@@ -308,6 +406,7 @@ class ReflectorDeps(BaseModel):
     max_tokens: int = 500_000
     max_requests: int = 50
     has_skillbook: bool = False
+    may_recurse: bool = True  # set by the workflow: `recurse` is offered (`workflows.tools.recurse_offered`)
 
 
 # -------------------------------------------------------------------------- the sandbox activities
@@ -346,11 +445,16 @@ class TraceFacts(BaseModel):
     final_answer: str | None = None
     ground_truth: str | None = None
     answer_correct: bool | None = None
+    # The trace's own question and feedback (the task prompt shows them when the caller gave none).
+    question: str | None = None
+    feedback: str | None = None
     # Traces with expected actions (tau-bench): `answer_correct` then says whether the agent's
     # state-changing actions match them (by name and arguments), and these name the differences.
     actions_checked: bool = False
     missing_actions: list[str] = []
     unexpected_actions: list[str] = []
+    # The first divergence the toolkit computed in the facts cell (cell 2), for the budget fallback.
+    diagnosis: Diagnosis | None = None
 
 
 class PrepareSessionResult(BaseModel):
@@ -563,6 +667,7 @@ class RunRecord(BaseModel):
     learnings: list[str] = Field(default_factory=list)
     skill_tags: list[SkillTag] = Field(default_factory=list)
     failure_modes: list[str] = Field(default_factory=list)  # the keys this run counts toward (see FailureMode)
+    diagnosis: Diagnosis | None = None  # the reflection's decisive failure (step, kind, tool, ...)
     facts_error: str | None = None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from reflector.contract import CellCitation, Progress, ReflectorOutput
+from reflector.contract import CellCitation, Diagnosis, Progress, ReflectorOutput
 from reflector.models import is_llm
 
 __all__ = ["render_reflection", "render_progress", "clock", "used", "cells_text"]
@@ -31,6 +31,7 @@ def render_reflection(out: ReflectorOutput) -> str:
         f"cells: {rt.get('cells', 0)} ({rt.get('failed_cells', 0)} failed)  depth: {rt.get('depth', 0)}",
         "",
     ]
+    lines += _diagnosis_lines(out.diagnosis)
     for title, text in (
         ("What went wrong", out.error_identification),
         ("Root cause", out.root_cause_analysis),
@@ -52,6 +53,25 @@ def render_reflection(out: ReflectorOutput) -> str:
     if out.skill_tags:
         lines.append("Skill tags: " + ", ".join(f"{t.id}={t.tag}" for t in out.skill_tags))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _diagnosis_lines(d: Diagnosis | None) -> list[str]:
+    """The decisive failure first: where (step, actor), what (kind, tool, argument), actual vs expected."""
+    if d is None:
+        return ["Diagnosis: none (no decisive failure was identified)", ""]
+    where = f"step {d.step}" if d.step is not None else "step unknown"
+    if d.actor:
+        where += f" by {d.actor}"
+    what = d.kind.replace("_", " ") + (f" in {d.tool}" if d.tool else "") + (f" ({d.argument})" if d.argument else "")
+    head = f"Diagnosis: {where}: {what}  (confidence {d.confidence:.2f}"
+    head += f"; evidence: {', '.join(f'cell {c}' for c in d.evidence)})" if d.evidence else ")"
+    lines = [head]
+    if d.actual is not None or d.expected is not None:
+        lines.append(_wrap(f"actual: {d.actual if d.actual is not None else '-'}   "
+                           f"expected: {d.expected if d.expected is not None else '-'}"))
+    if d.summary:
+        lines.append(_wrap(d.summary))
+    return [*lines, ""]
 
 
 def clock(seconds: float) -> str:

@@ -22,7 +22,7 @@ from workflows.activity_options import BASE_ACTIVITY, MODEL_ACTIVITY
 from workflows.control import SessionControl, continue_as_new
 from workflows.local_model import LocalModelDurability, local_model_activities
 from workflows.state import current_state
-from workflows.tools import toolset
+from workflows.tools import offered_tools, recurse_offered, toolset
 
 __all__ = ["reflector_agent", "synthesis_agent", "MODEL_ACTIVITIES", "model_resolver"]
 
@@ -46,18 +46,19 @@ def _instructions(ctx: RunContext[ReflectorDeps]) -> str:
         "and that includes everything its child sessions spend: a child started with `recurse` gets "
         "half of what remains (at least 10,000 tokens) and its usage is charged back here. When the budget "
         "runs out the session stops and returns what it has."
-        if d.depth < d.max_depth
+        if recurse_offered(d)
         else f"at most {d.max_requests} model requests and {d.max_tokens:,} tokens for this session; "
         "when they run out the session stops and returns what it has."
     )
-    return prompts.render(prompts.SYSTEM, budget_line=budget)
+    tools = prompts.tools_section([*offered_tools(d), OUTPUT_TOOL])
+    return prompts.render(prompts.SYSTEM, budget_line=budget, tools=tools)
 
 
 reflector_agent: Agent[ReflectorDeps, ReflectionDraft] = Agent(
     HEURISTIC,
     name=AGENT_NAME,
     deps_type=ReflectorDeps,
-    output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL),
+    output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL, description=prompts.OUTPUT_TOOL_DESCRIPTION),
     instructions=_instructions,
     toolsets=[toolset],
     retries=3,
@@ -86,7 +87,7 @@ async def _require_evidence(ctx: RunContext[ReflectorDeps], output: ReflectionDr
 synthesis_agent: Agent[None, ReflectionDraft] = Agent(
     HEURISTIC,
     name=SYNTH_AGENT_NAME,
-    output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL),
+    output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL, description=prompts.OUTPUT_TOOL_DESCRIPTION),
     instructions=(
         "The reflection session ran out of budget. Write the final reflection now from the findings below. "
         "Use only what the findings show; say plainly what could not be determined."

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         FORGET_ACTIVITY,
         PREPARE_ACTIVITY,
         PROGRESS_QUERY,
+        RECURSE_BY_STRATEGY_PATCH,
         SEARCH_ATTRIBUTES_PATCH,
         WORKFLOW_NAME,
         CloseSessionInput,
@@ -116,6 +117,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             max_tokens=inp.config.max_tokens,
             max_requests=inp.config.max_requests,
             has_skillbook=bool(inp.skillbook.strip()),
+            may_recurse=_may_recurse(inp),
         )
         draft: ReflectionDraft | None = None
         stop_reason: StopReason = "completed"
@@ -228,7 +230,8 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         findings = "\n---\n".join(outputs)[-SYNTHESIS_FINDINGS_CHARS:] or "(no cell output)"
         notes = "\n".join(t["thought"] for t in state.thoughts)[-2_000:]
         prompt = (
-            f"Question: {state.inp.question or '(see trace)'}\nGround truth: {state.inp.ground_truth}\n"
+            f"Question: {prompts.task_field(state.inp.question, state.facts.question, key='question', none='(none)')}\n"
+            f"Ground truth: {prompts.task_field(state.inp.ground_truth, state.facts.ground_truth, key='ground_truth', none='(none)')}\n"
             f"Cell outputs so far:\n{findings}\nNotes:\n{notes}"
         )
         state.phase = "synthesising"
@@ -262,16 +265,29 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 ids = [f"[{skill.id}]" for skill in parse_skillbook(inp.skillbook)]
                 shown = ", ".join(ids[:200]) + (f" (+{len(ids) - 200} more)" if len(ids) > 200 else "")
                 skillbook_line += prompts.ONLINE + f"{IDS_LINE} {shown or '(none found)'}\n"
+        facts = prep.facts
+        if inp.depth > 0:  # a child's question is its parent's sub-question; the agent's is in the trace
+            question_line = (f"Sub-question from the parent session: {inp.question}\nQuestion given to the agent: "
+                             + prompts.task_field(None, facts.question, key="question", none="(see `traces`)"))
+        else:
+            question_line = "Question given to the agent: " + prompts.task_field(
+                inp.question, facts.question, key="question",
+                none="(none in the task or at the trace's top level; in a batch each run has its own)")
+        if facts.actions_checked or inp.trace.format == "tau-bench":
+            truth_none = ("none as text: the trace carries the task's expected actions (see "
+                          + ("expected_actions(traces))" if facts.actions_checked else "expected_actions(traces['runs'][i]))"))
+        else:
+            truth_none = "(none in the trace or the task: judge the outcome from the steps, errors and feedback)"
         return prompts.render(
             prompts.TASK,
             format=inp.trace.format,
             size=inp.trace.size,
-            question=inp.question or "(see traces)",
-            ground_truth=inp.ground_truth if inp.ground_truth is not None else "(not given)",
-            feedback=inp.feedback if inp.feedback is not None else "(not given)",
+            question_line=question_line,
+            ground_truth=prompts.task_field(inp.ground_truth, facts.ground_truth, key="ground_truth", none=truth_none),
+            feedback=prompts.task_field(inp.feedback, facts.feedback, key="feedback", none="(none)"),
             mode=inp.mode,
             skillbook_line=skillbook_line,
-            strategy=prompts.strategy(inp.trace.size, inp.depth < inp.config.max_depth),
+            strategy=prompts.strategy(inp.trace.size, _may_recurse(inp) and inp.depth < inp.config.max_depth),
             preview=preview,
         )
 
@@ -323,6 +339,14 @@ def _shown_preview(preview: str) -> str:
     if len(preview) > PREVIEW_CHARS:
         return preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
     return preview
+
+
+def _may_recurse(inp: ReflectionInput) -> bool:
+    """Whether the strategy lets this session split (`recurse` is offered below max_depth): a large trace, or
+    `recursion="always"`. Recorded before this rule, and a rerun whose reused prefix started children: as then."""
+    if not workflow.patched(RECURSE_BY_STRATEGY_PATCH):
+        return True
+    return prompts.may_split(inp.trace.size, inp.config.recursion) or (inp.rerun is not None and inp.rerun.children > 0)
 
 
 def _reused_steps(inp: ReflectionInput) -> int:
@@ -399,4 +423,5 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
         key_insight=("Cancelled reflection" if cancelled else "Incomplete reflection") + "; see raw.rr_trace.stop_reason.",
         extracted_learnings=[],
         skill_tags=[],
+        diagnosis=facts.diagnosis,  # the facts cell's first divergence, when the trace has expected actions
     )

@@ -36,9 +36,25 @@ from reflector.skillbook import parse_skillbook
 from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
-__all__ = ["toolset"]
+__all__ = ["toolset", "offered_tools", "recurse_offered"]
 
 toolset: FunctionToolset[ReflectorDeps] = FunctionToolset(id=TOOLSET_ID)
+
+
+def recurse_offered(deps: ReflectorDeps) -> bool:
+    """`recurse` is offered below max_depth, where the strategy lets the session split (`may_recurse`)."""
+    return deps.may_recurse and deps.depth < deps.max_depth
+
+
+def offered_tools(deps: ReflectorDeps) -> list[str]:
+    """The toolset's tools a request of this session offers, in the toolset's order (the system prompt
+    lists exactly these, `workflows.agents`; each tool's `prepare` below applies the same rule)."""
+    names = [EXECUTE_CODE_TOOL, THINK_TOOL]
+    if recurse_offered(deps):
+        names.append(RECURSE_TOOL)
+    if deps.has_skillbook:
+        names.extend(SKILL_TOOLS)
+    return names
 
 
 # ------------------------------------------------------------------------------------ sandbox tools
@@ -101,11 +117,11 @@ async def think(ctx: RunContext[ReflectorDeps], thought: str, evidence_refs: lis
 # ------------------------------------------------------------------------------------ recursion
 
 
-async def _below_max_depth(ctx: RunContext[ReflectorDeps], tool_def: ToolDefinition) -> ToolDefinition | None:
-    return tool_def if ctx.deps.depth < ctx.deps.max_depth else None
+async def _may_recurse(ctx: RunContext[ReflectorDeps], tool_def: ToolDefinition) -> ToolDefinition | None:
+    return tool_def if recurse_offered(ctx.deps) else None
 
 
-@toolset.tool(name=RECURSE_TOOL, metadata={"temporal": False}, prepare=_below_max_depth)
+@toolset.tool(name=RECURSE_TOOL, metadata={"temporal": False}, prepare=_may_recurse)
 async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str = "") -> str:
     """Delegate a sub-question to a child reflection session with a share of the remaining budget.
 

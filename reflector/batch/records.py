@@ -38,6 +38,7 @@ _LABELS = {
     "answer_mismatch": "the final answer does not match the ground truth",
     "missing_output": "an expected output was never stated to the user",
     "failed_unexplained": "the run failed (reward < 1) with no tool error or outcome mismatch found",
+    "diagnosis": "the reflection's decisive failure: {}",
 }
 
 
@@ -172,7 +173,19 @@ def build_record(inp: RecordRunInput, trace_bytes: bytes | None, facts_error: st
         "key_insight": _short(out.key_insight),
         "learnings": [_short(lr.learning, LEARNING_CHARS) for lr in out.extracted_learnings[:MAX_LEARNINGS]],
         "skill_tags": list(out.skill_tags),
+        "diagnosis": out.diagnosis,
+        # the reflection's first divergence, once per run: runs grouped by kind and tool in the synthesis
+        "failure_modes": _with_diagnosis(rec.failure_modes, out) if error is None else [],
     })
+
+
+def _with_diagnosis(modes: list[str], out: ReflectorOutput) -> list[str]:
+    """The run's modes; a failed run the trace facts cannot explain (no tool error, no expected action or
+    answer to compare) counts toward its reflection's decisive failure instead (e.g. a multi-agent run)."""
+    d = out.diagnosis
+    if d is None or modes != ["failed_unexplained"]:
+        return modes
+    return [f"diagnosis:{d.kind.replace('_', ' ')}" + (f" in {d.tool}" if d.tool else "")]
 
 
 def load_records(store: BlobStore, blobs: list[str]) -> list[RunRecord]:

@@ -1,5 +1,9 @@
-from SANDBOX_VARIABLES import task, traces  # stand-in lines: see reflector/heuristic/model.py
+from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, search_steps, suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py
 import json, re, collections, collections.abc
+
+# The heuristic's inspection cell. Every finding is computed here, over the trace, with the sandbox's
+# toolkit (`tool_calls`, `first_divergence`, `failing_calls`, `suspect_mistake`, ...: reflector/toolkit/):
+# the draft only restates what this cell printed.
 
 MAX_LINE = 19000
 
@@ -16,8 +20,6 @@ def kind_of(value):
             return name
     return "other"
 
-from ANSWER_RULES_SOURCE import action_text, compare, compare_actions, missing_outputs, state_changing
-
 SKILL_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*-\d{3,})\b")
 
 def is_list(value):
@@ -28,42 +30,27 @@ def is_lazy(value):
     """A lazy sequence of a large trace: it has columns to filter and count with, without parsing."""
     return is_list(value) and not isinstance(value, (list, tuple))
 
-def step_facts(steps, steps_limit, want_said):
-    """What the findings need from the steps, in one pass (a lazy trace parses each step once)."""
-    failing, said, cited = [], [], set()
+def step_facts(steps):
+    """Counts, the last assistant message and cited skill ids, in one pass."""
     n_steps = n_failing = 0
-    calls, fail_tools, same_errors = collections.Counter(), collections.Counter(), collections.Counter()
-    last_step = None
+    calls = collections.Counter()
+    last_step, cited = None, set()
     for s in steps:
         n_steps += 1
         if not isinstance(s, dict):
             continue
         for c in s.get("tool_calls") or []:
             calls[str(c.get("name"))] += 1
-        content = s.get("content")
         if s.get("is_error"):
             n_failing += 1
-            fail_tools[str(s.get("tool_name"))] += 1
-            same_errors[(str(s.get("tool_name")), str(content))] += 1
-            if len(failing) < steps_limit:
-                failing.append(s)
-        if s.get("role") == "assistant":
-            if want_said:
-                said.append(content)
-            if str(content or "").strip():
-                last_step = {"index": s.get("index"), "content": short(content, 300)}
-        cited.update(SKILL_RE.findall(str(s.get("content", ""))))
-    return n_steps, n_failing, failing, calls, fail_tools, same_errors, last_step, said, cited
+        content = s.get("content")
+        if s.get("role") == "assistant" and str(content or "").strip():
+            last_step = {"index": s.get("index"), "content": short(content, 300)}
+        cited.update(SKILL_RE.findall(str(content or "")))
+    return n_steps, n_failing, calls, last_step, cited
 
-def lazy_step_facts(steps, steps_limit, want_said, max_parsed=20000):
-    """`step_facts` of a lazy sequence, read off its index columns, parsing only the steps it shows; the
-    repeated-failure count looks at the first `max_parsed` failing steps."""
-    errors = steps.where(is_error=True)
-    failing = [steps[i] for i in errors[:steps_limit]]
-    same_errors = collections.Counter()
-    for i in errors[:max_parsed]:
-        s = steps[i]
-        same_errors[(str(s.get("tool_name")), str(s.get("content")))] += 1
+def lazy_step_facts(steps, max_parsed=20000):
+    """`step_facts` of a lazy sequence, read off its index columns, parsing only the steps it needs."""
     last_step = None
     assistant = steps.where(role="assistant")
     for i in reversed(assistant):
@@ -71,38 +58,121 @@ def lazy_step_facts(steps, steps_limit, want_said, max_parsed=20000):
         if str(content or "").strip():
             last_step = {"index": steps[i].get("index"), "content": short(content, 300)}
             break
-    said = [steps[i].get("content") for i in assistant] if want_said else []
     cited = set()
     # a skill id has "-" and 3 digits: a search for that literal is ~10x faster than SKILL_RE over the
     # whole raw text, and only the steps it finds are parsed and searched properly
     for i in steps.grep("-[0-9]{3}", limit=max_parsed):
         cited.update(SKILL_RE.findall(str(steps[i].get("content", ""))))
-    calls = collections.Counter(steps.tool_call_counts())
-    fail_tools = collections.Counter(steps.counts("tool_name", is_error=True))
-    return len(steps), len(errors), failing, calls, fail_tools, same_errors, last_step, said, cited
+    n_failing = len(steps.where(is_error=True))
+    return len(steps), n_failing, collections.Counter(steps.tool_call_counts()), last_step, cited
 
-def run_findings(run, task_info, steps_limit=10):
+def safely(name, fn, *args):
+    """A toolkit finding, or the error it raised (a finding too: the draft says it could not tell)."""
+    try:
+        return fn(*args), None
+    except Exception as e:
+        return None, f"{name}: {short(repr(e), 200)}"
+
+def divergence_finding(run):
+    """The first divergence from the expected actions/outputs, with every differing argument."""
+    div, err = safely("first_divergence", first_divergence, run)
+    if not isinstance(div, dict):
+        return None, err
+    out = {k: div.get(k) for k in ("kind", "step", "tool", "argument", "actual", "expected", "where",
+                                   "n_expected", "n_matched", "others")}
+    call, want = div.get("agent_call"), div.get("expected_action")
+    if isinstance(call, dict):
+        out["agent_call"] = {"step": call.get("step"), "name": call.get("name"), "args": call.get("args")}
+    if isinstance(want, dict):
+        out["expected_action"] = {"name": want.get("name"), "args": want.get("args")}
+    if isinstance(call, dict) and isinstance(want, dict):
+        diffs, _err = safely("diff_values", diff_values, want.get("args"), call.get("args"))
+        out["differences"] = (diffs or [])[:8]
+    out["at_step"] = step_text(run, div.get("step"))
+    return out, err
+
+def step_text(run, index):
+    """What the trace shows at step `index`: its role, actor and content (verbatim, shortened)."""
+    steps = run.get("steps")
+    if not is_list(steps) or not isinstance(index, int) or not 0 <= index < len(steps):
+        return None
+    s = steps[index]
+    if not isinstance(s, dict) or s.get("index") != index:
+        return None
+    return {"role": s.get("role"), "actor": s.get("actor"), "content": short(s.get("content"), 300),
+            "tools": [c.get("name") for c in s.get("tool_calls") or []]}
+
+def failing_finding(run, limit=5):
+    """Failing calls grouped by tool: attempts, identical retries, what changed between attempts."""
+    groups, err = safely("failing_calls", failing_calls, run)
+    out = []
+    for g in (groups or [])[:limit]:
+        attempts = g.get("attempts") or []
+        out.append({
+            "tool": g.get("tool"),
+            "n_attempts": len(attempts),
+            "steps": [a.get("step") for a in attempts][:10],
+            "first_error": short(attempts[0].get("error"), 200) if attempts else None,
+            "identical_retries": g.get("identical_retries"),
+            "changed_args": sorted({d.get("path") for c in g.get("changes") or [] for d in c.get("differences") or []
+                                    if d.get("path")})[:8],
+            "recovered": g.get("recovered"),
+        })
+    return out, err
+
+def named_actors(steps, limit=2000):
+    """How many distinct agents name themselves in the first `limit` steps."""
+    names = set()
+    for i in range(min(len(steps), limit)):
+        s = steps[i]
+        if isinstance(s, dict) and s.get("actor"):
+            names.add(str(s.get("actor")))
+    return len(names)
+
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+def first_wrong_value(run, final):
+    """The first step that states the final answer's (wrong) last number: where the wrong value appears."""
+    found = NUMBER_RE.findall(str(final or ""))
+    if not found:
+        return None, None
+    value = found[-1].replace(",", "")
+    pattern = "(?<![\\d.,])" + re.escape(value) + "(?![\\d]|[.,]\\d)"
+    hits, err = safely("search_steps", search_steps, run, pattern, 1, True)
+    if not hits:
+        return None, err
+    return {"value": value, "step": hits[0].get("step"), "role": hits[0].get("role"),
+            "snippet": short(hits[0].get("snippet"), 200)}, err
+
+def run_findings(run, task_info, deep=True):
     steps = run.get("steps")
     steps = steps if is_list(steps) else []
-    want_said = bool(run.get("expected_outputs"))
-    facts = lazy_step_facts if is_lazy(steps) else step_facts
-    n_steps, n_failing, failing, calls, fail_tools, same_errors, last_step, said, cited = facts(
-        steps, steps_limit, want_said)
-    repeated = {}
-    for (name, _content), count in same_errors.items():
-        if count > 1:
-            repeated[name] = max(repeated.get(name, 0), count)
-    truth = task_info.get("ground_truth")
-    truth_source = "task"
+    n_steps, n_failing, calls, last_step, cited = (lazy_step_facts if is_lazy(steps) else step_facts)(steps)
+    truth, truth_source = task_info.get("ground_truth"), "task"
     if truth is None or not str(truth).strip():
-        truth, truth_source = run.get("ground_truth"), "traces"
+        truth, truth_source = run.get("ground_truth"), "trace"
     if truth is None:
         truth_source = None
     final = run.get("final_answer")
-    matches, missing = compare(final, truth)
-    # a structured ground truth (tau-bench): actions against actions, outputs against what the agent said
-    actions_ok, missing_actions, unexpected_actions = compare_actions(run.get("actions"), run.get("expected_actions"))
-    outputs_missing = missing_outputs(run.get("expected_outputs"), said)
+    answer = compare_answer(short(final, 20000), short(truth, 20000))
+    matches, missing = answer["matches"], answer["missing"]
+    has_expected = isinstance(run.get("expected_actions"), list) or bool(run.get("expected_outputs"))
+    errors = []
+    divergence = None
+    if has_expected:
+        divergence, err = divergence_finding(run)
+        errors += [err] if err else []
+    failing, err = failing_finding(run) if deep and n_failing else ([], None)
+    errors += [err] if err else []
+    suspect = None
+    if not has_expected and not calls and named_actors(steps) >= 2:
+        # a multi-agent conversation without tool-call structure: the toolkit's rule-based guess
+        suspect, err = safely("suspect_mistake", suspect_mistake, run)
+        errors += [err] if err else []
+    wrong_value = None
+    if matches is False and suspect is None:
+        wrong_value, err = first_wrong_value(run, final)
+        errors += [err] if err else []
     cited.update(SKILL_RE.findall(str(final or "")))
     meta = run.get("metadata") or {}
     for sid in meta.get("skill_ids") or []:
@@ -113,13 +183,6 @@ def run_findings(run, task_info, steps_limit=10):
         "question": short(task_info.get("question") or run.get("question"), 300),
         "n_steps": n_steps,
         "n_failing_steps": n_failing,
-        "failing_steps": [
-            {"index": s.get("index"), "tool_name": s.get("tool_name"), "content": short(s.get("content"), 200)}
-            for s in failing
-        ],
-        "failing_tools": dict(fail_tools.most_common(10)),
-        "repeated_failures": repeated,
-        "last_assistant_step": last_step,
         "tool_calls": dict(calls.most_common(20)),
         "n_tool_calls": sum(calls.values()),
         "final_answer": short(final, 600),
@@ -127,29 +190,32 @@ def run_findings(run, task_info, steps_limit=10):
         "ground_truth_source": truth_source,
         "answer_matches": matches,
         "missing_from_answer": missing,
-        "actions_match": actions_ok,
-        "agent_actions": [short(action_text(a), 300) for a in state_changing(run.get("actions"), True)[:5]],
-        "expected_actions": [short(action_text(a), 300) for a in state_changing(run.get("expected_actions"), False)[:5]],
-        "missing_actions": missing_actions,
-        "unexpected_actions": unexpected_actions,
-        "missing_outputs": outputs_missing[:5],
+        "has_expected": has_expected,
+        "divergence": divergence,
+        "failing_calls": failing,
+        "suspect": suspect,
+        "wrong_value": wrong_value,
+        "last_assistant_step": last_step,
         "reward": run.get("reward"),
         "feedback": short(task_info.get("feedback") or run.get("feedback"), 300),
         "cited_skill_ids": sorted(cited)[:30],
+        "toolkit_errors": errors,
     }
 
 def batch_findings(view, task_info):
     # one run at a time: a lazy batch normalises each run on access, so none is kept
-    per_run = [run_findings(r, {}, steps_limit=3) for r in view.get("runs") if isinstance(r, dict)]
+    per_run = [run_findings(r, {}, deep=False) for r in view.get("runs") if isinstance(r, dict)]
     failing = [
         f for f in per_run
         if (f["reward"] is not None and f["reward"] < 1)
-        or (f["reward"] is None and (f["answer_matches"] is False or f["actions_match"] is False
-                                     or f["n_failing_steps"]))
+        or (f["reward"] is None and (f["answer_matches"] is False or f["divergence"] or f["n_failing_steps"]))
     ]
-    tools = collections.Counter()
+    kinds, tools = collections.Counter(), collections.Counter()
     for f in failing:
-        tools.update(f["failing_tools"])
+        d = f["divergence"] or {}
+        if d:
+            kinds[str(d.get("kind"))] += 1
+            tools[f"{d.get('kind')} {d.get('tool')}"] += 1
     rewards = [f["reward"] for f in per_run if f["reward"] is not None]
     out = {
         "format": view.get("format"),
@@ -160,17 +226,16 @@ def batch_findings(view, task_info):
         "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "failing_runs": [
             {"id": f["id"] if f["id"] is not None else i, "reward": f["reward"],
-             "answer_matches": f["answer_matches"], "actions_match": f["actions_match"],
+             "kind": (f["divergence"] or {}).get("kind"), "tool": (f["divergence"] or {}).get("tool"),
+             "step": (f["divergence"] or {}).get("step"), "argument": (f["divergence"] or {}).get("argument"),
              "n_failing_steps": f["n_failing_steps"]}
             for i, f in enumerate(failing[:25])
         ],
-        "failing_tools": [[name, count] for name, count in tools.most_common(5)],
-        "n_runs_with_tool_errors": sum(1 for f in failing if f["n_failing_steps"]),
+        "divergence_kinds": dict(kinds.most_common()),
+        "divergences": [[k, n] for k, n in tools.most_common(8)],
+        "n_failing_runs_with_tool_errors": sum(1 for f in failing if f["n_failing_steps"]),
         "n_failing_runs_answer_mismatch": sum(1 for f in failing if f["answer_matches"] is False),
-        "n_failing_runs_action_mismatch": sum(1 for f in failing if f["actions_match"] is False),
     }
-    if failing:
-        out["example_run"] = failing[0]
     return out
 
 def findings():
@@ -193,9 +258,13 @@ def findings():
 
 result = findings()
 line = json.dumps(result, ensure_ascii=False, default=str)
-for key in ("example_run", "failing_runs", "tool_calls", "question", "feedback", "agent_actions", "expected_actions"):
+for key in ("failing_runs", "tool_calls", "question", "feedback", "failing_calls", "final_answer"):
     if len(line) <= MAX_LINE:
         break
     result.pop(key, None)
+    line = json.dumps(result, ensure_ascii=False, default=str)
+if len(line) > MAX_LINE and isinstance(result.get("divergence"), dict):
+    for key in ("agent_call", "expected_action"):
+        result["divergence"].pop(key, None)
     line = json.dumps(result, ensure_ascii=False, default=str)
 print("RR_FINDINGS " + line[:MAX_LINE])

@@ -35,7 +35,6 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from reflector.answers import ANSWER_RULES_SOURCE
 from reflector.citations import header_cell
 from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import EXECUTE_CODE_TOOL, ReflectionDraft
@@ -56,29 +55,28 @@ _CELL_CALL_IDS = ("rr-heuristic-cell-1", "rr-heuristic-cell-2")
 _FINAL_CALL_ID = "rr-heuristic-final"
 
 # The inspection cell. It runs in the sandbox (imports limited to json/re/math/collections/
-# itertools/functools/statistics, no dunder attribute access, no open()), so it is plain code
-# over the canonical view documented in reflector/traces/view.py. Comparison rules live here, not in
-# the model, because the draft must only restate what a cell printed.
+# itertools/functools/statistics, no dunder attribute access, no open()), so it is plain code over the
+# canonical view documented in reflector/traces/view.py, and the comparisons are the sandbox's toolkit
+# (reflector/toolkit/: first_divergence, failing_calls, compare_answer, ...), because the draft must only
+# restate what a cell printed.
 #
-# It is kept as a file, `findings_cell.py`, so that it is linted as code, and read as text here. Two
-# lines of that file are stand-ins, so that the linter knows where its names come from: the first
-# (the sandbox's variables `traces` and `task`) is the empty first line of the cell, and the import of
-# the answer rules is `ANSWER_RULES_SOURCE` itself (`reflector.answers`). The text is recorded in
-# workflow histories (the `execute_code` call's arguments): it must stay byte for byte the same.
+# It is kept as a file, `findings_cell.py`, so that it is linted as code, and read as text here. Its first
+# line is a stand-in so that the linter knows where its names come from (the sandbox's variables and
+# toolkit); the cell starts with the empty line that replaces it. The text is recorded in workflow
+# histories (the `execute_code` call's arguments): it must stay byte for byte the same, and under the
+# payload threshold (16 KiB) so that the call stays inline in the history.
 _CELL_FILE = "findings_cell.py"
 _SANDBOX_LINE = (
-    "from SANDBOX_VARIABLES import task, traces  # stand-in lines: see reflector/heuristic/model.py\n"
-)
-_RULES_LINE = (
-    "from ANSWER_RULES_SOURCE import action_text, compare, compare_actions, missing_outputs, state_changing\n"
+    "from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, search_steps, "
+    "suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py\n"
 )
 
 
 def _load_findings_cell() -> str:
     text = resources.files(__package__).joinpath(_CELL_FILE).read_text(encoding="utf-8")
-    if not text.startswith(_SANDBOX_LINE) or text.count(_RULES_LINE) != 1:
-        raise RuntimeError(f"{_CELL_FILE}: its stand-in lines are not the ones {__name__} replaces")
-    return "\n" + text.removeprefix(_SANDBOX_LINE).replace(_RULES_LINE, ANSWER_RULES_SOURCE)
+    if not text.startswith(_SANDBOX_LINE):
+        raise RuntimeError(f"{_CELL_FILE}: its stand-in line is not the one {__name__} replaces")
+    return "\n" + text.removeprefix(_SANDBOX_LINE)
 
 
 FINDINGS_CELL = _load_findings_cell()

@@ -42,9 +42,18 @@ def _detect_dict(d: dict[str, Any]) -> TraceFormat:
         return "otel"
     if isinstance(d.get("messages"), list):
         return "messages"
-    if isinstance(d.get("steps"), list) or _ACE_KEYS & d.keys():
+    if isinstance(d.get("steps"), list) or _ACE_KEYS & d.keys() or _is_history(d.get("history")):
         return "ace"
     return "unknown"
+
+
+def _is_history(value: Any) -> bool:
+    """A multi-agent conversation: a non-empty list of messages that each say who spoke or in which role."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and "content" in m and ("role" in m or "name" in m) for m in value)
+    )
 
 
 def _detect_list(items: list[Any]) -> TraceFormat:

@@ -4,8 +4,13 @@ Canonical single-run view (`normalize` for one run)::
 
     {"format", "question", "ground_truth", "feedback", "final_answer", "reward",
      "steps": [{"index", "role", "content", "tool_calls": [{"name", "arguments"}],
-                "tool_name", "is_error"}],
+                "tool_name", "is_error", "actor"}],
      "metadata": {...}, "raw": <the run as read>}
+
+A step's `actor` is the agent that took it when the trace names one (a message's `name`, e.g. the
+expert speaking in a multi-agent group chat), else None; roles alone do not name an actor. A
+multi-agent conversation (a dict with a `history` of `{"name", "role", "content"}` messages, as in
+Who&When) is an ACE run whose steps are that history, one step per message, `index` its position.
 
 A tau-bench run also has `actions` (the agent's tool calls: `{"name", "arguments", "step",
 "is_error"}`), `expected_actions` (`{"name", "arguments"}`) and `expected_outputs`; its
@@ -93,6 +98,7 @@ def _step(
     tool_calls: list[dict[str, str]] | None = None,
     tool_name: str | None = None,
     is_error: bool = False,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     return {
         "index": index,
@@ -101,6 +107,7 @@ def _step(
         "tool_calls": tool_calls or [],
         "tool_name": tool_name,
         "is_error": is_error,
+        "actor": actor,
     }
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from reflector.toolkit import SANDBOX_HELPERS, TOOLKIT_DOC
 from reflector.traces.lazy import LazySeq
 from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
 from sandbox.host.guards import (
@@ -95,6 +96,16 @@ def _size(value: Any) -> str:
         return "-"
 
 
+def _is_view(value: Any) -> bool:
+    """A canonical trace view (`reflector.traces.view`): its `raw` is the trace as read, the same data again."""
+    return isinstance(value, dict) and "raw" in value and ("steps" in value or "runs" in value)
+
+
+def _named(value: Any) -> str:
+    """A view's `raw` in previews and schemas: its type and size only (printing it would repeat the view)."""
+    return f"{_type_name(value)} ({_size(value)}; the trace as read: the same data as the fields above)"
+
+
 def _schema(value: Any, depth: int = 0) -> str:
     """A compact nested type sketch, e.g. `{steps: list[3] of {role: str, content: str}}`."""
     if isinstance(value, LazySeq):  # sketched from its first item only: reading more costs I/O
@@ -104,7 +115,8 @@ def _schema(value: Any, depth: int = 0) -> str:
         if depth >= SCHEMA_DEPTH:
             return f"dict[{len(value)} keys]"
         items = list(value.items())
-        parts = [f"{k}: {_schema(v, depth + 1)}" for k, v in items[:SCHEMA_MAX_KEYS]]
+        view = _is_view(value)
+        parts = [f"{k}: {_named(v) if view and k == 'raw' else _schema(v, depth + 1)}" for k, v in items[:SCHEMA_MAX_KEYS]]
         if len(items) > SCHEMA_MAX_KEYS:
             parts.append(f"... +{len(items) - SCHEMA_MAX_KEYS} keys")
         return "{" + ", ".join(parts) + "}"
@@ -124,6 +136,22 @@ def _schema(value: Any, depth: int = 0) -> str:
     return _type_name(value)
 
 
+def _dump_preview(value: Any) -> str:
+    """JSON with one line per key of a dict and per item of its lists (a step, a run): dense and readable."""
+    def one(v: Any) -> str:
+        return json.dumps(v, ensure_ascii=False, default=repr)
+
+    if not isinstance(value, dict):
+        return json.dumps(value, indent=1, ensure_ascii=False, default=repr)
+    lines = []
+    for k, v in value.items():
+        if isinstance(v, list) and v:
+            lines.append(f" {one(k)}: [\n" + ",\n".join(f"  {one(x)}" for x in v) + "\n ]")
+        else:
+            lines.append(f" {one(k)}: {one(v)}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
 def _clip(value: Any, depth: int = 0) -> Any:
     """A small copy of `value` for previews: long strings and lists are cut, depth is bounded."""
     if isinstance(value, str):
@@ -132,7 +160,9 @@ def _clip(value: Any, depth: int = 0) -> Any:
     if depth > 6:
         return "..."
     if isinstance(value, dict):
-        out = {str(k): _clip(v, depth + 1) for k, v in list(value.items())[:SCHEMA_MAX_KEYS]}
+        view = _is_view(value)
+        out = {str(k): _named(v) if view and k == "raw" else _clip(v, depth + 1)
+               for k, v in list(value.items())[:SCHEMA_MAX_KEYS]}
         if len(value) > SCHEMA_MAX_KEYS:
             out["..."] = f"+{len(value) - SCHEMA_MAX_KEYS} keys"
         return out
@@ -197,6 +227,7 @@ class SandboxNamespace:
             "ARCHIVE": self.archive,
             "traces": traces,
             HISTORY: [],
+            **SANDBOX_HELPERS,  # the trace-analysis toolkit (reflector.toolkit): trusted, returns plain data
         }
         for name in PRELOADED_MODULES:
             scaffold[name] = self.importer.proxy(name)
@@ -211,9 +242,14 @@ class SandboxNamespace:
     def restore(self) -> None:
         """Put the scaffolding and registered helpers back after a cell (rebinding is undone)."""
         ns = self.ns
+        rebound = [name for name in SANDBOX_HELPERS
+                   if name in self._scaffold and ns.get(name) is not self._scaffold[name]]
         for name, value in self._scaffold.items():
             if ns.get(name) is not value:
                 ns[name] = value
+        if rebound:  # `tool_calls = [...]` is a natural variable name: say it will not last
+            self._print(f"note: {', '.join(rebound)}: toolkit function name(s), restored after this cell; "
+                        "keep your own data under another name")
         for name, (fn, _src) in self._helpers.items():
             if ns.get(name) is not fn:
                 ns[name] = fn
@@ -269,6 +305,7 @@ class SandboxNamespace:
             f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
             "list_helpers() run_helper() FINAL_ANSWER() ARCHIVE(sha256)"
         )
+        self._print("toolkit: " + " ".join(f"{name}()" for name in SANDBOX_HELPERS) + " (see describe_traces())")
 
     def describe_traces(self, max_preview: int = 1500) -> None:
         """Print the shape of `traces`: type, keys/length, a schema sketch and a bounded preview."""
@@ -276,6 +313,7 @@ class SandboxNamespace:
         self._print(f"traces: {_type_name(traces)} ({_size(traces)})")
         if self.lazy_roots:
             self._print(LAZY_NOTE)
+        self._print(TOOLKIT_DOC)  # first, so the prompt's cut preview keeps it
         if isinstance(traces, dict):
             for key, value in list(traces.items())[:SCHEMA_MAX_KEYS]:
                 self._print(f"  [{key!r}]: {_type_name(value)} ({_size(value)})")
@@ -290,7 +328,7 @@ class SandboxNamespace:
         if len(schema) > SCHEMA_MAX_CHARS:
             schema = schema[:SCHEMA_MAX_CHARS] + " ...(schema cut)"
         self._print(f"schema: {schema}")
-        preview = json.dumps(_clip(traces), indent=1, ensure_ascii=False, default=repr)
+        preview = _dump_preview(_clip(traces))
         if len(preview) > max_preview:
             preview = (
                 preview[:max_preview] + f"\n...(preview cut at {max_preview} chars; slice `traces` for more)"

@@ -55,7 +55,7 @@ def report(temporal_server, rr_home: Path, tmp_path: Path) -> tuple[Path, str]:
         async with build_worker(client, tq):
             ref = rr.upload_trace(trace, settings)
             inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                                 config=ReflectionConfig(model=script.NAME, context_window=3_000))
+                                 config=ReflectionConfig(model=script.NAME, context_window=3_000, recursion="always"))
             handle = await rr.start_reflection(client, inp, tq, f"audit-html-{uuid.uuid4().hex[:8]}")
             await handle.result()
             exported = dump_bundle(await collect(client, handle.id, settings.blob_dir))

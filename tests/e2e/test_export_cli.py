@@ -47,7 +47,7 @@ def reflected(temporal_server, tmp_path_factory: pytest.TempPathFactory) -> Iter
            "RR_TASK_QUEUE": f"export-cli-{uuid.uuid4().hex[:8]}", "RR_PLUGINS": "reflector.testing.scripted"}
     wf_id = f"export-cli-{uuid.uuid4().hex[:8]}"
     p = rr("reflect", str(EXAMPLE), "--model", "scripted-plan", "--question", "PLAN:" + json.dumps(PLAN),
-           "--id", wf_id, "--json", env=env)
+           "--recursion", "always", "--id", wf_id, "--json", env=env)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["raw"]["rr_trace"]["subagent_calls"][0]["child_workflow_id"] == f"{wf_id}.r1"
     yield env, wf_id

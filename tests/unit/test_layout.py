@@ -2,7 +2,8 @@
 
 - `reflector/` is the ground floor: it never imports `workflows/` or `activities/`, and only the CLI
   (an entry point) reaches the composition root `worker`.
-- `sandbox/` imports only the trace reader (`reflector.traces`) from the rest of the project.
+- `sandbox/` imports only the trace reader (`reflector.traces`) and the toolkit (`reflector.toolkit`: pure
+  functions over the trace; it imports only the trace reader and the stdlib-only answer rules).
 - `reflector/traces/` is stdlib-only; `reflector/models.py` has no temporalio.
 - `workflows/` never imports `sandbox/`.
 - One module reads the environment (`reflector/settings.py`); the exceptions are processes of their own
@@ -91,8 +92,17 @@ def test_reflector_never_imports_workflows_or_activities() -> None:
     assert set(entry) <= {"reflector/cli.py"}, f"only the CLI may reach the composition root: {entry}"
 
 
-def test_sandbox_imports_only_the_trace_reader() -> None:
-    assert _offending("sandbox", allowed=("sandbox", "reflector.traces")) == {}
+def test_sandbox_imports_only_the_trace_reader_and_the_toolkit() -> None:
+    allowed = ("sandbox", "reflector.traces", "reflector.toolkit")
+    assert _offending("sandbox", allowed=allowed) == {}
+
+
+def test_the_toolkit_is_pure() -> None:
+    # what a sandbox host loads from the project: the trace reader, the answer rules (stdlib-only text) and itself
+    allowed = ("reflector.toolkit", "reflector.traces", "reflector.answers")
+    assert _offending("reflector/toolkit", allowed=allowed) == {}
+    assert _offending("reflector/answers.py", banned=PROJECT) == {}
+    assert "reflector/toolkit/divergence.py" in MODULES  # the rule sees the package
 
 
 def test_workflows_never_import_the_sandbox() -> None:

@@ -38,7 +38,8 @@ HOOKS = audit_replay_hooks()  # the replayer and the workflow-side capture of mo
 async def _reflect(client: Client, tq: str, settings: Settings, tmp_path: Path) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                         config=ReflectionConfig(model=script.NAME, context_window=3_000, max_compactions=3))
+                         config=ReflectionConfig(model=script.NAME, context_window=3_000, max_compactions=3,
+                                                 recursion="always"))
     handle = await rr.start_reflection(client, inp, tq, f"audit-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 

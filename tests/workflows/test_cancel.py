@@ -32,7 +32,7 @@ from tests.support.fixtures import completed_activities, write_trace
 
 pytestmark = pytest.mark.timeout(180)
 
-ENDLESS = ReflectionConfig(model=endless.MODEL, max_requests=5_000, max_tokens=100_000_000)
+ENDLESS = ReflectionConfig(model=endless.MODEL, max_requests=5_000, max_tokens=100_000_000, recursion="always")
 
 
 async def _until(handle: WorkflowHandle[Any, Any], done: Any, what: str) -> Any:

@@ -85,7 +85,7 @@ async def exported(tmp_path_factory: pytest.TempPathFactory, settings: Settings)
         async with worker.build_worker(client, tq):
             ref = rr.upload_trace(write_trace(root), settings)
             inp = rr.build_input(ref, question="PLAN:" + json.dumps(_plan()), ground_truth="408",
-                                 config=ReflectionConfig(model="scripted-plan"))
+                                 config=ReflectionConfig(model="scripted-plan", recursion="always"))
             handle = await rr.start_reflection(client, inp, tq, f"exp-{uuid.uuid4().hex[:8]}")
             out = await handle.result()
         bundle = await collect(client, handle.id, settings.blob_dir)

@@ -47,7 +47,7 @@ SKILLBOOK = "## Arithmetic\n[arith-103] Check a product by estimating it.\n[arit
 
 async def _reflect(client, tq: str, ref, model: str = "heuristic", question: str = "") -> tuple[ReflectorOutput, str]:
     inp = rr.build_input(ref, question=question, ground_truth="408", skillbook=SKILLBOOK, mode="online",
-                         config=ReflectionConfig(model=model))
+                         config=ReflectionConfig(model=model, recursion="always"))
     handle = await rr.start_reflection(client, inp, tq, f"lazy-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 

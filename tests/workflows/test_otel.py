@@ -91,7 +91,7 @@ async def _reflect(client: Client, tq: str, settings: Settings, tmp_path: Path, 
     traced again (a real second run, not a replay). Seen once on a loaded machine with the default 4 s: the SDK
     warned "Eviction requested while local activities are still in flight" and the tree had an extra span."""
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(model=model))
+    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(model=model, recursion="always"))
     handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"otel-{uuid.uuid4().hex[:8]}", task_queue=tq,
                                          task_timeout=LONG_TASK_TIMEOUT, result_type=ReflectorOutput)
     return await handle.result(), handle.id

@@ -58,7 +58,7 @@ def _tree(gate: Path) -> dict[str, object]:
 async def test_progress_and_status_of_a_running_tree_then_finished(client, task_queue, settings, tmp_path) -> None:
     gate = tmp_path / "gate"
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    config = ReflectionConfig(model=gated.MODEL, max_requests=20, max_tokens=100_000)
+    config = ReflectionConfig(model=gated.MODEL, max_requests=20, max_tokens=100_000, recursion="always")
     inp = rr.build_input(ref, question=f"PLAN:{json.dumps(_tree(gate))}", config=config)
     wf_id = f"progress-{uuid.uuid4().hex[:8]}"
     child_id = f"{wf_id}.r1"
@@ -159,7 +159,7 @@ async def test_status_of_a_cancelled_reflection(client, task_queue, settings, tm
     gate = tmp_path / "never-opened"
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     tree = {"code": ["print('root cell')"], "children": [], "after": [], "wait": str(gate), "wait_after": 1}
-    inp = rr.build_input(ref, question=f"PLAN:{json.dumps(tree)}", config=ReflectionConfig(model=gated.MODEL))
+    inp = rr.build_input(ref, question=f"PLAN:{json.dumps(tree)}", config=ReflectionConfig(model=gated.MODEL, recursion="always"))
     handle = await rr.start_reflection(client, inp, task_queue, f"cancelled-{uuid.uuid4().hex[:8]}")
 
     async def at_gate() -> Progress | None:

@@ -24,7 +24,7 @@ async def run_plan(client: Client, tq: str, settings: Settings, tmp_path: Path, 
                    **cfg: Any) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     inp = rr.build_input(ref, question="PLAN:" + json.dumps(root), ground_truth="408",
-                         config=ReflectionConfig(model="scripted-plan", **cfg))
+                         config=ReflectionConfig(model="scripted-plan", recursion="always", **cfg))
     handle = await rr.start_reflection(client, inp, tq, f"tree-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
@@ -111,7 +111,7 @@ async def test_cancelling_a_reflection_cancels_its_children(client, task_queue, 
     root = plan(code=["print('root')"], children=[plan(code=[slow])])
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     inp = rr.build_input(ref, question="PLAN:" + json.dumps(root), config=ReflectionConfig(model="scripted-plan",
-                                                                                          cell_timeout_s=30))
+                                                                                          cell_timeout_s=30, recursion="always"))
     handle = await rr.start_reflection(client, inp, task_queue, f"cancel-{uuid.uuid4().hex[:8]}")
     child = client.get_workflow_handle(f"{handle.id}.r1")
     for _ in range(200):  # wait until the child runs its slow cell

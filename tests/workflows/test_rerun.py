@@ -102,7 +102,7 @@ def _register(kind: str) -> str:
 async def _reflect(client: Client, tq: str, settings: Settings, trace: Path, question: str = "What is 17 * 24?",
                    **cfg: object) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(trace, settings)
-    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(**cfg))
+    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(recursion="always", **cfg))
     handle = await rr.start_reflection(client, inp, tq, f"rr-origin-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 

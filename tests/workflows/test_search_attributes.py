@@ -31,7 +31,7 @@ CHILD_PLAN = {"code": ["print('root looks')"], "children": [{"code": ["print('ch
 
 async def _plan_reflection(client: Client, tq: str, settings: Settings, tmp_path: Path, **cfg: Any) -> tuple[str, ReflectorOutput]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question="PLAN:" + json.dumps(CHILD_PLAN), config=ReflectionConfig(model="scripted-plan", **cfg))
+    inp = rr.build_input(ref, question="PLAN:" + json.dumps(CHILD_PLAN), config=ReflectionConfig(model="scripted-plan", recursion="always", **cfg))
     handle = await rr.start_reflection(client, inp, tq, f"sa-{uuid.uuid4().hex[:8]}", trace_name="trace.json")
     return handle.id, await handle.result()
 

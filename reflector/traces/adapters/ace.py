@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from reflector.traces.adapters.messages import _messages_steps
+from reflector.traces.adapters.messages import _actor, _message_steps, _messages_steps
 from reflector.traces.detect import _ACE_KEYS
 from reflector.traces.view import (
+    _THINKING_RE,
     _args_str,
     _batch_view,
     _last_answer,
@@ -17,6 +19,8 @@ from reflector.traces.view import (
     _text,
     looks_like_error,
 )
+
+_END_TOKEN = re.compile(r"\W*terminate\W*", re.IGNORECASE)
 
 
 def _norm_ace(data: Any) -> dict[str, Any]:
@@ -47,6 +51,9 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
     }
     if skill_ids:
         meta["skill_ids"] = list(skill_ids)
+    prompted = _system_prompt_names(d.get("system_prompt"))
+    if prompted:
+        meta["system_prompts"] = prompted
     return _run_view(
         "ace",
         d,
@@ -54,20 +61,73 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
         question=_opt_str(d.get("question") or d.get("task")),
         ground_truth=_opt_str(d.get("ground_truth")),
         feedback=_opt_str(d.get("feedback")),
-        final_answer=_opt_str(final) or _last_answer(steps),
+        final_answer=_opt_str(final) or (_history_answer(steps) if _is_history(d) else _last_answer(steps)),
         reward=_opt_float(d.get("reward")),
         metadata=meta,
     )
 
 
 def _ace_base_steps(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """Structured steps of an ACE dict: `messages`, else `steps`, else a list-valued `trace`."""
+    """Structured steps of an ACE dict: `messages`, else a multi-agent `history`, else `steps`, else a
+    list-valued `trace`."""
     if isinstance(d.get("messages"), list):
         return _messages_steps(d["messages"])
+    if isinstance(d.get("history"), list):
+        return _history_steps(d["history"])
     for key in ("steps", "trace"):
         if isinstance(d.get(key), list):
             return [_ace_step(i, s) for i, s in enumerate(d[key])]
     return []
+
+
+def _history_steps(history: list[Any]) -> list[dict[str, Any]]:
+    """A multi-agent conversation (`[{"name", "role", "content"}]`, e.g. Who&When) -> one step per
+    message, `index` its position in `history`: failure labels and people cite a conversation by that
+    position, so a message that would give several steps (content parts with tool results) is kept as
+    one. The speaking agent (`name`) is the step's `actor`; roles in a group chat are only the
+    framework's point of view ("user" for every other agent), so they name no one."""
+    steps: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for i, msg in enumerate(history):
+        parts = _message_steps(msg, call_names, i)
+        steps.append(parts[0] if len(parts) == 1 else _merged(i, parts, msg))
+    return steps
+
+
+def _is_history(d: dict[str, Any]) -> bool:
+    """Whether the run's steps are a multi-agent `history` (see `_ace_base_steps`)."""
+    return not isinstance(d.get("messages"), list) and isinstance(d.get("history"), list)
+
+
+def _history_answer(steps: list[dict[str, Any]]) -> str | None:
+    """The last message of a conversation that says something: in a group chat every agent's turn is
+    "user" or "assistant" depending on the framework's point of view, so the role cannot pick the
+    answer; a bare end-of-chat token (AutoGen's TERMINATE) is not one."""
+    for s in reversed(steps):
+        text = _THINKING_RE.sub("", s["content"]).strip()
+        if text and not _END_TOKEN.fullmatch(text) and s["role"] != "tool":
+            return text
+    return None
+
+
+def _merged(index: int, parts: list[dict[str, Any]], msg: Any) -> dict[str, Any]:
+    """The steps of one message as one step (the first part's role, every call, any error)."""
+    first = parts[0]
+    tool = next((p["tool_name"] for p in parts if p["tool_name"]), None)
+    return _step(
+        index,
+        first["role"],
+        "\n".join(p["content"] for p in parts if p["content"]),
+        [c for p in parts for c in p["tool_calls"]],
+        tool,
+        any(p["is_error"] for p in parts),
+        actor=_actor(msg) if isinstance(msg, dict) else None,
+    )
+
+
+def _system_prompt_names(value: Any) -> list[str]:
+    """The agents a multi-agent trace gives a system prompt (`{agent: text}`); the texts stay in raw."""
+    return [str(k) for k in value] if isinstance(value, dict) else []
 
 
 def _ace_step(index: int, raw: Any) -> dict[str, Any]:

@@ -51,11 +51,20 @@ def _message_steps(msg: Any, call_names: dict[str, str], first: int) -> list[dic
         else _text(content)
     )
     steps: list[dict[str, Any]] = []
+    actor = _actor(msg)
     if text or calls or not results:
-        steps.append(_step(first, role, text, calls))
+        steps.append(_step(first, role, text, calls, actor=actor))
     for name, rtext, err in results:
         steps.append(_step(first + len(steps), "tool", rtext, None, name, err))
     return steps
+
+
+def _actor(msg: dict[str, Any]) -> str | None:
+    """The agent a (non-tool) message names: OpenAI's optional `name` tells participants apart, and
+    multi-agent frameworks (AutoGen group chats, Who&When) put the speaking agent there. A tool
+    message's `name` is the tool's, so it is never read as an actor."""
+    name = msg.get("name")
+    return name if isinstance(name, str) and name.strip() else None
 
 
 def _openai_calls(raw: Any, call_names: dict[str, str]) -> list[dict[str, str]]:

@@ -1,0 +1,326 @@
+"""Who did what in a multi-agent conversation, and a rule-based guess of the step where it went wrong.
+
+Why: in a multi-agent run (an AutoGen / CaptainAgent group chat, Who&When) the question an engineer asks
+is "which agent made the decisive mistake, and when", and the trace has no tool-call structure to
+compare with expected actions: agents write code in their messages, an executor agent answers with
+`exitcode: N` and the output. `actors` and `timeline` give the per-agent view of the conversation (the
+speaker is the step's `actor`, see `reflector.traces.view`); `suspect_mistake` applies a few general
+rules, measured on labelled failures (`bench/whowhen_rules.py`), to propose a starting point that the
+reflection then checks against the trace. It is a guess: it reads the conversation's shape and
+wording, never its meaning.
+
+The rules (each names itself in `rule`):
+
+- `fabricated_data`: the first agent step (after the opening task message) that invents its input:
+  simulated, hypothetical, placeholder or sample data, "let's assume". Everything built on it is wrong
+  whatever its method.
+- `first_action`: the first agent step that writes code. In a group chat that executes code, the first
+  program commits the team to a data source and a method that every later step builds on, so a wrong
+  choice there is decisive even when its output looks fine.
+- `first_claim`: the first agent step after the opening task message: the first answer or fact
+  asserted, when no agent writes code, without a computation behind it.
+- `wrong_answer`: the first step stating an answer that contradicts the run's ground truth (compared by
+  `reflector.answers.compare_answers`, numbers as numbers); an executor's output is the code author's.
+- `unfixed_failure`: the first failed execution whose author never gets a successful run afterwards.
+
+`suspect_mistake` returns the first of `COMBINATION` (`fabricated_data`, `first_action`, `first_claim`)
+that fires, and lists what the other rules found in `others`. A rule was put ahead of the rest only
+when, on the runs where it fires, it named the labelled step more often than the rest did (measured on
+the design half of the labelled traces); `wrong_answer` and `unfixed_failure` did not, so they are
+evidence to check, not the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+from reflector.answers import compare_answers
+from reflector.toolkit.calls import check_limit, check_run, iter_steps
+
+__all__ = ["actors", "timeline", "suspect_mistake", "RULES", "COMBINATION", "SCAN_STEPS", "QUOTE_CHARS"]
+
+SCAN_STEPS = 2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
+QUOTE_CHARS = 120  # longest verbatim quote of a step in a reason
+_MAX_CHARS = 10_000  # longest preview `timeline` makes
+
+_WS = re.compile(r"\s+")
+_FENCE = re.compile(r"```")
+_CODE_LINE = re.compile(r"```[^\n]*\n\s*(\S)")  # the first line of code in a fenced block
+# an executor's reply: AutoGen's code executor opens with the exit code, or says there was nothing to run
+_EXECUTOR_REPLY = re.compile(r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE)
+_FAILED_RUN = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+|Traceback \(most recent call last\)", re.IGNORECASE)
+_FAILED_EXIT = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+", re.IGNORECASE)
+_SUCCEEDED_RUN = re.compile(r"\A\s*exitcode:\s*0\b", re.IGNORECASE)
+_END_TOKEN = re.compile(r"\W*terminate\W*", re.IGNORECASE)
+_FABRICATED = re.compile(
+    r"\b(?:hypothetical(?:ly)?|hypothesi[sz]e|placeholder|simulat(?:e|ed|ing)"
+    r"|(?:sample|dummy|mock|fake|synthetic) (?:data|dataset|values?)|for (?:demonstration|illustration)"
+    r"|let'?s assume|we (?:will|can|must|need to) assume|made[- ]up|replace (?:this |it )?with (?:the )?actual)\b",
+    re.IGNORECASE,
+)
+# a stated answer, outside code: "the answer is X", "final answer: X", "the result is X", "\boxed{X}"
+# (X not a verdict on something else: "the result is correct", "the answer is as follows")
+_CLAIM = re.compile(
+    r"\b(?:final answer|answer|result|conclusion)[ \t]*(?:is|was|:)[ \t]*(?!(?:correct|accurate|consistent|verified"
+    r"|valid|confirmed|reliable|as follows|below|shown|not|that|the following|based|well|now|also|then)\b)(\S[^\n]{0,119})",
+    re.IGNORECASE,
+)
+_FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_BOXED = re.compile(r"\\boxed\{([^}\n]{1,120})\}")
+
+# How often the rule's step was the labelled one where the combination used it, on the design half of the
+# labelled Who&When traces (odd question numbers; `bench/whowhen_rules.py`), rounded down to 0.1 (the
+# rules outside the combination: where they fire): a calibration on 63 runs, not a promise.
+_CONFIDENCE = {"fabricated_data": 0.6, "first_action": 0.5, "first_claim": 0.4, "wrong_answer": 0.4,
+               "unfixed_failure": 0.1}
+
+
+# -- the per-actor views -----------------------------------------------------------------------------
+def actors(run: Any) -> list[dict[str, Any]]:
+    """The run's actors in order of first appearance: `[{"actor", "n_steps", "first_step", "last_step",
+    "roles"}]` (`roles`: how many of its steps have each role). Steps that name no actor are grouped
+    under `"actor": None` (a single-agent trace is that one group: its roles tell user from assistant)."""
+    run = check_run(run, "actors")
+    found: dict[str | None, dict[str, Any]] = {}
+    for s in iter_steps(run, "actors"):
+        a = found.get(s["actor"])
+        if a is None:
+            a = found[s["actor"]] = {"actor": s["actor"], "n_steps": 0, "first_step": s["index"],
+                                     "last_step": s["index"], "roles": {}}
+        a["n_steps"] += 1
+        a["last_step"] = s["index"]
+        a["roles"][s["role"]] = a["roles"].get(s["role"], 0) + 1
+    return list(found.values())
+
+
+def timeline(run: Any, actor: Any = None, limit: Any = 200, chars: Any = 160) -> list[dict[str, Any]]:
+    """The conversation step by step: `[{"step", "actor", "role", "preview"}]`, at most `limit`, only
+    `actor`'s steps when given (a name from `actors(run)`). `preview`: the first `chars` characters with
+    whitespace collapsed. A tool call or result also has `"tool"` (the tool's name; calls: their names
+    joined by ", "); a failed step (an error result, a failed code execution) has `"error": True`."""
+    run = check_run(run, "timeline")
+    if actor is not None and not isinstance(actor, str):
+        raise TypeError(f"timeline: actor must be an actor's name (str) or None, not {type(actor).__name__}")
+    who = None if actor is None else str.__str__(actor)
+    n = check_limit(limit, "timeline")
+    assert n is not None
+    if type(chars) is not int or not 1 <= chars <= _MAX_CHARS:
+        raise TypeError(f"timeline: chars must be an int from 1 to {_MAX_CHARS:,}, not {chars!r}")
+    out: list[dict[str, Any]] = []
+    for s in iter_steps(run, "timeline"):
+        if who is not None and s["actor"] != who:
+            continue
+        row: dict[str, Any] = {"step": s["index"], "actor": s["actor"], "role": s["role"],
+                               "preview": _preview(s["content"], chars)}
+        tool = s["tool_name"] or ", ".join(c["name"] for c in s["tool_calls"] if c["name"])
+        if tool:
+            row["tool"] = tool
+        if s["is_error"] or _FAILED_EXIT.match(s["content"]):
+            row["error"] = True
+        out.append(row)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _preview(text: str, chars: int) -> str:
+    flat = _WS.sub(" ", text).strip()
+    return flat if len(flat) <= chars else flat[: max(chars - 3, 1)] + "..."
+
+
+# -- the rules ---------------------------------------------------------------------------------------
+class _Conversation:
+    """The first `SCAN_STEPS` steps, read once, with what the rules ask of each: who speaks, whether it is
+    an executor's reply, whether it holds code."""
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        self.steps = list(islice(iter_steps(run, "suspect_mistake"), SCAN_STEPS))
+        truth = dict.get(run, "ground_truth")
+        self.truth = str.__str__(truth) if isinstance(truth, str) and truth.strip() else None
+        question = dict.get(run, "question")
+        self.question = _WS.sub(" ", str.__str__(question)).strip()[:80] if isinstance(question, str) else ""
+        # an actor that ever replies like a code executor is an executor in all its steps (AutoGen's
+        # Computer_terminal also says "There is no code..." when there was nothing to run)
+        self.executors = {s["actor"] for s in self.steps if s["actor"] is not None and _is_exec_reply(s)}
+        self.has_calls = any(s["tool_calls"] for s in self.steps)
+
+    def is_executor(self, s: dict[str, Any]) -> bool:
+        return _is_exec_reply(s) or (s["actor"] is not None and s["actor"] in self.executors)
+
+    def is_agent(self, s: dict[str, Any]) -> bool:
+        """A step an agent took and said something in (not an executor, a system prompt or a bare TERMINATE)."""
+        text = s["content"].strip()
+        return (not self.is_executor(s) and s["role"] != "system" and bool(text)
+                and _END_TOKEN.fullmatch(text) is None)
+
+    def is_opening(self, pos: int) -> bool:
+        """Whether the step at `pos` hands out the task: the first step, when it is a user/system message
+        that names no agent or restates the run's question."""
+        if pos != 0 or not self.steps:
+            return False
+        s = self.steps[0]
+        if s["actor"] is None and s["role"] in ("user", "system"):
+            return True
+        return bool(self.question) and self.question in _WS.sub(" ", s["content"])
+
+    def author(self, pos: int) -> int | None:
+        """Position of the agent step whose code the executor step at `pos` ran (the last agent step before it)."""
+        return next((j for j in range(pos - 1, -1, -1) if self.is_agent(self.steps[j])), None)
+
+
+def _is_exec_reply(s: dict[str, Any]) -> bool:
+    return s["role"] == "tool" or s["tool_name"] is not None or _EXECUTOR_REPLY.match(s["content"]) is not None
+
+
+def _quote(text: str, rx: re.Pattern[str] | None = None) -> str:
+    """A verbatim line of `text`, at most `QUOTE_CHARS`: the line where `rx` matches first (its first
+    group when it has one), else the first non-empty line."""
+    m = rx.search(text) if rx is not None else None
+    if m is not None:
+        at = m.start(1) if rx is not None and rx.groups else m.start()
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        line = text[start : end if end >= 0 else len(text)].strip()
+        if line:
+            return line[:QUOTE_CHARS]
+    return next((ln.strip()[:QUOTE_CHARS] for ln in text.splitlines() if ln.strip()), "")
+
+
+def _finding(c: _Conversation, pos: int, rule: str, kind: str, why: str, rx: re.Pattern[str] | None = None) -> dict[str, Any]:
+    s = c.steps[pos]
+    who = s["actor"] or s["role"]
+    return {"step": s["index"], "actor": s["actor"], "kind": kind,
+            "reason": f"{rule}: step {s['index']} ({who}) {why}: \"{_quote(s['content'], rx)}\"",
+            "rule": rule, "confidence": _CONFIDENCE[rule]}
+
+
+def _first_action(c: _Conversation) -> dict[str, Any] | None:
+    for pos, s in enumerate(c.steps):
+        if c.is_agent(s) and _FENCE.search(s["content"]):
+            kind, why = "reasoning_error", "is the first agent step that writes code, committing the team to a method"
+            failed = _run_failed(c, pos)
+            if failed is not None and not _fixed_later(c, pos, s["actor"]):
+                kind, why = "tool_error_mishandled", (f"is the first agent step that writes code; its run failed "
+                                                      f"(step {c.steps[failed]['index']}) and none of its author's later code ran")
+            elif _FABRICATED.search(s["content"]):
+                kind, why = "wrong_information", "is the first agent step that writes code, on invented data"
+            return _finding(c, pos, "first_action", kind, why, _CODE_LINE)
+    return None
+
+
+def _first_claim(c: _Conversation) -> dict[str, Any] | None:
+    agent = [pos for pos, s in enumerate(c.steps) if c.is_agent(s)]
+    after = [pos for pos in agent if not c.is_opening(pos)]
+    pick = after[0] if after else agent[0] if agent else None
+    if pick is None:
+        return None
+    return _finding(c, pick, "first_claim", "wrong_information", "is the first agent step after the task message")
+
+
+def _wrong_answer(c: _Conversation) -> dict[str, Any] | None:
+    if c.truth is None:
+        return None
+    for pos, s in enumerate(c.steps):
+        executed = c.is_executor(s) and _SUCCEEDED_RUN.match(s["content"]) is not None
+        if c.is_opening(pos) or not (c.is_agent(s) or executed):
+            continue
+        for claim in _claims(s["content"]):
+            if compare_answers(claim, c.truth)[0] is False:
+                if c.is_executor(s):
+                    author = c.author(pos)
+                    if author is not None:
+                        return _finding(c, author, "wrong_answer", "reasoning_error",
+                                        f"wrote the code whose output (step {s['index']}) states an answer "
+                                        f"that contradicts the ground truth ({claim[:40]!r})", _CODE_LINE)
+                return _finding(c, pos, "wrong_answer", "wrong_information",
+                                "is the first to state an answer that contradicts the ground truth",
+                                re.compile(re.escape(claim)))
+    return None
+
+
+def _claims(text: str) -> Iterator[str]:
+    """The answers `text` states, in its prose (code blocks are left out: `result = f(x)` states nothing)."""
+    prose = _FENCED.sub("\n", text)
+    for rx in (_CLAIM, _BOXED):
+        for m in rx.finditer(prose):
+            claim = m.group(1).strip()
+            if any(ch.isalnum() for ch in claim):
+                yield claim
+
+
+def _fabricated(c: _Conversation) -> dict[str, Any] | None:
+    for pos, s in enumerate(c.steps):
+        if c.is_agent(s) and not c.is_opening(pos) and _FABRICATED.search(s["content"]):
+            return _finding(c, pos, "fabricated_data", "wrong_information",
+                            "is the first agent step that invents its input", _FABRICATED)
+    return None
+
+
+def _unfixed_failure(c: _Conversation) -> dict[str, Any] | None:
+    for pos, s in enumerate(c.steps):
+        if c.is_executor(s) and _FAILED_RUN.search(s["content"]):
+            author = c.author(pos)
+            if author is not None and not _fixed_later(c, pos, c.steps[author]["actor"]):
+                return _finding(c, author, "unfixed_failure", "tool_error_mishandled",
+                                f"wrote code that failed (step {s['index']}), and none of its author's later code ran",
+                                _CODE_LINE)
+    return None
+
+
+def _run_failed(c: _Conversation, pos: int) -> int | None:
+    """Position of the failed execution of the code written at `pos` (the executor replies before the next agent step)."""
+    for j in range(pos + 1, len(c.steps)):
+        s = c.steps[j]
+        if not c.is_executor(s):
+            return None
+        if _FAILED_RUN.search(s["content"]):
+            return j
+    return None
+
+
+def _fixed_later(c: _Conversation, pos: int, actor: str | None) -> bool:
+    """Whether code by `actor` ran successfully after `pos`."""
+    for j in range(pos + 1, len(c.steps)):
+        s = c.steps[j]
+        if c.is_executor(s) and _SUCCEEDED_RUN.match(s["content"]):
+            author = c.author(j)
+            if author is not None and author > pos and c.steps[author]["actor"] == actor:
+                return True
+    return False
+
+
+RULES: dict[str, Callable[[_Conversation], dict[str, Any] | None]] = {
+    "first_action": _first_action,
+    "first_claim": _first_claim,
+    "wrong_answer": _wrong_answer,
+    "fabricated_data": _fabricated,
+    "unfixed_failure": _unfixed_failure,
+}
+COMBINATION: tuple[str, ...] = ("fabricated_data", "first_action", "first_claim")  # the first that fires is the guess
+
+
+def suspect_mistake(run: Any, rule: Any = None) -> dict[str, Any] | None:
+    """A rule-based guess of the decisive mistake of a conversation without tool-call structure:
+    `{"step", "actor", "kind", "reason", "rule", "confidence", "others": [<what the other rules found>]}`.
+
+    `rule=None` applies `COMBINATION` (see the module docstring); a name of `RULES` applies that rule
+    alone. None when no rule fires, and when the run has structured tool calls (use `first_divergence`
+    and `failing_calls` there). The guess is a starting point: check the step it names."""
+    run = check_run(run, "suspect_mistake")
+    if rule is not None and (not isinstance(rule, str) or str.__str__(rule) not in RULES):
+        raise ValueError(f"suspect_mistake: rule must be None or one of {', '.join(RULES)}, not {rule!r}")
+    c = _Conversation(run)
+    if c.has_calls:
+        return None
+    if rule is not None:
+        return RULES[str.__str__(rule)](c)
+    findings = {name: RULES[name](c) for name in RULES}
+    best = next((findings[name] for name in COMBINATION if findings[name] is not None), None)
+    if best is None:
+        return None
+    others = [{k: f[k] for k in ("rule", "step", "actor", "kind", "reason")}
+              for name, f in findings.items() if f is not None and name != best["rule"]]
+    return {**best, "others": others}
