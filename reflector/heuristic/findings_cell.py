@@ -50,7 +50,7 @@ def step_facts(steps):
     return n_steps, n_failing, calls, last_step, cited
 
 def lazy_step_facts(steps, max_parsed=20000):
-    """`step_facts` of a lazy sequence, read off its index columns, parsing only the steps it needs."""
+    """`step_facts` of a lazy sequence, read off its index columns."""
     last_step = None
     assistant = steps.where(role="assistant")
     for i in reversed(assistant):
@@ -67,7 +67,7 @@ def lazy_step_facts(steps, max_parsed=20000):
     return len(steps), n_failing, collections.Counter(steps.tool_call_counts()), last_step, cited
 
 def safely(name, fn, *args):
-    """A toolkit finding, or the error it raised (a finding too: the draft says it could not tell)."""
+    """A toolkit finding, or the error it raised."""
     try:
         return fn(*args), None
     except Exception as e:
@@ -132,17 +132,59 @@ def named_actors(steps, limit=2000):
 NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 def first_wrong_value(run, final):
-    """The first step that states the final answer's (wrong) last number: where the wrong value appears."""
+    """The first step that states the final answer's last number (a lazy trace: grep its raw JSON)."""
     found = NUMBER_RE.findall(str(final or ""))
     if not found:
         return None, None
-    value = found[-1].replace(",", "")
-    pattern = "(?<![\\d.,])" + re.escape(value) + "(?![\\d]|[.,]\\d)"
+    raw = found[-1]
+    alts = "|".join(sorted({re.escape(raw), re.escape(raw.replace(",", ""))}))
+    pattern = "(?<![\\d.,])(?:" + alts + ")(?![\\d]|[.,]\\d)"
+    steps = run.get("steps")
+    if is_lazy(steps):
+        # a literal is found in the raw JSON fast (a lookbehind first would scan every byte slowly); the
+        # number's boundaries are then checked on each candidate step's text
+        err = None
+        for literal in sorted({raw, raw.replace(",", "")}):
+            hits, err = safely("grep", steps.grep, re.escape(literal), 20)
+            for i in hits or []:
+                text = str(steps[i].get("content") or "")
+                m = re.search(pattern, text)
+                if m:
+                    start = max(0, m.start() - 80)
+                    return {"value": raw, "step": steps[i].get("index"), "role": steps[i].get("role"),
+                            "snippet": short(text[start : start + 200], 200)}, err
+        return None, err
     hits, err = safely("search_steps", search_steps, run, pattern, 1, True)
     if not hits:
         return None, err
-    return {"value": value, "step": hits[0].get("step"), "role": hits[0].get("role"),
+    return {"value": raw, "step": hits[0].get("step"), "role": hits[0].get("role"),
             "snippet": short(hits[0].get("snippet"), 200)}, err
+
+LAZY_DEEP_STEPS = 20000  # above this, a lazy trace's failures are read off its index (no full parse)
+
+def unnamed_errors(steps, limit):
+    """The first `limit` failing steps that name no tool (parsing only until they are found)."""
+    out = []
+    for i in steps.where(is_error=True):
+        if len(out) >= limit:
+            break
+        if steps[i].get("tool_name") in (None, ""):
+            out.append(i)
+    return out
+
+def lazy_failing(steps, limit=5):
+    """Failing calls of a large lazy trace by tool, read off its index (retries not compared: None)."""
+    counts = steps.counts("tool_name", is_error=True)
+    out = []
+    for tool, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))[:limit]:
+        named = tool not in (None, "", "None")
+        where = steps.where(is_error=True, tool_name=tool) if named else unnamed_errors(steps, 10)
+        tool = tool if named else "(a step without a tool name)"
+        first = steps[where[0]] if where else {}
+        out.append({"tool": tool, "n_attempts": n, "steps": list(where[:10]),
+                    "first_error": short(first.get("content"), 200), "identical_retries": None,
+                    "changed_args": [], "recovered": None})
+    return out
 
 def run_findings(run, task_info, deep=True):
     steps = run.get("steps")
@@ -162,7 +204,10 @@ def run_findings(run, task_info, deep=True):
     if has_expected:
         divergence, err = divergence_finding(run)
         errors += [err] if err else []
-    failing, err = failing_finding(run) if deep and n_failing else ([], None)
+    if is_lazy(steps) and len(steps) > LAZY_DEEP_STEPS:
+        failing, err = (lazy_failing(steps), None) if deep and n_failing else ([], None)
+    else:
+        failing, err = failing_finding(run) if deep and n_failing else ([], None)
     errors += [err] if err else []
     suspect = None
     if not has_expected and not calls and named_actors(steps) >= 2:

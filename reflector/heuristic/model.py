@@ -76,7 +76,9 @@ def _load_findings_cell() -> str:
     text = resources.files(__package__).joinpath(_CELL_FILE).read_text(encoding="utf-8")
     if not text.startswith(_SANDBOX_LINE):
         raise RuntimeError(f"{_CELL_FILE}: its stand-in line is not the one {__name__} replaces")
-    return "\n" + text.removeprefix(_SANDBOX_LINE)
+    body = text.removeprefix(_SANDBOX_LINE)
+    # comment lines are for readers of the file, not for the sandbox: left out, the call stays well inline
+    return "\n" + "".join(ln for ln in body.splitlines(keepends=True) if not ln.lstrip().startswith("#"))
 
 
 FINDINGS_CELL = _load_findings_cell()

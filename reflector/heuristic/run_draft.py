@@ -42,6 +42,8 @@ def _failure_text(g: dict[str, Any]) -> str:
     text = (f"{g.get('tool')} failed {n} time(s) (step(s) {', '.join(str(s) for s in steps)}); first error, "
             f"from the tool: {_q(g.get('first_error'), 200)}")
     changed = g.get("changed_args") or []
+    if g.get("identical_retries") is None:  # a large trace read off its index: the arguments were not compared
+        return text + "; the attempts' arguments were not compared (a large trace, read from its index)"
     if identical:
         text += f"; {identical} retry(ies) repeated the same arguments"
     if changed:
@@ -56,7 +58,7 @@ def _failure_text(g: dict[str, Any]) -> str:
 
 
 def _unrecovered(f: dict[str, Any]) -> list[dict[str, Any]]:
-    return [g for g in f.get("failing_calls") or [] if isinstance(g, dict) and not g.get("recovered")]
+    return [g for g in f.get("failing_calls") or [] if isinstance(g, dict) and g.get("recovered") is False]
 
 
 def diagnosis_of(f: dict[str, Any], cell: int | None) -> Diagnosis | None:
@@ -148,13 +150,17 @@ def _wrong_arguments(f: dict[str, Any], d: dict[str, Any]) -> tuple[str, str, st
                  f"what led it to {value_text(diffs[0].get('actual'))}.")
     approach = (f"Call {tool} with " + "; ".join(f"{x.get('path')} {value_text(x.get('expected'))}" for x in diffs[:4])
                 + ", checking each value against the user's request and the records read earlier before the call.")
-    insight = (f"The run failed on argument values of one state-changing call ({tool} at step {step}: "
-               + ", ".join(str(x.get("path")) for x in diffs[:4]) + "), not on the choice of action.")
+    paths = ", ".join(str(x.get("path")) for x in diffs[:4])
+    if d.get("others"):
+        insight = (f"The first divergence is in argument values of {tool} at step {step} ({paths}); "
+                   f"{len(d['others'])} other divergence(s) from the expected actions follow it.")
+    else:
+        insight = (f"The run failed on argument values of one state-changing call ({tool} at step {step}: {paths}), "
+                   "not on the choice of action.")
     learnings = [
         ExtractedLearning(
             learning=(f"Before calling {tool}, check `{x.get('path')}` against the user's request and the records "
-                      f"read earlier: this run sent {value_text(x.get('actual'), 60)} where "
-                      f"{value_text(x.get('expected'), 60)} was required."),
+                      f"read earlier: {_sent(x)}."),
             atomicity_score=0.85,
             evidence=f"divergence at step {step}: {tool} {x.get('path')}: agent {_q(x.get('actual'), 80)}, "
                      f"expected {_q(x.get('expected'), 80)}",
@@ -165,6 +171,15 @@ def _wrong_arguments(f: dict[str, Any], d: dict[str, Any]) -> tuple[str, str, st
     if g:
         learnings.append(_failure_learning(g))
     return err, cause, approach, insight, learnings
+
+
+def _sent(x: dict[str, Any]) -> str:
+    exp, act = x.get("expected"), x.get("actual")
+    if act is None:
+        return f"this run left it out where {value_text(exp, 60)} was required"
+    if exp is None:
+        return f"this run sent {value_text(act, 60)}, which the expected call does not have"
+    return f"this run sent {value_text(act, 60)} where {value_text(exp, 60)} was required"
 
 
 def _failure_learning(g: dict[str, Any]) -> ExtractedLearning:
@@ -181,20 +196,25 @@ def _missing(f: dict[str, Any], d: dict[str, Any]) -> tuple[str, str, str, str, 
     tool, step = d.get("tool"), d.get("step")
     want = (d.get("expected_action") or {}).get("args")
     n_exp, n_ok = d.get("n_expected"), d.get("n_matched")
-    err = (f"The agent never made the expected {tool} call (the task expected it with {_args_summary(want)}). "
-           f"{n_ok} of the task's {n_exp} expected actions were matched.")
-    err += f" The decisive point is step {step} ({d.get('where')})." + _at_step(d)
     g = _failing_of(f, tool)
+    head = (f"The expected {tool} call never went through: the agent's {tool} calls failed" if g
+            else f"The agent never made the expected {tool} call")
+    err = (f"{head} (the task expected it with {_args_summary(want)}). "
+           f"{n_ok} of the task's {n_exp} expected state-changing actions were taken as expected.")
+    err += f" The decisive point is step {step} ({d.get('where')})." + _at_step(d)
     if g:
         cause = f"The agent did try: {_failure_text(g)}."
     else:
         cause = (f"The agent made no {tool} call at all, and no tool error stopped it; {_CANNOT_TELL} whether it "
                  "misread the policy or the user's request.")
     approach = f"Make the {tool} call the task requires ({_args_summary(want)}) before ending the conversation."
-    insight = (f"The outcome was lost by an action not taken ({tool}), not by a failing tool: what the agent said "
-               "afterwards cannot replace the call.")
+    insight = (f"The outcome was lost by an action not taken ({tool})"
+               + (f": the agent's {tool} call(s) for it failed ({g.get('n_attempts')} failed attempt(s))." if g else ", not by a failing tool: what the agent said afterwards "
+                  "cannot replace the call."))
     learnings = [ExtractedLearning(
-        learning=(f"When the user's request requires {tool}, make that call instead of ending the turn; this run "
+        learning=(f"When the user's request requires {tool}, get that call through before ending the turn; in this "
+                  f"run every {tool} call failed." if g else
+                  f"When the user's request requires {tool}, make that call instead of ending the turn; this run "
                   f"never called it."),
         atomicity_score=0.8,
         evidence=f"expected action {tool} not taken; decisive step {step} ({d.get('where')})",
@@ -216,7 +236,9 @@ def _extra(f: dict[str, Any], d: dict[str, Any]) -> tuple[str, str, str, str, li
         err += f" The agent's call, from the trace: {_q(call, 300)}."
     cause = f"The call succeeded, so nothing stopped it; {_CANNOT_TELL} which request or policy the agent misread."
     approach = f"Do not call {tool} here: only the expected changes were wanted."
-    insight = f"An extra write ({tool} at step {step}) spoiled an otherwise correct run."
+    n_other = len(d.get("others") or [])
+    insight = (f"An extra write ({tool} at step {step}) spoiled an otherwise correct run." if not n_other else
+               f"Extra writes spoiled the run: {tool} at step {step} first, then {n_other} more.")
     learnings = [ExtractedLearning(
         learning=f"Call {tool} only when the user asked for that change and the policy allows it; this run made an "
                  f"unrequested {tool} call.",

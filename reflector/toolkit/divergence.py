@@ -180,15 +180,29 @@ def _candidates(d: dict[str, Any], want: list[dict[str, Any]], calls: list[dict[
             "where": "the agent's call: a state-changing call the task does not expect", "_order": j,
         })
     pairs = {p["expected"]: p["actual"] for p in [*reads, *d["matched"], *d["wrong_arguments"]]}
+    diverging = sorted([(calls[x["actual"]]["step"], x["name"]) for x in d["extra"]]
+                       + [(calls[w["actual"]]["step"], w["name"]) for w in d["wrong_arguments"]],
+                       key=lambda t: t[0] if t[0] is not None else 1 << 62)
     for m in d["missing"]:
         i = m["expected"]
         step, where = _missing_step(i, pairs, want, calls, agent_steps)
+        start = _after_step(i, pairs, calls)
+        instead = next(((s, n) for s, n in diverging if s is not None and s > start and (step is None or s <= step)),
+                       None)
+        if instead is not None:  # the agent changed the state otherwise there: that is where it went wrong
+            step, where = instead[0], f"step {instead[0]}, where the agent called {instead[1]} instead"
         found.append({
             "kind": "missing_action", "step": step, "tool": m["name"], "argument": None, "actual": None,
             "expected": want[i]["args"], "expected_action": {"index": i, **want[i]}, "agent_call": None,
             "where": where, "_order": i,
         })
     return found
+
+
+def _after_step(i: int, pairs: dict[int, int], calls: list[dict[str, Any]]) -> int:
+    """The step of the latest expected action before `i` the agent took (-1: none)."""
+    steps = [calls[pairs[k]]["step"] for k in pairs if k < i and calls[pairs[k]]["step"] is not None]
+    return max(steps, default=-1)
 
 
 def _missing_step(i: int, pairs: dict[int, int], want: list[dict[str, Any]], calls: list[dict[str, Any]],

@@ -8,12 +8,15 @@ with: the session's and every store a test registered in `EXTRA_BLOB_DIRS`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-__all__ = ["replay_server_histories"]
+__all__ = ["replay_server_histories", "TEST_PLUGINS"]
+
+TEST_PLUGINS = ("reflector.testing.scripted", "tests.support.audit_script")
 
 
 async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tuple[int, list[str]]:
@@ -24,6 +27,10 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
     from reflector.settings import Settings
     from reflector.storage.blobs import BlobNotFound
 
+    # the models the tests' subprocesses registered through RR_PLUGINS: a workflow resolves its model by name,
+    # so a history of `scripted-paced-20` replays only where that model is known (as for `rr replay`)
+    for plugin in TEST_PLUGINS:
+        importlib.import_module(plugin)
     client: Client = await connect(address, settings=Settings.from_env())
     # no store registered (e.g. only unit and CLI tests ran): histories with inline payloads still replay
     dirs = list(dict.fromkeys(blob_dirs)) or [Settings.from_env().blob_dir]

@@ -170,3 +170,14 @@ def test_nothing_to_compare_with_is_none_and_a_batch_is_refused() -> None:
         diff_actions({"name": "x"}, [])
     with pytest.raises(TypeError, match="writes_only"):
         diff_actions([], [], writes_only="yes")
+
+
+def test_a_missing_action_is_placed_where_the_agent_changed_the_state_otherwise() -> None:
+    # the agent booked anew instead of changing the reservation: that call is the decisive step
+    run = tau([("user", "change my flight"), ("agent", "ok"), ("call", "book_reservation", BOOK), ("agent", "booked"),
+               ("user", "thanks"), ("agent", "bye")],
+              [("update_reservation_flights", {"reservation_id": "R1", "cabin": "economy"})])
+    d = first_divergence(run)
+    assert d is not None and (d["kind"], d["tool"], d["step"]) == ("missing_action", "update_reservation_flights", 3)
+    assert d["where"] == "step 3, where the agent called book_reservation instead"
+    assert d["others"] == [{"kind": "extra_action", "step": 3, "tool": "book_reservation"}]
