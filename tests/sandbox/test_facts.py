@@ -35,10 +35,15 @@ async def test_tau_bench_facts_compare_actions_not_text(tmp_path: Path) -> None:
     facts = await _facts_of(tmp_path / "a", said_not_done, {})
     assert facts.actions_checked and facts.answer_correct is False
     assert facts.missing_actions == ["cancel_reservation(refund=250, reservation_id=Z7GOZK)"]
+    # the budget fallback's diagnosis: the toolkit's first divergence, citing the facts cell (its seq: 2 in a
+    # session; this helper's CellOutcome has none)
+    d = facts.diagnosis
+    assert d is not None and (d.kind, d.tool, d.evidence) == ("missing_action", "cancel_reservation", [0])
     done = _tau([{"name": "cancel_reservation", "arguments": '{"refund": 250, "reservation_id": "Z7GOZK"}',
                   "result": "{}"}], "All set!", 1.0)
     facts = await _facts_of(tmp_path / "b", done, {})
     assert facts.actions_checked and facts.answer_correct is True and facts.final_answer == "All set!"
+    assert facts.diagnosis is None  # nothing diverges
 
 
 async def test_text_answers_are_still_compared_as_text(tmp_path: Path) -> None:
