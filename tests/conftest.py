@@ -11,6 +11,7 @@ Add new fixtures under their own section below; keep this file free of test logi
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,12 @@ import pytest
 import sandbox.isolation
 from reflector.devserver import DevServer
 from reflector.settings import Settings
+
+# A suite started as a background job of a non-interactive shell (`./.ci/run &`) inherits SIGINT ignored, and
+# every `rr` subprocess would inherit that too (exec keeps an ignored signal): the tests that press Ctrl-C
+# need it delivered. A handled signal is reset to the default in the children, which then handle it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hosts the tests build directly (without a worker) follow RR_SANDBOX_ISOLATION too: on a machine without
 # Landlock, `RR_SANDBOX_ISOLATION=language-only pytest` runs the suite without the OS layer.
