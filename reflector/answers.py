@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
     "ANSWER_RULES_SOURCE",
     "READ_ONLY_PREFIXES",
+    "canon",
     "compare_answers",
     "answers_match",
     "compare_actions",
@@ -172,6 +174,7 @@ def answers_match(final: str | None, truth: str | None) -> bool | None:
 
 
 READ_ONLY_PREFIXES: tuple[str, ...] = _rules["READ_ONLY_PREFIXES"]
+canon: Callable[[Any], Any] = _rules["canon"]  # integral floats become ints, keys become text
 
 
 def compare_actions(actions: Any, expected: Any) -> tuple[bool | None, list[str], list[str]]:

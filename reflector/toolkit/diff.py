@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any
 
+from reflector.answers import canon  # integral floats are ints (250.0 and 250 are the same argument)
 from reflector.traces.lazy import LazySeq
 
 __all__ = ["as_data", "canon", "diff_values", "same_value", "MAX_DEPTH"]
@@ -66,17 +67,6 @@ def _key_text(key: Any, what: str) -> str:
     if key is None or type(key) in (bool, int, float):
         return json.dumps(key)
     raise TypeError(f"{what}: a dict key is a {type(key).__name__}; JSON-like data has str keys")
-
-
-def canon(value: Any) -> Any:
-    """Integral floats become ints (250.0 and 250 are the same argument): `reflector.answers`' `canon`."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [canon(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): canon(v) for k, v in value.items()}
-    return value
 
 
 def _is_number(value: Any) -> bool:
