@@ -7,18 +7,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# A regular (non-editable) install into site-packages, with the prompts and examples as package data
+# and the `s3` extra (boto3) for RR_BLOB_URL=s3://...; the source tree is removed afterwards.
 WORKDIR /src
 COPY . /src
-RUN pip install . \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rr \
-    && mkdir -p /data/blobs \
-    && chown -R rr:rr /data
+RUN pip install ".[s3]" \
+    && cd / && rm -rf /src \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rr
 
-# Non-root: the worker executes model-written code in its sandbox processes.
+# Non-root: the worker executes model-written code in its sandbox processes (Landlock, seccomp and
+# no-new-privs need no privileges; see the README, Using a real cluster).
 USER rr
 WORKDIR /home/rr
-ENV RR_HOME=/home/rr/.rr \
-    RR_BLOB_DIR=/data/blobs
-VOLUME ["/data/blobs"]
+# Blobs: with RR_BLOB_URL=s3://... (docker-compose.yml) a container keeps only a local cache (RR_BLOB_DIR,
+# default under RR_HOME). With the default file store, RR_BLOB_DIR must be a volume shared by every worker
+# and client.
+ENV RR_HOME=/home/rr/.rr
 
 CMD ["rr", "worker"]

@@ -47,7 +47,8 @@ from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
 from reflector.settings import SettingError, Settings, usable_dir
-from reflector.storage.payloads import blob_dir_of, external_storage
+from reflector.storage.payloads import blob_dir_of, replay_storage
+from reflector.storage.stores import check_store, describe_store
 from sandbox.isolation import IsolationUnavailable
 from workflows.agents import MODEL_ACTIVITIES
 from workflows.batch import BatchReflectionWorkflow
@@ -200,21 +201,24 @@ def build_worker(
 async def run_worker(settings: Settings | None = None) -> None:
     """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
     settings = settings or Settings.from_env()
+    from reflector.connection import describe_target
     from reflector.devserver import is_reachable
 
     if not is_reachable(settings.address):
-        raise SettingError(f"the Temporal server at TEMPORAL_ADDRESS={settings.address} is not reachable "
-                                "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+        raise SettingError(f"the Temporal server at {describe_target(settings)} is not reachable "
+                           "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
 
     usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
+    check_store(settings)  # RR_BLOB_URL=s3://...: the bucket is there and usable
     try:
         isolation = await sandbox_activities.check_isolation(settings)
     except IsolationUnavailable as exc:
         raise SettingError(str(exc)) from None
     try:
-        client = await connect(settings.address, settings.namespace, settings=settings)
-    except RuntimeError as exc:  # the server went away between the reachability check and the connect
-        raise SettingError(f"cannot connect to the Temporal server at {settings.address}: {exc}") from None
+        client = await connect(settings=settings)  # address, namespace, TLS, API key: reflector.connection
+    except RuntimeError as exc:  # gone since the reachability check, or a TLS / credentials failure
+        raise SettingError(f"cannot connect to the Temporal server at {describe_target(settings)}: "
+                           f"{' '.join(str(exc).split())}") from None
     await check_namespace(client, settings.address)
     # A long-running worker serves whatever model a client asks for: prepare every shipped provider
     # family before polling (unless the operator listed what this worker serves).
@@ -229,6 +233,7 @@ async def run_worker(settings: Settings | None = None) -> None:
         flush=True,
     )
     print(f"sandbox: {isolation.summary()}", flush=True)
+    print(f"blobs: {describe_store(settings)}", flush=True)
     if isolation.mode == "language-only":
         print(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}", file=sys.stderr, flush=True)
     try:
@@ -244,6 +249,10 @@ def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
 
     async def start(client: Client, settings: Settings, stack: AsyncExitStack, announce: Callable[[str], None]) -> None:
         usable_dir(settings.blob_dir, settings.blob_dir_setting)
+        try:
+            check_store(settings)
+        except SettingError as e:
+            raise ReflectError(str(e)) from None
         try:
             isolation = await sandbox_activities.check_isolation(settings)
         except IsolationUnavailable as e:
@@ -303,7 +312,7 @@ def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: Workflow
     # import in workflow code can trip the deadlock detector on a loaded machine)
     served = list(models) if models else None if settings.worker_models else list(SHIPPED_FAMILIES)
     prepare_workflow_side(served, settings=settings)
-    dc = DataConverter(external_storage=external_storage(blob_dir, read_only=True))
+    dc = DataConverter(external_storage=replay_storage(blob_dir, settings))
     return Replayer(workflows=list(WORKFLOWS), data_converter=dc, plugins=[PydanticAIPlugin()],
                     unsandboxed_workflow_runner=unsandboxed_workflow_runner or UnsandboxedWorkflowRunner())
 

@@ -34,12 +34,13 @@ from reflector.contract import (
 )
 from reflector.settings import Settings
 from reflector.storage.blobs import BlobNotFound, BlobStore, blob_uri
+from reflector.storage.stores import open_store
 
 __all__ = ["ACTIVITIES", "read_manifest", "record_run", "write_records", "synthesise_batch"]
 
 
 def _store() -> BlobStore:
-    return BlobStore(Settings.from_env().blob_dir)
+    return open_store(Settings.from_env())
 
 
 @activity.defn(name=READ_MANIFEST_ACTIVITY)

@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelResponse
@@ -52,6 +52,10 @@ from temporalio.exceptions import ApplicationError
 from reflector.contract import FORGET_ACTIVITY, session_key
 from reflector.settings import Settings
 from reflector.storage.blobs import RESPONSES_DIR
+from reflector.storage.stores import mirror_for
+
+if TYPE_CHECKING:
+    from reflector.storage.s3 import S3Mirror
 
 __all__ = [
     "configure",
@@ -76,6 +80,7 @@ LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
 STALE_AFTER_S = 7 * 24 * 3600.0
 _ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
 _root: Path | None = None
+_mirror: S3Mirror | None = None  # RR_BLOB_URL=s3://...: the cache is shared through S3
 _in_flight: dict[Path, asyncio.Future[ModelResponse]] = {}
 _handed: dict[str, tuple[Any, Any]] = {}
 _keys = itertools.count()
@@ -115,8 +120,10 @@ def _take(key: str, name: str) -> tuple[Any, Any]:
 
 def configure(settings: Settings | None = None) -> None:
     """Point the cache at the blob store of `settings` (called once at worker start)."""
-    global _root
-    _root = Path((settings or Settings.from_env()).blob_dir) / RESPONSES_DIR
+    global _root, _mirror
+    settings = settings or Settings.from_env()
+    _root = Path(settings.blob_dir) / RESPONSES_DIR
+    _mirror = mirror_for(settings)
 
 
 def _responses_root() -> Path:
@@ -132,6 +139,8 @@ def response_dir(workflow_id: str) -> Path:
 
 def forget(workflow_id: str) -> None:
     """Delete a workflow's cached responses (call only once they are all in its history)."""
+    if _mirror is not None:
+        _mirror.remove_tree(response_dir(workflow_id))
     shutil.rmtree(response_dir(workflow_id), ignore_errors=True)
 
 
@@ -139,7 +148,32 @@ def forget(workflow_id: str) -> None:
 async def forget_responses(workflow_id: str) -> None:
     """`forget` as a regular activity: scheduling it ends the workflow task, so by the time it runs
     every model response of the workflow is recorded in the history."""
-    forget(workflow_id)
+    if _mirror is not None:
+        await _mirror.run(forget, workflow_id)
+    else:
+        forget(workflow_id)
+
+
+def _store_response(path: Path, data: bytes) -> None:
+    """Write a response atomically; with S3 it is uploaded first (another worker may need it)."""
+    if _mirror is not None:
+        _mirror.push_bytes(path, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+async def _stored_response(path: Path) -> ModelResponse | None:
+    """The response an earlier attempt stored (here, or with S3 on any worker), or None.
+
+    With S3 a local miss costs one GET: the attempt that stored it may have run on a worker that died."""
+    if _mirror is not None and not path.exists():
+        await _mirror.run(_mirror.pull, path)
+    try:
+        return _ADAPTER.validate_json(path.read_bytes())
+    except (FileNotFoundError, ValidationError):  # not yet requested, or an unreadable leftover
+        return None
 
 
 def sweep(max_age_s: float = STALE_AFTER_S) -> int:
@@ -176,10 +210,11 @@ def cached_request_activity(
     async def send_and_store(path: Path, params: Any, deps: Any) -> ModelResponse:
         try:
             response = await inner(params, deps)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(_ADAPTER.dump_json(response))
-            os.replace(tmp, path)
+            data = _ADAPTER.dump_json(response)
+            if _mirror is not None:
+                await _mirror.run(_store_response, path, data)
+            else:
+                _store_response(path, data)
             return response
         finally:
             _in_flight.pop(path, None)
@@ -189,10 +224,9 @@ def cached_request_activity(
         if not info.workflow_id or not info.workflow_run_id:
             raise RuntimeError(f"{name} runs only as a workflow's local activity")
         path = response_dir(info.workflow_id) / f"{info.workflow_run_id}.{info.activity_id}.json"
-        try:
-            return _ADAPTER.validate_json(path.read_bytes())
-        except (FileNotFoundError, ValidationError):  # not yet requested, or an unreadable leftover
-            pass
+        stored = await _stored_response(path)
+        if stored is not None:
+            return stored
         # A request already on the wire (an earlier attempt whose workflow task timed out and was
         # replayed here) is awaited, not sent again; shielded, so cancelling this attempt (eviction)
         # does not abandon a request that is being paid for.

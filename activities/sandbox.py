@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 
@@ -42,6 +42,7 @@ from reflector.contract import (
 from reflector.diagnosis import from_divergence
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.storage.blobs import SESSIONS_DIR, BlobStore
+from reflector.storage.stores import open_store
 from reflector.traces.budget import host_memory_bytes
 from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
@@ -93,6 +94,7 @@ del rr_facts_line"""
 
 
 log = logging.getLogger("rr.sandbox")
+T = TypeVar("T")
 
 
 @dataclass
@@ -100,6 +102,12 @@ class _Runtime:
     store: BlobStore
     sessions: SessionManager
     lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
+
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blob-store call: inline on the local store; on the S3 mirror's threads (network) with S3."""
+        if self.store.remote is None:
+            return fn(*args)
+        return await self.store.remote.run(fn, *args)
 
 
 _runtime: _Runtime | None = None
@@ -118,7 +126,7 @@ def configure(settings: Settings | None = None, *, max_live: int | None = None) 
     global _runtime
     settings = settings or Settings.from_env()
     sweep_stale_workdirs()
-    store = BlobStore(settings.blob_dir)
+    store = open_store(settings)
     sessions = SessionManager(
         Path(settings.blob_dir) / SESSIONS_DIR,
         max_live=settings.max_live_sandboxes if max_live is None else max_live,
@@ -126,6 +134,8 @@ def configure(settings: Settings | None = None, *, max_live: int | None = None) 
         archive_root=settings.blob_dir,
         isolation=settings.sandbox_isolation,
         zygote=settings.sandbox_zygote,
+        replica=store.remote,  # S3: journals and snapshots are shared by every worker
+        archive_fetch=store.fetch if store.remote is not None else None,
     )
     _runtime = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes)
     global _warned
@@ -186,15 +196,15 @@ def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimit
     )
 
 
-def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
+async def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
     rt = _rt()
-    trace_path = rt.store.path_for_uri(trace.uri)
+    trace_path = await rt.io(rt.store.path_for_uri, trace.uri)
     return {
         "trace_path": str(trace_path),
         "trace_format": trace.format,
-        "extra_vars": json.loads(rt.store.get_bytes(init_ref)),
+        "extra_vars": json.loads(await rt.io(rt.store.get_bytes, init_ref)),
         "limits": _limits(limits, trace, trace_path),
-        "inherit": rt.store.path_for(inherit_ref) if inherit_ref else None,
+        "inherit": await rt.io(rt.store.fetch, inherit_ref) if inherit_ref else None,
     }
 
 
@@ -209,9 +219,13 @@ async def ensure_index(trace: TraceRef) -> None:
     rt = _rt()
     if trace.size < rt.lazy_trace_bytes:
         return
-    path = rt.store.path_for_uri(trace.uri)
+    path = await rt.io(rt.store.path_for_uri, trace.uri)
     if os.path.exists(index_path(str(path))):
         return
+    if rt.store.remote is not None:
+        pulled: Path | None = await rt.io(rt.store.fetch_derived, trace.sha256, INDEX_SUFFIX)
+        if pulled is not None:
+            return  # the client (or another worker) built it
 
     def build() -> None:
         tmp = rt.store.new_temp()
@@ -239,7 +253,7 @@ async def _run(
     rt = _rt()
     await ensure_index(trace)
     result = await rt.sessions.run_cell(
-        session_key(session_id), seq, code, **_start_args(trace, init_ref, limits, inherit_ref)
+        session_key(session_id), seq, code, **await _start_args(trace, init_ref, limits, inherit_ref)
     )
     output = result.stdout
     if not result.ok:
@@ -293,7 +307,7 @@ async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
         "task": {"question": inp.question, "ground_truth": inp.ground_truth, "feedback": inp.feedback},
         "skillbook": inp.skillbook,
     }
-    init_ref = rt.store.put_bytes(json.dumps(init, sort_keys=True).encode())
+    init_ref = await rt.io(rt.store.put_bytes, json.dumps(init, sort_keys=True).encode())
 
     async def cell(seq: int, code: str) -> CellOutcome:
         return await _run(inp.session_id, seq, code, inp.trace, init_ref, inp.limits, inp.inherit_ref)
@@ -323,9 +337,9 @@ async def export_session(inp: ExportInput) -> ExportResult:
     """Export the namespace after cell `seq` into the blob store, for a child session to inherit."""
     rt = _rt()
     data, skipped = await rt.sessions.export_namespace(
-        session_key(inp.session_id), inp.seq, **_start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
+        session_key(inp.session_id), inp.seq, **await _start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
     )
-    return ExportResult(export_ref=rt.store.put_bytes(data), skipped=list(skipped))
+    return ExportResult(export_ref=await rt.io(rt.store.put_bytes, data), skipped=list(skipped))
 
 
 @activity.defn(name=CLOSE_ACTIVITY)

@@ -17,7 +17,7 @@ from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
 from reflector.models import resolve_model
 from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore
+from reflector.storage.stores import open_store
 
 __all__ = ["summarise", "render_transcript"]
 
@@ -53,8 +53,9 @@ async def _heartbeat(every_s: float = 1.0) -> None:
 
 @activity.defn(name=SUMMARISE_ACTIVITY)
 async def summarise(inp: SummariseInput) -> SummariseResult:
-    store = BlobStore(Settings.from_env().blob_dir)
-    archive_ref = store.put_bytes(inp.transcript_json.encode())
+    store = open_store(Settings.from_env())
+    data = inp.transcript_json.encode()
+    archive_ref = await store.remote.run(store.put_bytes, data) if store.remote else store.put_bytes(data)
     prompt = f"{SUMMARY_MARKER}\n{INSTRUCTIONS}\n\n{render_transcript(inp.transcript_json)}"
     beat = asyncio.create_task(_heartbeat())
     try:

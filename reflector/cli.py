@@ -16,6 +16,10 @@ from reflector.settings import SettingError, Settings
 
 __all__ = ["main", "run"]
 
+DISTRIBUTION = "durable-recursive-reflector"
+STDIN_NAME = "<stdin>"  # how a trace read from stdin (`rr reflect -`) is named in messages and `rr list`
+_STDIN_CHUNK = 1024 * 1024
+
 
 def _err(msg: str, code: int = 2) -> int:
     _stop_progress()
@@ -30,8 +34,21 @@ def _stop_progress() -> None:
         view.stop_all()
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's `__version__` when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import reflector
+
+        return str(getattr(reflector, "__version__", "unknown"))
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rr", description="Durable Recursive Reflector")
+    p.add_argument("--version", action="version", version=f"rr {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("server", help="run the embedded Temporal dev server (SQLite in RR_HOME) in the foreground")
@@ -44,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("reflect", help="reflect on a trace file and print the reflection")
     r.add_argument("trace", nargs="+",
-                   help="trace file (.json or .jsonl); several files or directories of them: a batch, one run per file")
+                   help="trace file (.json or .jsonl), or - to read one trace from stdin; several files or "
+                        "directories of them: a batch, one run per file")
     r.add_argument("--batch", action="store_true",
                    help="each file holds many runs (a JSON array, JSONL lines): a batch, one run per record")
     r.add_argument("--concurrency", type=int, metavar="N",
@@ -178,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             asyncio.run(run_worker(settings))
             return 0
+        if args.cmd == "reflect" and "-" in args.trace:
+            return _reflect_stdin(args, settings)
         return asyncio.run(_dispatch(args, settings))
     except SettingError as e:
         return _err(str(e))
@@ -186,6 +206,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:  # a file-system fault nothing above expected: still one line
         where = f" ({e.filename})" if e.filename else ""
         return _err(f"{e.strerror or e}{where}", 1)
+
+
+def _reflect_stdin(args: argparse.Namespace, settings: Settings) -> int:
+    """`rr reflect -`: the trace from stdin, copied in chunks (it can be big) to a temporary file in
+    RR_HOME/tmp, then reflected on as that file would be (format detected from its content); the file
+    is removed once the trace is in the blob store. Read before the event loop starts, so that Ctrl-C
+    interrupts a read that waits."""
+    import tempfile
+
+    from reflector.settings import usable_dir
+
+    if len(args.trace) > 1 or args.batch:
+        return _err("`rr reflect -` reads one trace from stdin; a batch is read from files (save the runs to a "
+                    "file, or drop the -)")
+    if sys.stdin is None:
+        return _err("`rr reflect -`: this process has no stdin")
+    tmp_dir = usable_dir(settings.home / "tmp", "RR_HOME")
+    fd, name = tempfile.mkstemp(prefix="stdin-", suffix=".trace", dir=tmp_dir)
+    spooled = Path(name)
+    try:
+        if sys.stdin.isatty():
+            _say("reading the trace from stdin (end it with Ctrl-D)")
+        size = 0
+        with os.fdopen(fd, "wb") as out:
+            while chunk := sys.stdin.buffer.read(_STDIN_CHUNK):
+                size += len(chunk)
+                if size > settings.max_trace_bytes:
+                    return _err(f"the trace on stdin is over the limit of {settings.max_trace_bytes:,} bytes "
+                                "(raise it with the environment variable RR_MAX_TRACE_BYTES)")
+                out.write(chunk)
+        if size == 0:
+            return _err("the trace on stdin is empty (pipe a trace into `rr reflect -`, e.g. "
+                        "`cat trace.json | rr reflect -`)")
+        args.trace, args.stdin_trace = [str(spooled)], spooled
+        return asyncio.run(_dispatch(args, settings))
+    finally:
+        spooled.unlink(missing_ok=True)
 
 
 async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -239,6 +296,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
     from reflector.contract import ReflectionConfig
     from reflector.models import HEURISTIC, is_llm
     from reflector.render import render_progress, render_reflection
+    from reflector.traces import TraceError
 
     model = args.model or settings.model or HEURISTIC
     overrides: dict[str, object] = {"model": model}
@@ -262,7 +320,16 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         return await _reflect_batch(args, settings, ReflectionConfig(**overrides), skillbook)
     if args.concurrency is not None:
         raise c.ReflectError("--concurrency is for a batch (several traces, a directory, or --batch)")
-    trace = c.upload_trace(args.trace[0], settings)
+    spooled: Path | None = getattr(args, "stdin_trace", None)  # `rr reflect -` (see _reflect_stdin)
+    try:
+        trace = c.upload_trace(args.trace[0], settings)
+    except (c.ReflectError, TraceError) as e:
+        if spooled is None:
+            raise
+        raise c.ReflectError(str(e).replace(str(spooled), STDIN_NAME)) from None
+    finally:
+        if spooled is not None:
+            spooled.unlink(missing_ok=True)  # in the blob store now (or refused)
     inp = c.build_input(
         trace,
         question=args.question or "",
@@ -282,7 +349,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([model])) as rt:
             f.address, f.client = rt.address, rt.client
             handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id,
-                                              trace_name=Path(args.trace[0]).name)
+                                              trace_name=STDIN_NAME if spooled else Path(args.trace[0]).name)
             f.wf_id = handle.id
             _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
             await rt.ensure_worker(handle)
@@ -686,6 +753,9 @@ async def _gc(args: argparse.Namespace, settings: Settings) -> int:
     from reflector import gc
     from reflector.devserver import is_reachable
 
+    if settings.s3_url is not None:
+        raise c.ReflectError(f"rr gc manages a file blob store; RR_BLOB_URL is {settings.s3_url}: expire its objects "
+                             "with the bucket's lifecycle rules; rr gc does not sweep S3")
     try:
         min_age = gc.parse_duration(args.min_age)
     except ValueError as e:

@@ -27,6 +27,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from reflector import telemetry
+from reflector.connection import describe_target, open_client
 from reflector.contract import (
     BATCH_WORKFLOW_NAME,
     PROGRESS_QUERY,
@@ -115,16 +116,22 @@ EXIT_NOT_RUNNING = 6
 
 
 async def connect(
-    address: str, namespace: str = "default", *, settings: Settings | None = None, read_only: bool = False
+    address: str | None = None,
+    namespace: str | None = None,
+    *,
+    settings: Settings | None = None,
+    read_only: bool = False,
 ) -> Client:
     """A client whose large payloads go to the blob store of `settings` (default: from the environment).
 
+    It connects as `settings` say (`reflector.connection`: address, namespace, TLS, API key, gRPC metadata
+    from the TEMPORAL_* variables or a config profile); `address` / `namespace` override theirs.
     `read_only=True` never writes a blob (for clients that only inspect or replay workflows).
     """
     settings = settings or Settings.from_env()
     dc = data_converter(settings, read_only=read_only)
     plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # RR_OTEL: tracing (reflector.telemetry)
-    return await Client.connect(address, namespace=namespace, data_converter=dc, plugins=plugins)
+    return await open_client(settings, address=address, namespace=namespace, data_converter=dc, plugins=plugins)
 
 
 InProcessWorker = Callable[[Client, Settings, AsyncExitStack, Callable[[str], None]], Awaitable[None]]
@@ -146,8 +153,8 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
     """
     p = Path(path)
     size = check_trace_file(p, settings.max_trace_bytes)
-    root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
-    store = BlobStore(root)
+    usable_dir(settings.blob_dir, settings.blob_dir_setting)
+    store = _open_store(settings)
     try:
         if size < settings.lazy_trace_bytes:
             data, _container = read_trace_file(p, settings.max_trace_bytes)
@@ -171,8 +178,18 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
             finally:
                 index_tmp.unlink(missing_ok=True)
     except OSError as e:
-        raise ReflectError(f"cannot store the trace in the blob store {root}: {e.strerror or e}") from None
+        raise ReflectError(f"cannot store the trace in the blob store {store.where}: {e.strerror or e}") from None
     return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt))
+
+
+def _open_store(settings: Settings) -> BlobStore:
+    """The blob store of `settings`; an S3 store that cannot be used is a `ReflectError` saying why."""
+    from reflector.storage.stores import open_store
+
+    try:
+        return open_store(settings)
+    except OSError as e:  # S3Unavailable (boto3 missing)
+        raise ReflectError(str(e)) from None
 
 
 def _refuse(size: int, index_size: int | None, settings: Settings, fmt: str) -> None:
@@ -477,8 +494,8 @@ async def runtime(
         server: DevServer | None = None
         address = settings.address
         if not is_reachable(address):
-            if settings.address_explicit:
-                raise ReflectError(f"Temporal server at TEMPORAL_ADDRESS={address} is not reachable")
+            if settings.address_explicit:  # TEMPORAL_ADDRESS or a config profile's address
+                raise ReflectError(f"Temporal server at {describe_target(settings)} is not reachable")
             usable_dir(settings.home, "RR_HOME")
             host, _, port_s = address.rpartition(":")
             port = int(port_s) if host in ("localhost", "127.0.0.1") and port_s.isdigit() else free_port()
@@ -491,14 +508,16 @@ async def runtime(
                 raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
             stack.push_async_callback(server.astop)
             announce(f"embedded server on {address}, Web UI {server.ui_url}")
+            if settings.temporal.tls is not None or settings.temporal.api_key:
+                announce("the TLS / API key settings are for a configured server (TEMPORAL_ADDRESS or a profile's "
+                         "address), not for the embedded one")
         converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
         plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
         try:
-            client = await Client.connect(
-                address, namespace=settings.namespace, data_converter=converter, plugins=plugins,
-            )
+            client = await open_client(settings, address=address, embedded=server is not None,
+                                       data_converter=converter, plugins=plugins)
         except Exception as e:
-            raise ReflectError(f"cannot connect to Temporal at {address}: {e}") from e
+            raise ReflectError(f"cannot connect to Temporal at {describe_target(settings, address)}: {e}") from e
         await check_namespace(client, address)
         if server is not None:  # an embedded server on a database older than rr's search attributes
             from reflector import search_attributes as sa
@@ -552,7 +571,7 @@ def upload_batch(paths: Sequence[str | Path], settings: Settings, *, split: bool
     from reflector.batch.split import iter_sources, write_manifest
 
     root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
-    store = BlobStore(root)
+    store = _open_store(settings)
     try:
         sources = iter_sources(paths, store, upload=lambda p: upload_trace(p, settings), split=split,
                                max_bytes=settings.max_trace_bytes)
@@ -632,7 +651,7 @@ def load_batch_records(out: BatchOutput, settings: Settings) -> list[RunRecord]:
     """Every run's record of a finished batch, in run order, from the blob store."""
     from reflector.batch.records import load_records
 
-    return load_records(BlobStore(settings.blob_dir), [out.records.sha256])
+    return load_records(_open_store(settings), [out.records.sha256])
 
 
 def batch_result(out: BatchOutput, settings: Settings) -> BatchResult:

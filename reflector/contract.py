@@ -52,6 +52,7 @@ PROVIDER_MODEL_PATCH = "rr-provider-model-activities"
 """Workflows recorded before this change keep replaying provider model requests as local activities."""
 
 PAYLOAD_DRIVER_NAME = "rr-blobs"  # external payload storage driver, named in every stored payload
+PAYLOAD_S3_DRIVER_NAME = "rr-s3"  # temporalio's S3StorageDriver as rr names it (RR_BLOB_URL=s3://...)
 
 StopReason = Literal["completed", "token_budget", "request_budget", "max_compactions", "error", "cancelled"]
 

@@ -108,12 +108,36 @@ def resolve_model(name: str) -> Model:
 
 
 def check_model_name(name: str) -> None:
-    """Fail fast (before a workflow starts) on a model that cannot be built in this process.
+    """Fail fast (before a workflow starts) on a model name no worker can use: the client checks the
+    name's syntax and provider, never its credentials (only workers call the provider).
 
-    Plugins named in `RR_PLUGINS` are loaded first, so models they register are known here too.
+    A registered name (`register_model`, `heuristic`, the plugins of `RR_PLUGINS`, loaded first) is
+    known by name. A `provider:model` name must have both parts, a provider pydantic-ai knows (and
+    whose SDK is installed), and a model that provider accepts, which is checked by building the
+    workflow-side model on a placeholder key (`_build_workflow_side`): a missing API key is not an
+    error here. A provider that needs more configuration than a key to be built at all (a base URL,
+    an Azure endpoint, an AWS region) is left to the workers too: that configuration is theirs.
+    Raises `UnknownModelError` with the reason.
     """
     load_plugins()
-    resolve_model(name)
+    if name in _factories or name == HEURISTIC:
+        return
+    if not name.strip():
+        raise UnknownModelError("the model name is empty: give a registered name (e.g. heuristic) or "
+                                "provider:model (e.g. openai:gpt-4o)")
+    fam, colon, model_name = name.partition(":")
+    if colon and (not fam.strip() or not model_name.strip()):
+        raise UnknownModelError(f"model {name!r}: expected provider:model with both parts, e.g. openai:gpt-4o")
+    if colon:
+        try:
+            infer_provider_class(fam)
+        except Exception as e:  # ValueError: unknown provider; ImportError: its SDK is not installed
+            raise UnknownModelError(f"model {name!r} cannot be used: {e}") from e
+        try:
+            _placeholder_provider(fam)
+        except Exception:  # e.g. OLLAMA_BASE_URL, AZURE_OPENAI_ENDPOINT, an AWS region: the workers' settings
+            return
+    _build_workflow_side(name)
 
 
 def is_llm(name: str) -> bool:

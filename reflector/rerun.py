@@ -20,7 +20,6 @@ import contextlib
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -53,7 +52,8 @@ from reflector.contract import (
     SummariseResult,
 )
 from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore, parse_blob_uri
+from reflector.storage.blobs import parse_blob_uri
+from reflector.storage.stores import open_store
 
 __all__ = ["Origin", "read_origin", "extract", "plan_rerun", "RerunPlan", "rerun_line"]
 
@@ -264,10 +264,10 @@ async def plan_rerun(
     if not 1 <= from_step <= origin.steps:
         raise ReflectError(f"--from-step must be between 1 and {origin.steps} (the steps reflection {origin_id!r} "
                            f"recorded), not {from_step}")
-    store = BlobStore(settings.blob_dir)
+    store = open_store(settings)
     if not store.exists(parse_blob_uri(origin.input.trace.uri)):
         raise ReflectError(f"the trace of reflection {origin_id!r} ({origin.input.trace.uri}) is not in the blob store "
-                           f"{Path(settings.blob_dir)} (is RR_BLOB_DIR the store it was run with?)")
+                           f"{store.where} (is {settings.blob_dir_setting} the store it was run with?)")
     conv = client.data_converter.payload_converter
     prefix = extract(origin, from_step, conv)
     sha = store.put_bytes(prefix.model_dump_json().encode())

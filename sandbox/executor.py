@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox import isolation as isolation_defaults
-from sandbox.archive import read_archive_blob
+from sandbox.archive import check_archive_name, read_archive_blob
 from sandbox.host.output import truncate
 from sandbox.isolation import IsolationMode
 from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
@@ -214,12 +214,29 @@ async def _read_reply(stream: asyncio.StreamReader) -> dict[str, Any]:
     return result
 
 
-async def _answer_archive(archive_root: str | None, question: Any) -> tuple[dict[str, Any], bytes]:
-    """Read one archived transcript for a host: by checked sha256 only, never by a host's path."""
+async def _answer_archive(
+    archive_root: str | None, question: Any, fetch: Callable[[str], object] | None = None
+) -> tuple[dict[str, Any], bytes]:
+    """Read one archived transcript for a host: by checked sha256 only, never by a host's path.
+
+    `fetch(sha256)` first brings the blob into `archive_root` when it may be elsewhere (a shared S3 store)."""
     if not isinstance(question, dict) or question.get("what") != "archive":
         return {"ok": False, "error": "unknown question"}, b""
+
+    def read() -> bytes:
+        name = check_archive_name(question.get("sha256"))
+        if fetch is not None:
+            try:
+                fetch(name)
+            except FileNotFoundError:  # not there either: read_archive_blob says so
+                pass
+            except OSError:  # the shared store failed; its location is not the model's business
+                log.warning("ARCHIVE %s: fetching from the shared blob store failed", name, exc_info=True)
+                raise OSError(f"ARCHIVE: archived transcript {name} cannot be fetched now") from None
+        return read_archive_blob(archive_root, name)
+
     try:
-        data = await asyncio.to_thread(read_archive_blob, archive_root, question.get("sha256"))
+        data = await asyncio.to_thread(read)
     except (OSError, ValueError) as exc:
         return {"ok": False, "error": str(exc).removeprefix("ARCHIVE: ")}, b""
     return {"ok": True, "size": len(data)}, data
@@ -256,6 +273,7 @@ class SubprocessExecutor:
         pool: HostPool | None = None,
         index_data: bool = False,
         archive_root: str | os.PathLike[str] | None = None,
+        archive_fetch: Callable[[str], object] | None = None,
         isolation: IsolationMode | None = None,
         zygote: bool = True,
         unguarded_for_tests: bool = False,
@@ -287,6 +305,7 @@ class SubprocessExecutor:
         self._start_args: tuple[str | None, str, dict[str, Any]] | None = None
         self._inherit: bytes | None = None
         self.archive_root = str(archive_root) if archive_root is not None else None
+        self.archive_fetch = archive_fetch
         self._pool = pool
         self.index_data = index_data  # the host fingerprints the preloaded data (needed for snapshots)
         self.spawn_count = 0
@@ -399,7 +418,7 @@ class SubprocessExecutor:
             return self._to_result(resp, t0, False)
 
     async def _answer(self, question: Any) -> tuple[dict[str, Any], bytes]:
-        return await _answer_archive(self.archive_root, question)
+        return await _answer_archive(self.archive_root, question, self.archive_fetch)
 
     async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
         """Ask the host for a snapshot of its namespace: (pickle bytes or None if refused, response).

@@ -9,6 +9,11 @@ Durability (`fsync`): every journal entry, snapshot and sidecar is written to a 
 into place, so a reader sees a whole file or none. With `fsync=True` the file and its directory are
 fsynced before the write returns (see `sandbox.sessions` for what a session loses without it).
 
+Replica (`RR_BLOB_URL=s3://...`): with a `replica` every write is uploaded before the local file is
+renamed into place and every removal is applied to it too, so another worker that holds nothing
+locally can `sync` a session's directory from it and rebuild the host there. The methods block on the
+replica's network calls: `sandbox.sessions` runs them on the replica's thread pool (`Replica.run`).
+
 Inherited namespaces (child sessions): `load_inherit` reads a parent's export (bytes, or the path of
 the immutable blob holding them) and `inherit_digest` names it without reading it.
 """
@@ -22,11 +27,25 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from sandbox.protocol import Inherit
 
-__all__ = ["Journal", "RebuildFailed", "inherit_digest", "load_inherit"]
+__all__ = ["Journal", "Replica", "RebuildFailed", "inherit_digest", "load_inherit"]
+
+T = TypeVar("T")
+
+
+class Replica(Protocol):
+    """Where a journal is mirrored (`reflector.storage.s3.S3Mirror`): paths are local paths under its root."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def push_bytes(self, path: Path | str, data: bytes) -> None: ...
+    def remove(self, paths: Iterable[Path | str]) -> None: ...
+    def remove_tree(self, directory: Path | str) -> None: ...
+    def pull_tree(self, directory: Path | str) -> int: ...
 
 _SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -39,10 +58,26 @@ class RebuildFailed(Exception):
 class Journal:
     """The journal and snapshot files of every session under `root` (created if missing)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, replica: Replica | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self.replica = replica
+
+    def sync(self, session_id: str) -> int:
+        """Make the local directory of the session the replica's (no-op without one); entries + snapshots there."""
+        if self.replica is None:
+            return 0
+        return self.replica.pull_tree(self.session_dir(session_id))
+
+    def _unlink(self, paths: Iterable[Path]) -> None:
+        gone = []
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                gone.append(path)
+        if gone and self.replica is not None:
+            self.replica.remove(gone)
 
     def session_dir(self, session_id: str) -> Path:
         return self.root / session_id
@@ -71,7 +106,11 @@ class Journal:
         self.write_atomic(directory / f"{seq:08d}.json", data)
 
     def write_atomic(self, final: Path, data: bytes) -> None:
-        """Temp file + rename (never torn); with `fsync` the file and its directory reach the disk."""
+        """Temp file + rename (never torn); with `fsync` the file and its directory reach the disk.
+
+        With a replica the data is uploaded first: a local file always has its replica copy."""
+        if self.replica is not None:
+            self.replica.push_bytes(final, data)
         tmp = final.with_name(f".{final.name}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -86,24 +125,25 @@ class Journal:
         """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
         directory = self.session_dir(session_id)
         if only_this:
-            for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    (directory / name).unlink()
+            self._unlink(directory / name
+                         for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"))
             return
         if not directory.is_dir():
             return
+        later = []
         for path in directory.glob("[0-9]*.json"):
-            with contextlib.suppress(ValueError, FileNotFoundError):
+            with contextlib.suppress(ValueError):
                 if int(path.stem) >= seq:
-                    path.unlink()
+                    later.append(path)
         for snap_seq, path in self.snapshots(session_id):
             if snap_seq >= seq:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    path.with_suffix(".json").unlink()
+                later += [path, path.with_suffix(".json")]
+        self._unlink(later)
 
     def delete(self, session_id: str) -> None:
         """Remove the session's journal and snapshots (the session is over)."""
+        if self.replica is not None:
+            self.replica.remove_tree(self.session_dir(session_id))
         shutil.rmtree(self.session_dir(session_id), ignore_errors=True)
 
     def snapshots(self, session_id: str) -> list[tuple[int, Path]]:
@@ -136,11 +176,8 @@ class Journal:
         self.write_atomic(directory / f"snapshot-{seq:08d}.pkl", blob)
         sidecar = {"seq": seq, "start_key": start_key, "size": len(blob)}
         self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
-        for old_seq, path in self.snapshots(session_id):
-            if old_seq < keep_from:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    path.with_suffix(".json").unlink()
+        self._unlink(p for old_seq, path in self.snapshots(session_id) if old_seq < keep_from
+                     for p in (path, path.with_suffix(".json")))
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -48,19 +48,21 @@ worker's CPU under load), so workers on one machine may prefer `fsync=False`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox import isolation as isolation_defaults
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
-from sandbox.journal import Journal, RebuildFailed, inherit_digest, load_inherit
+from sandbox.journal import Journal, RebuildFailed, Replica, inherit_digest, load_inherit
 from sandbox.pool import HostPool
 from sandbox.protocol import (
     MAX_LIVE_HOSTS,
@@ -71,6 +73,8 @@ from sandbox.protocol import (
     Inherit,
     SandboxLimits,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "SessionManager",
@@ -128,6 +132,8 @@ class SessionManager:
         archive_root: str | os.PathLike[str] | None = None,
         isolation: IsolationMode | None = None,
         zygote: bool = True,
+        replica: Replica | None = None,
+        archive_fetch: Callable[[str], object] | None = None,
     ) -> None:
         """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
         `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
@@ -142,9 +148,10 @@ class SessionManager:
         Off, the writes still survive a crash of the worker process (page cache) but not of the
         machine; see the module doc for what a session loses then.
         """
-        self.journal = Journal(journal_root, fsync=fsync)
+        self.journal = Journal(journal_root, fsync=fsync, replica=replica)
         self.journal_root = self.journal.root
         self.archive_root = Path(archive_root) if archive_root is not None else None
+        self.archive_fetch = archive_fetch
         self.snapshot_every = max(0, snapshot_every)
         self.pool: HostPool | None = None
         self.isolation: IsolationMode = isolation or isolation_defaults.DEFAULT_MODE
@@ -165,6 +172,7 @@ class SessionManager:
             pool=self.pool,
             index_data=self.snapshot_every > 0,
             archive_root=self.archive_root,
+            archive_fetch=self.archive_fetch,
             isolation=self.isolation,
             zygote=self.zygote,
         )
@@ -212,7 +220,7 @@ class SessionManager:
                 and live.executor.alive
             ):
                 self._live.move_to_end(session_id)
-                self.journal.forget(session_id, seq, only_this=True)
+                await self._io(self.journal.forget, session_id, seq, only_this=True)
                 result = await live.executor.run_cell(code)
                 if result.error_kind == "crash":
                     # The host may have died before this cell (killed between cells, OOM killer):
@@ -302,7 +310,7 @@ class SessionManager:
         async with self._lock(session_id):
             await self._drop(session_id)
             if delete_journal:
-                self.journal.delete(session_id)
+                await self._io(self.journal.delete, session_id)
         self._locks.pop(session_id, None)
 
     async def close_all(self) -> None:
@@ -322,6 +330,12 @@ class SessionManager:
         return self.journal.entries(session_id)
 
     # -- internals ---------------------------------------------------------------------------------
+    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A journal operation: inline on local files; on the replica's threads when there is one (network)."""
+        if self.journal.replica is None:
+            return fn(*args, **kwargs)
+        return await self.journal.replica.run(functools.partial(fn, *args, **kwargs))
+
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
         if lock is None:
@@ -346,8 +360,9 @@ class SessionManager:
         `forget`: remove the entries >= seq first (they are about to be re-run); exports keep them.
         """
         t0 = time.perf_counter()
+        synced = await self._io(self.journal.sync, session_id)  # another worker may have run it (replica)
         if forget:
-            self.journal.forget(session_id, seq, only_this=False)
+            await self._io(self.journal.forget, session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
         blob = await load_inherit(inherit)
         executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
@@ -382,6 +397,8 @@ class SessionManager:
         info: dict[str, Any] = {"cells_replayed": len(entries), "rebuild_ms": (time.perf_counter() - t0) * 1000}
         if snap_seq:
             info["snapshot_seq"] = snap_seq
+        if self.journal.replica is not None:
+            info["journal_synced"] = synced
         return live, info
 
     async def _fresh(
@@ -417,7 +434,7 @@ class SessionManager:
             meta["snapshot"] = f"skipped: {resp.get('error')}"
             return
         keep_from = seq - self.snapshot_every  # keep the newest two
-        self.journal.write_snapshot(session_id, seq, live.start_key, blob, keep_from=keep_from)
+        await self._io(self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from)
         self.stats.snapshots_written += 1
         meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
         meta["snapshot_bytes"] = len(blob)
@@ -437,7 +454,7 @@ class SessionManager:
             await self._drop(session_id)
         meta = dict(result.meta)
         if result.error_kind not in _DISCARD_KINDS:
-            self.journal.write_entry(session_id, seq, code)
+            await self._io(self.journal.write_entry, session_id, seq, code)
             live.last_seq = seq
             await self._maybe_snapshot(session_id, seq, live, meta)
         meta["seq"] = seq

@@ -39,7 +39,8 @@ from temporalio.api.history.v1 import History, HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 
 from reflector.storage.blobs import BlobNotFound, BlobStore
-from reflector.storage.payloads import ForeignReference, stored_digest
+from reflector.storage.payloads import ForeignReference, s3_claim, s3_payload, stored_digest
+from reflector.storage.stores import store_at
 
 __all__ = [
     "EXPORT_VERSION",
@@ -130,7 +131,13 @@ def _stored(payload: Payload, store: BlobStore) -> Payload:
     try:
         digest = stored_digest(payload)
     except ForeignReference as e:
-        raise BundleError(f"cannot inline a payload: {e}") from None
+        claim = s3_claim(payload)
+        if claim is None:
+            raise BundleError(f"cannot inline a payload: {e}") from None
+        try:
+            return s3_payload(claim)
+        except ForeignReference as e2:
+            raise BundleError(f"cannot inline a payload: {e2}") from None
     if digest is None:
         return payload
     try:
@@ -179,7 +186,7 @@ def inline_payloads(events: Iterable[HistoryEvent], blob_dir: Path | str) -> int
     A reference written by another driver (or a codec-encoded one) raises `BundleError`; a missing blob
     raises `BlobNotFound`.
     """
-    store = BlobStore(blob_dir)
+    store = store_at(blob_dir)
     n = 0
     for ev in events:
         raw = ev.SerializeToString()

@@ -158,7 +158,7 @@ def write_manifest(sources: Iterable[RunSource], store: BlobStore) -> ManifestRe
 def read_manifest_page(store: BlobStore, ref: ManifestRef, offset: int, first_index: int, limit: int) -> ManifestPage:
     """Up to `limit` runs from byte `offset` of the manifest, the first of them number `first_index`."""
     runs: list[BatchRun] = []
-    with open(store.path_for(ref.sha256), "rb") as f:
+    with open(store.fetch(ref.sha256), "rb") as f:
         f.seek(offset)
         while len(runs) < limit:
             line = f.readline()

@@ -17,6 +17,10 @@ Layout under the root (`rr gc` reads it; every writer uses these names):
 - `sessions/<session key>/`: each sandbox session's cell journal and snapshots (`sandbox.journal`);
 - `responses/<session key>/`: each session's model-response cache (`activities.model_requests`);
 - files whose names start with `.` (`TEMP_PREFIXES`) are writes in progress.
+
+With `RR_BLOB_URL=s3://...` the root is this process's cache of the S3 store and `remote` (an
+`S3Mirror`, `reflector.storage.s3`) keeps both in step: every write reaches S3 before the local file
+appears, and a blob missing locally is downloaded on first use (`path_for_uri`, `get_bytes`, `fetch`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from reflector.storage.s3 import S3Mirror
 
 __all__ = [
     "BlobStore",
@@ -89,8 +96,33 @@ def _refresh(path: Path) -> bool:
 
 
 class BlobStore:
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, remote: S3Mirror | None = None) -> None:
         self.root = Path(root)
+        self.remote = remote
+
+    def __repr__(self) -> str:
+        return f"BlobStore({self.root}{', ' + self.remote.location.url if self.remote else ''})"
+
+    @property
+    def where(self) -> str:
+        """The store's location for messages (the S3 URL when there is one)."""
+        return self.remote.location.url if self.remote is not None else str(self.root)
+
+    def _pulled(self, path: Path) -> bool:
+        """True if `path` exists locally, after downloading it from the remote when it is only there."""
+        return path.exists() or (self.remote is not None and self.remote.pull(path))
+
+    def fetch(self, sha256: str) -> Path:
+        """The local path of blob `sha256` (downloaded from the remote if needed); BlobNotFound if none."""
+        path = self.path_for(sha256)
+        if not self._pulled(path):
+            raise BlobNotFound(f"blob sha256:{sha256} is not in the store at {self.where}")
+        return path
+
+    def fetch_derived(self, sha256: str, suffix: str) -> Path | None:
+        """The local path of the file derived from blob `sha256` (downloaded if needed), or None."""
+        path = self.derived_path(sha256, suffix.lstrip("."))
+        return path if self._pulled(path) else None
 
     def path_for(self, sha256: str) -> Path:
         return self.root / BLOBS_DIR / sha256[:2] / sha256
@@ -104,8 +136,8 @@ class BlobStore:
 
     def path_for_uri(self, uri: str) -> Path:
         path = self.path_for(parse_blob_uri(uri))
-        if not path.exists():
-            raise BlobNotFound(f"blob {uri} is not in the store at {self.root}")
+        if not self._pulled(path):
+            raise BlobNotFound(f"blob {uri} is not in the store at {self.where}")
         return path
 
     def put_bytes(self, data: bytes) -> str:
@@ -113,8 +145,17 @@ class BlobStore:
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(digest)
         if not _refresh(path):
+            if self.remote is not None:
+                self.remote.push_bytes(path, data)
             self._atomic_write(path, data)
         return digest
+
+    def _publish(self, tmp: str | Path, path: Path) -> None:
+        """Move the finished temp file `tmp` to `path` (after its upload, when there is a remote)."""
+        if self.remote is not None:
+            self.remote.push_file(tmp, path, skip_existing=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
 
     def put_file(self, src: Path | str, chunk: int = 1 << 20) -> tuple[str, int]:
         """Stream a file into the store; return (sha256, size)."""
@@ -133,8 +174,7 @@ class BlobStore:
             if _refresh(path):
                 os.unlink(tmp)
             else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, path)
+                self._publish(tmp, path)
             return digest, size
         except BaseException:
             if os.path.exists(tmp):
@@ -163,8 +203,7 @@ class BlobStore:
             if path.exists():
                 os.unlink(tmp)
             else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, path)
+                self._publish(tmp, path)
             return digest, tee.size, result
         except BaseException:
             if os.path.exists(tmp):
@@ -185,8 +224,7 @@ class BlobStore:
         if path.exists():
             src.unlink(missing_ok=True)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, path)
+            self._publish(src, path)
         return path
 
     def put_beside(self, sha256: str, suffix: str, data: bytes) -> Path:
@@ -194,6 +232,8 @@ class BlobStore:
         index: found from the blob's name, kept by `rr gc` as long as the blob). Idempotent."""
         path = self.derived_path(sha256, suffix.lstrip("."))
         if not path.exists():
+            if self.remote is not None:
+                self.remote.push_bytes(path, data)
             self._atomic_write(path, data)
         return path
 
@@ -202,10 +242,13 @@ class BlobStore:
         try:
             return path.read_bytes()
         except FileNotFoundError as e:
-            raise BlobNotFound(f"blob sha256:{sha256} is not in the store at {self.root}") from e
+            if self.remote is not None and self.remote.pull(path):
+                return path.read_bytes()
+            raise BlobNotFound(f"blob sha256:{sha256} is not in the store at {self.where}") from e
 
     def exists(self, sha256: str) -> bool:
-        return self.path_for(sha256).exists()
+        path = self.path_for(sha256)
+        return path.exists() or (self.remote is not None and self.remote.exists(path))
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,11 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from reflector.contract import PAYLOAD_DRIVER_NAME
+from reflector.contract import PAYLOAD_DRIVER_NAME, PAYLOAD_S3_DRIVER_NAME
 from reflector.settings import Settings, env_number
 from reflector.storage.blobs import BlobNotFound, BlobStore
 from reflector.storage.converter import SharedPayloadConverter
+from reflector.storage.stores import mirror_for, store_at
 
 __all__ = [
     "DEFAULT_THRESHOLD_BYTES",
@@ -58,6 +59,9 @@ __all__ = [
     "resolve",
     "stored_digest",
     "ForeignReference",
+    "s3_claim",
+    "replay_storage",
+    "s3_payload",
 ]
 
 # Written into every reference in the history: never rename (old histories must stay readable).
@@ -86,8 +90,8 @@ def _claim(digest: str, size: int) -> StorageDriverClaim:
 class BlobStorageDriver(StorageDriver):
     """Stores each payload as the blob of its serialized proto (`<root>/sha256/<2 hex>/<hex>`)."""
 
-    def __init__(self, root: Path | str) -> None:
-        self.blobs = BlobStore(root)
+    def __init__(self, root: Path | str, store: BlobStore | None = None) -> None:
+        self.blobs = store if store is not None else BlobStore(root)
 
     @property
     def root(self) -> Path:
@@ -200,20 +204,53 @@ def external_storage(
     return ExternalStorage(drivers=[driver], payload_size_threshold=limit)
 
 
+def s3_external_storage(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> ExternalStorage:
+    """`ExternalStorage` on S3 (`RR_BLOB_URL=s3://...`): temporalio's `S3StorageDriver` stores large payloads
+    (keys `v0/ns/<namespace>/...` in the bucket); references an earlier file-store run wrote (`rr-blobs`)
+    still resolve from the local directory. A replayer (`read_only`) stores nothing: its large payloads
+    stay inline in its memory (nothing is sent to the server during a replay)."""
+    from temporalio.contrib.aws.s3driver import S3StorageDriver
+
+    from reflector.storage.s3 import S3DriverClient
+
+    mirror = mirror_for(settings)
+    assert mirror is not None
+    limit = payload_threshold() if threshold is None else threshold
+    s3 = S3StorageDriver(S3DriverClient(mirror), mirror.location.bucket, driver_name=PAYLOAD_S3_DRIVER_NAME)
+    files = ReadOnlyBlobStorageDriver(settings.blob_dir)
+
+    def select(_context: StorageDriverSelectContext, _payload: Payload) -> StorageDriver | None:
+        return s3
+
+    selector = _never if read_only or limit == 0 else select
+    return ExternalStorage(drivers=[s3, files], driver_selector=selector, payload_size_threshold=limit)
+
+
+def replay_storage(blob_dir: Path | str, settings: Settings) -> ExternalStorage:
+    """A replayer's (read-only) storage on `blob_dir`: with S3's driver too when `blob_dir` is the S3 cache."""
+    if settings.s3_url is not None and Path(blob_dir).resolve() == Path(settings.blob_dir).resolve():
+        return s3_external_storage(settings, read_only=True)
+    return external_storage(blob_dir, read_only=True)
+
+
 def data_converter(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> DataConverter:
     """The data converter for clients, workers (`read_only=False`) and replayers (`read_only=True`).
 
     The payload converter is pydantic-ai's, instantiated once per process (`SharedPayloadConverter`);
     `PydanticAIPlugin` keeps it (a subclass of its own) and keeps `external_storage`.
     """
-    storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
+    if settings.s3_url is not None:
+        storage = s3_external_storage(settings, read_only=read_only, threshold=threshold)
+    else:
+        storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
     return DataConverter(payload_converter_class=SharedPayloadConverter, external_storage=storage)
 
 
 def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
-    """The stored payload if `payload` is a reference written by this driver, else `payload` itself.
+    """The stored payload if `payload` is a reference written by rr's drivers, else `payload` itself.
 
-    For tools and tests that read raw histories (the SDK resolves references itself).
+    For tools and tests that read raw histories (the SDK resolves references itself). A reference to
+    S3 (`rr-s3`) is read with the process's S3 settings (`RR_BLOB_URL`, the AWS variables).
     """
     if (
         payload.metadata.get("encoding") != b"json/protobuf"
@@ -221,10 +258,42 @@ def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
     ):
         return payload
     ref = json_format.Parse(payload.data, ExternalStorageReference())
+    if ref.driver_name == PAYLOAD_S3_DRIVER_NAME:
+        return s3_payload(dict(ref.claim_data))
     if ref.driver_name != PAYLOAD_DRIVER_NAME:
         raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {PAYLOAD_DRIVER_NAME!r}")
-    [stored] = BlobStorageDriver(blob_dir)._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
+    [stored] = BlobStorageDriver(blob_dir, store_at(blob_dir))._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
     return stored
+
+
+def s3_claim(payload: Payload) -> dict[str, str] | None:
+    """The claim of an `rr-s3` reference in a raw history (None: not one)."""
+    if (
+        payload.metadata.get("encoding") != b"json/protobuf"
+        or payload.metadata.get("messageType") != _REFERENCE_TYPE
+    ):
+        return None
+    ref = json_format.Parse(payload.data, ExternalStorageReference())
+    return dict(ref.claim_data) if ref.driver_name == PAYLOAD_S3_DRIVER_NAME else None
+
+
+def s3_payload(claim: dict[str, str], settings: Settings | None = None) -> Payload:
+    """The payload an `rr-s3` reference names, checked against the hash in its claim."""
+    from reflector.storage.s3 import S3DriverClient
+
+    settings = settings or Settings.from_env()
+    mirror = mirror_for(settings)
+    if mirror is None:
+        raise ForeignReference("a payload is stored in S3 (driver rr-s3) but RR_BLOB_URL names no S3 store here")
+    bucket, key, digest = claim.get("bucket", ""), claim.get("key", ""), claim.get("hash_value", "")
+    if not bucket or not key or len(digest) != 64:
+        raise ForeignReference(f"{PAYLOAD_S3_DRIVER_NAME}: malformed claim {claim!r}")
+    data = S3DriverClient(mirror).get_object_sync(bucket, key)
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"{PAYLOAD_S3_DRIVER_NAME}: s3://{bucket}/{key} is corrupt")
+    p = Payload()
+    p.ParseFromString(data)
+    return p
 
 
 class ForeignReference(ValueError):

@@ -23,7 +23,7 @@ from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.settings import Settings
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import comparable, write_trace
-from tests.support.procs import WorkerProcess, read_model_log
+from tests.support.procs import WorkerProcess, assert_no_completed_request_ran_twice, read_model_log
 
 pytestmark = pytest.mark.slow
 
@@ -91,21 +91,6 @@ def _journal(env: dict[str, str], wf_id: str, seq: int) -> Path:
     return Path(env["RR_HOME"]) / "blobs" / "sessions" / wf_id / f"{seq:08d}.json"
 
 
-def _assert_no_completed_request_ran_twice(log: list[dict[str, object]], history, killed_pid: int) -> None:
-    counts = collections.Counter(e["key"] for e in log)
-    twice = [k for k, c in counts.items() if c > 1]
-    assert all(c <= 2 for c in counts.values()), counts
-    killed_keys = [e["key"] for e in log if e["pid"] == killed_pid]
-    # at most the request in flight at the kill (the last one the killed worker sent) ran again
-    assert len(twice) <= 1, twice
-    if twice:
-        assert twice[0] == killed_keys[-1]
-    # every request the new worker sent came after the killed worker's last one
-    later = [e["key"] for e in log if e["pid"] != killed_pid]
-    assert not set(later) & set(killed_keys[:-1]), "a request completed before the kill was sent again"
-    assert history.events[-1].HasField("workflow_execution_completed_event_attributes")
-
-
 async def test_kill_during_slow_cell(crash_env, tmp_path) -> None:
     base_out, _, _, _ = await _run(crash_env, tmp_path, None, "base")
     Path(crash_env["RR_TEST_MODEL_LOG"]).unlink()
@@ -126,7 +111,7 @@ async def test_kill_during_slow_cell(crash_env, tmp_path) -> None:
 
     out, hist, recovery, pid1 = await _run(crash_env, tmp_path, trigger, "slowcell")
     assert _comparable(out) == _comparable(base_out)
-    _assert_no_completed_request_ran_twice(read_model_log(log_path), hist, pid1)
+    assert_no_completed_request_ran_twice(read_model_log(log_path), hist, pid1)
     print(f"recovery after kill during slow cell: {recovery:.2f}s")
 
 
@@ -142,7 +127,7 @@ async def test_kill_between_model_requests(crash_env, tmp_path) -> None:
 
     out, hist, recovery, pid1 = await _run(crash_env, tmp_path, trigger, "between")
     assert _comparable(out) == _comparable(base_out)
-    _assert_no_completed_request_ran_twice(read_model_log(log_path), hist, pid1)
+    assert_no_completed_request_ran_twice(read_model_log(log_path), hist, pid1)
     print(f"recovery after kill between requests: {recovery:.2f}s")
 
 

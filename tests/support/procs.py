@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,3 +61,19 @@ def read_model_log(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_no_completed_request_ran_twice(log: list[dict[str, object]], history: Any, killed_pid: int) -> None:
+    """At most the model request in flight at the kill ran again; the reflection completed."""
+    counts = collections.Counter(e["key"] for e in log)
+    twice = [k for k, c in counts.items() if c > 1]
+    assert all(c <= 2 for c in counts.values()), counts
+    killed_keys = [e["key"] for e in log if e["pid"] == killed_pid]
+    # at most the request in flight at the kill (the last one the killed worker sent) ran again
+    assert len(twice) <= 1, twice
+    if twice:
+        assert twice[0] == killed_keys[-1]
+    # every request the new worker sent came after the killed worker's last one
+    later = [e["key"] for e in log if e["pid"] != killed_pid]
+    assert not set(later) & set(killed_keys[:-1]), "a request completed before the kill was sent again"
+    assert history.events[-1].HasField("workflow_execution_completed_event_attributes")

@@ -1,0 +1,621 @@
+"""The Python API: ACE's drop-in reflector (`reflect` / `areflect`) and pipeline step (`RRStep`).
+
+Each call reflects as `rr reflect` does (`reflector.client`): the trace goes through `upload_trace` (size
+limits, format detection, the blob store), the reflection is a `ReflectionWorkflow` on the configured
+Temporal server (`TEMPORAL_ADDRESS` or a profile: durable, any worker may run it) or, with none
+configured, on the embedded dev server with an in-process worker, both stopped before the call returns.
+
+Temporal's core (Rust) runs on threads of a core runtime. One left alive at interpreter exit can call into
+Python while CPython finalizes and abort the process (`Fatal Python error: PyGILState_Release`, SIGABRT;
+temporalio/sdk-python#300; the CLI ends with `os._exit`, a library cannot). So every call runs on a core
+runtime of its own, installed as temporalio's default while calls are in progress (the embedded server's
+readiness check, the client and the in-process worker all use it) and released when the last call
+ends: its clients and worker are shut down and collected, and its threads have ended before the call
+returns. The default restored is the one found before the first call (an idle runtime when there was none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import inspect
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from reflector.contract import ReflectionConfig, ReflectorOutput
+from reflector.ledger import UsageSummary
+
+if TYPE_CHECKING:
+    from reflector.contract import ReflectionInput
+    from reflector.settings import Settings
+
+__all__ = ["RRConfig", "RRStep", "ReflectorOutput", "UsageSummary", "reflect", "areflect", "Traces"]
+
+log = logging.getLogger("rr.api")
+
+Traces = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | BaseModel | None
+"""A trace for `reflect`: a file path; a dict or list (e.g. a list of messages or steps); a str holding the
+trace's JSON or JSON-lines text (a str naming an existing file is that file); or None (a trace is built
+from `question`, `agent_output`, `ground_truth`, `feedback`)."""
+
+IN_MEMORY = "<in-memory trace>"  # how an in-memory trace is named in messages and `rr list`
+_TEXT_START = ("{", "[")  # a str trace whose text starts so (after blanks) is JSON / JSONL text
+
+# RRConfig's names for ReflectionConfig's fields (the others are the same)
+_RR_NAMES = {"cell_timeout_s": "timeout"}
+
+
+class RRConfig(BaseModel):
+    """The seed's reflector settings, mapped onto `reflector.contract.ReflectionConfig` (the durable config).
+
+    Invalid values raise a pydantic `ValidationError` (a `ValueError`) naming the field, when the
+    config is built. `usage_callback` is called once per reflection, when it has finished, with its
+    `reflector.ledger.UsageSummary` (`input_tokens`, `output_tokens`, `total_tokens`, `requests`: the
+    whole tree's, children included; what `ReflectorOutput.raw["usage"]` holds).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: str | None = None  # None: the settings' RR_MODEL, else "heuristic"
+    model_settings: dict[str, Any] | None = None
+    max_tokens: int = 500_000
+    max_requests: int = 50
+    context_window: int = 128_000
+    max_depth: int = 2
+    child_budget_fraction: float = 0.5
+    max_compactions: int = 3
+    microcompact_keep_recent: int = 3
+    timeout: float = 60.0  # seconds per sandbox cell (ReflectionConfig.cell_timeout_s)
+    max_output_chars: int = 50_000
+    usage_callback: Callable[[UsageSummary], object] | None = None
+
+    @model_validator(mode="after")
+    def _valid_for_the_workflow(self) -> RRConfig:
+        self._build(self.model or "heuristic")
+        return self
+
+    def to_reflection_config(self, settings: Settings | None = None) -> ReflectionConfig:
+        """The durable config; `model` None resolves to `settings.model` (RR_MODEL; default: the
+        environment's settings), else "heuristic"."""
+        model = self.model
+        if model is None:
+            from reflector.settings import Settings
+
+            model = (settings or Settings.from_env()).model
+        return self._build(model or "heuristic")
+
+    def _build(self, model: str) -> ReflectionConfig:
+        fields = self.model_dump(exclude={"usage_callback", "timeout", "model"})
+        try:
+            return ReflectionConfig(**fields, model=model, cell_timeout_s=self.timeout)
+        except ValidationError as e:  # ReflectionConfig's rules, told with RRConfig's names
+            raise ValueError("; ".join(
+                f"{_RR_NAMES.get(str(err['loc'][0]), str(err['loc'][0])) if err['loc'] else 'config'}: "
+                f"{err['msg']} (got {err.get('input')!r})" for err in e.errors()
+            )) from None
+
+
+# --------------------------------------------------------------------------------- the answer and the trace
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """`agent_output` as the trace readers know it: ACE's `AgentOutput` fields."""
+
+    final_answer: str
+    reasoning: str | None = None
+    skill_ids: tuple[str, ...] = ()
+
+
+def _answer(agent_output: object) -> _Answer | None:
+    """A str (the final answer), a mapping or an object (ACE's `AgentOutput`) with `final_answer` (and
+    optionally `reasoning`, `skill_ids`), or None."""
+    if agent_output is None:
+        return None
+    if isinstance(agent_output, str):
+        return _Answer(agent_output)
+    get: Callable[[str], Any]
+    if isinstance(agent_output, Mapping):
+        get = agent_output.get
+    else:
+        def get(name: str) -> Any:
+            return getattr(agent_output, name, None)
+    final = get("final_answer")
+    if not isinstance(final, str):
+        raise ValueError(f"agent_output must be a str, or have a str `final_answer` (like ACE's AgentOutput); "
+                         f"got {type(agent_output).__name__}")
+    reasoning = get("reasoning")
+    ids = get("skill_ids") or ()
+    return _Answer(final, reasoning if isinstance(reasoning, str) and reasoning else None,
+                   tuple(str(i) for i in ids) if isinstance(ids, (list, tuple)) else ())
+
+
+def _minimal_trace(question: str, answer: _Answer | None, ground_truth: str | None,
+                   feedback: str | None) -> dict[str, Any]:
+    """traces=None: an ACE trace of the answer (the seed's "reflect on an answer")."""
+    if answer is None:
+        raise ValueError("nothing to reflect on: pass traces= (a path, a dict, a list or JSON text), "
+                         "or agent_output= (the answer to reflect on)")
+    out: dict[str, Any] = {"question": question}
+    if answer.reasoning or answer.skill_ids:
+        out["agent_output"] = {"reasoning": answer.reasoning or "", "final_answer": answer.final_answer,
+                               "skill_ids": list(answer.skill_ids)}
+    else:
+        out["agent_output"] = answer.final_answer
+    if ground_truth is not None:
+        out["ground_truth"] = ground_truth
+    if feedback is not None:
+        out["feedback"] = feedback
+    return out
+
+
+def _place_answer(data: Any, answer: _Answer | None) -> Any:
+    """`data` with `answer` where the trace readers find the final answer (`data` itself when it already says so).
+
+    - a dict trace (ACE, a messages wrapper, or a shape not recognised): its `final_answer` key (and, when
+      absent, `reasoning` / `skill_ids`); a different `final_answer` already there is a `ValueError`;
+    - a list of messages: wrapped as `{"messages": [...], "final_answer": ...}`; a list of free-form steps:
+      `{"steps": [...], "final_answer": ...}`;
+    - a tau-bench, OpenClaw, OTel trace or a batch (a list of runs) whose own final answer differs: a
+      `ValueError` (their readers take the final answer from the trace; it cannot be replaced).
+    """
+    from reflector.traces import TraceError, detect_format, normalize
+
+    if answer is None:
+        return data
+    fmt = detect_format(data)
+    try:
+        view = normalize(data)
+    except TraceError:
+        view = {}
+    if "runs" not in view and (view.get("final_answer") or "").strip() == answer.final_answer.strip():
+        return data  # the trace already ends with this answer
+    if isinstance(data, Mapping) and fmt in ("ace", "messages", "unknown"):
+        given = data.get("final_answer")
+        if given is not None and str(given).strip() != answer.final_answer.strip():
+            raise ValueError(f"agent_output differs from the trace's final_answer ({str(given)[:80]!r}): pass "
+                             "the answer once, in the trace or as agent_output")
+        placed = {**data, "final_answer": answer.final_answer}
+        if fmt != "messages":
+            if answer.reasoning and "reasoning" not in data:
+                placed["reasoning"] = answer.reasoning
+            if answer.skill_ids and "skill_ids" not in data:
+                placed["skill_ids"] = list(answer.skill_ids)
+        return placed
+    if isinstance(data, list) and fmt == "messages":
+        return {"messages": data, "final_answer": answer.final_answer}
+    if isinstance(data, list) and fmt == "unknown":
+        return {"steps": data, "final_answer": answer.final_answer}
+    what = f"a batch of {len(view['runs'])} runs" if "runs" in view else f"a {fmt} trace"
+    raise ValueError(f"agent_output cannot be placed in {what}: its reader takes the final answer from the "
+                     "trace itself; leave agent_output out, or put the answer in the trace")
+
+
+def _jsonable(value: object) -> Any:
+    """`json.dumps`' fallback for the objects traces built in Python hold."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _dump(data: Any) -> str:
+    try:
+        return json.dumps(data, ensure_ascii=False, default=_jsonable)
+    except (TypeError, ValueError) as e:  # ValueError: a circular reference
+        raise ValueError(f"the trace cannot be stored as JSON: {e}") from None
+
+
+@contextlib.contextmanager
+def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_truth: str | None,
+                feedback: str | None, settings: Settings) -> Iterator[tuple[Path, str]]:
+    """(a file holding the trace, its name for `rr list`): the user's file, or a temporary one in
+    RR_HOME/tmp (removed on exit) for an in-memory trace or one `agent_output` was placed in."""
+    from reflector.traces import parse_trace_bytes, read_trace_file
+
+    text: str | None = None
+    if traces is None:
+        text = _dump(_minimal_trace(question, answer, ground_truth, feedback))
+    elif isinstance(traces, os.PathLike) or (isinstance(traces, str) and _is_file(traces)):
+        path = Path(traces)
+        if answer is None:
+            yield path, path.name
+            return
+        if not path.is_file():
+            from reflector.traces import TraceError
+
+            raise TraceError(f"trace file not found: {path}")
+        if path.stat().st_size >= settings.lazy_trace_bytes:
+            raise ValueError(f"agent_output with the trace file {path} ({path.stat().st_size:,} bytes): put the "
+                             f"final answer in the file (traces of {settings.lazy_trace_bytes:,} bytes or more are "
+                             "not rewritten), or leave agent_output out")
+        data, _fmt = read_trace_file(path, settings.max_trace_bytes)
+        placed = _place_answer(data, answer)
+        if placed is data:
+            yield path, path.name
+            return
+        text = _dump(placed)
+    elif isinstance(traces, str):
+        if not traces.lstrip().startswith(_TEXT_START):
+            from reflector.traces import TraceError
+
+            raise TraceError(f"trace file not found: {traces[:200]} (a str trace is a file path, or the trace's "
+                             "JSON / JSON-lines text)")
+        text = traces
+        if answer is not None:
+            data, _fmt = parse_trace_bytes(traces.encode("utf-8"), IN_MEMORY)
+            placed = _place_answer(data, answer)
+            text = traces if placed is data else _dump(placed)
+    elif isinstance(traces, (Mapping, list, tuple, BaseModel)):
+        data = traces.model_dump(mode="json") if isinstance(traces, BaseModel) else traces
+        text = _dump(_place_answer(list(data) if isinstance(data, tuple) else data, answer))
+    else:
+        raise ValueError(f"traces must be a path, a dict, a list, the trace's JSON text or None; got "
+                         f"{type(traces).__name__}")
+    from reflector.settings import usable_dir
+
+    tmp_dir = usable_dir(settings.home / "tmp", "RR_HOME")
+    fd, name = tempfile.mkstemp(prefix="api-", suffix=".json", dir=tmp_dir)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        yield tmp, IN_MEMORY
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _is_file(s: str) -> bool:
+    if "\n" in s or len(s) > 4096 or s.lstrip().startswith(_TEXT_START):
+        return False
+    try:
+        return Path(s).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _skillbook_text(skillbook: object) -> str:
+    """ReflectionInput.skillbook: a str as is; an object with `as_prompt()` (ACE's Skillbook) its prompt; else `str()`."""
+    if skillbook is None:
+        return ""
+    if isinstance(skillbook, str):
+        return skillbook
+    as_prompt = getattr(skillbook, "as_prompt", None)
+    if callable(as_prompt):
+        return str(as_prompt() or "")
+    return str(skillbook)
+
+
+# --------------------------------------------------------------------------------- Temporal's core runtime
+
+_core_lock = threading.Lock()
+_core_users = 0
+_core_previous: Any = None  # temporalio.runtime.Runtime: the default before the first call in progress
+_core_threads_before: set[str] | None = None
+_THREADS_GONE_WAIT_S = 2.0
+
+
+@contextlib.contextmanager
+def _call_core_runtime() -> Iterator[None]:
+    """Install a core runtime of the calls in progress as temporalio's default; when the last call ends,
+    restore the previous default, collect the call's clients and worker, and with them the runtime, and wait
+    for its threads to end (see the module docstring). Its core logs go through Python logging
+    (`temporalio.core`), as the CLI's do (`reflector.client.configure_core_logging`)."""
+    global _core_users, _core_previous, _core_threads_before
+    from temporalio.runtime import Runtime
+
+    from reflector.client import configure_core_logging
+
+    with _core_lock:
+        if _core_users == 0:
+            _core_previous = Runtime.default()
+            _core_threads_before = _threads()
+            configure_core_logging(worker_warnings=True)  # a new runtime, the default from now on
+        _core_users += 1
+    try:
+        yield
+    finally:
+        before: set[str] | None = None
+        with _core_lock:
+            _core_users -= 1
+            last = _core_users == 0
+            if last:
+                Runtime.set_default(_core_previous, error_if_already_set=False)
+                before, _core_previous, _core_threads_before = _core_threads_before, None, None
+        gc.collect()  # clients and workers in reference cycles would keep the runtime alive
+        if last and before is not None:
+            _wait_core_threads_gone(before)
+
+
+def _threads() -> set[str] | None:
+    """This process's thread ids (Linux: /proc), None where they cannot be listed."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def _wait_core_threads_gone(before: set[str]) -> None:
+    """Wait until the core runtime threads started since `before` have ended: dropping the runtime stops
+    them, and the last ones exit a few milliseconds after the drop returns."""
+    deadline = time.monotonic() + _THREADS_GONE_WAIT_S
+    while True:
+        left = []
+        for tid in (_threads() or set()) - before:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().startswith("tokio"):
+                        left.append(tid)
+            except OSError:  # it has just ended
+                pass
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            log.debug("%d Temporal core threads still running %.0f s after the call's runtime was released",
+                      len(left), _THREADS_GONE_WAIT_S)
+            return
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------------- reflect
+
+
+def _api_error(exc: BaseException) -> BaseException:
+    """The CLI's one-line failures (`rr reflect`) as exceptions of the API."""
+    from temporalio.client import WorkflowFailureError
+    from temporalio.service import RPCError
+
+    from reflector.client import ReflectError
+
+    if isinstance(exc, WorkflowFailureError):
+        cause = exc.cause
+        return ReflectError(f"reflection failed: {getattr(cause, 'message', None) or cause or exc}")
+    if isinstance(exc, RPCError):
+        return ReflectError(f"Temporal error: {exc}")
+    return exc
+
+
+async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workflow_id: str | None,
+               timeout: float | None) -> ReflectorOutput:
+    from temporalio.client import WorkflowFailureError
+    from temporalio.service import RPCError
+
+    from reflector import client as c
+    from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
+
+    def no_worker(waited: float) -> None:
+        log.warning("no worker is polling task queue %r: reflection %s has waited %.0f s for one (start `rr "
+                    "worker` with the same TEMPORAL_ADDRESS, RR_TASK_QUEUE and blob store)", settings.task_queue,
+                    wf_id, waited)
+
+    wf_id = ""
+    try:
+        async with c.runtime(settings, announce=log.info,
+                             in_process_worker=in_process_worker([inp.config.model])) as rt:
+            handle = await c.start_reflection(rt.client, inp, settings.task_queue, workflow_id, trace_name=trace_name)
+            wf_id = handle.id
+            log.info("started reflection %s (trace %s, %s bytes) on %s", wf_id, inp.trace.format, inp.trace.size,
+                     rt.address)
+            await rt.ensure_worker(handle)
+            waiting = c.wait_for_result(handle, on_no_worker=no_worker, no_worker_after_s=settings.no_worker_warn_s)
+            try:
+                return await asyncio.wait_for(waiting, timeout)
+            except TimeoutError:
+                where = ("the embedded server stops with this call; `rr result` (same RR_HOME) follows it"
+                         if rt.embedded_server else f"it goes on durably on {rt.address}: `rr result {wf_id}`")
+                raise TimeoutError(f"reflection {wf_id} did not finish within {timeout:g} s; {where}") from None
+    except (WorkflowFailureError, RPCError) as e:
+        raise _api_error(e) from e
+
+
+async def areflect(
+    *,
+    question: str = "",
+    agent_output: object = None,
+    skillbook: object = None,
+    ground_truth: str | None = None,
+    feedback: str | None = None,
+    traces: Traces = None,
+    config: RRConfig | None = None,
+    mode: Literal["online", "offline"] = "offline",
+    workflow_id: str | None = None,
+    settings: Settings | None = None,
+    timeout: float | None = None,
+) -> ReflectorOutput:
+    """`reflect` for async code (the same arguments; runs on the caller's event loop)."""
+    with _call_core_runtime():
+        return await _reflect(question=question, agent_output=agent_output, skillbook=skillbook,
+                              ground_truth=ground_truth, feedback=feedback, traces=traces, config=config, mode=mode,
+                              workflow_id=workflow_id, settings=settings, timeout=timeout)
+
+
+async def _reflect(*, question: str, agent_output: object, skillbook: object, ground_truth: str | None,
+                   feedback: str | None, traces: Traces, config: RRConfig | None, mode: Literal["online", "offline"],
+                   workflow_id: str | None, settings: Settings | None, timeout: float | None) -> ReflectorOutput:
+    from reflector import client as c
+    from reflector.settings import Settings
+
+    cfg = config or RRConfig()
+    settings = settings or Settings.from_env()
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    rconf = cfg.to_reflection_config(settings)
+    answer = _answer(agent_output)
+    with _trace_file(traces, answer, question, ground_truth, feedback, settings) as (path, name):
+        try:
+            trace = await asyncio.to_thread(c.upload_trace, path, settings)
+        except (ValueError, c.ReflectError) as e:
+            if name != IN_MEMORY or str(path) not in str(e):
+                raise
+            raise type(e)(str(e).replace(str(path), IN_MEMORY)) from None
+    inp = c.build_input(trace, question=question, ground_truth=ground_truth, feedback=feedback,
+                        skillbook=_skillbook_text(skillbook), mode=mode, config=rconf)
+    out = await _run(inp, settings, name, workflow_id, timeout)
+    if cfg.usage_callback is not None:
+        cfg.usage_callback(UsageSummary.model_validate(out.raw.get("usage") or {}))
+    return out
+
+
+def reflect(
+    *,
+    question: str = "",
+    agent_output: object = None,
+    skillbook: object = None,
+    ground_truth: str | None = None,
+    feedback: str | None = None,
+    traces: Traces = None,
+    config: RRConfig | None = None,
+    mode: Literal["online", "offline"] = "offline",
+    workflow_id: str | None = None,
+    settings: Settings | None = None,
+    timeout: float | None = None,
+) -> ReflectorOutput:
+    """Reflect on an agent's run and return the `ReflectorOutput` (synchronous; `areflect` is the async twin).
+
+    - `traces`: a file path (str or Path); a dict or a list (e.g. messages or steps); a str holding the
+      trace's JSON / JSON-lines text (a str naming an existing file is that file; any other str must start
+      with `{` or `[`); or None, to reflect on `agent_output` alone (an ACE trace is built from `question`,
+      `agent_output`, `ground_truth` and `feedback`). In-memory traces are stored like a file.
+    - `agent_output`: the agent's answer, a str or ACE's `AgentOutput` (`final_answer`, `reasoning`,
+      `skill_ids`). It is put where the trace readers find the final answer (see `_place_answer`): a dict
+      trace's `final_answer` key; a list of messages or steps is wrapped in a dict that has it. A trace that
+      already ends with that answer is used as is; one whose final answer differs, or a format whose reader
+      takes the answer from the trace itself (tau-bench, OpenClaw, OTel, a batch), is a `ValueError`.
+    - `skillbook`: its text, or an object with `as_prompt()` (ACE's Skillbook); `mode="online"` tags the
+      skills the trace cites.
+    - `config`: `RRConfig` (limits, model); `settings`: a `reflector.settings.Settings` (default: from the
+      environment: TEMPORAL_ADDRESS, RR_HOME, ...); `workflow_id`: the reflection's id (default: generated);
+      `timeout`: seconds to wait for the result (`TimeoutError`; on a server the reflection goes on).
+
+    Runs on the configured Temporal server, else on the embedded dev server with an in-process worker
+    (both stopped before this returns). Called where an event loop runs (a Jupyter cell, async code), it
+    raises `RuntimeError`: use `await areflect(...)` there. Errors: a bad trace or argument is a
+    `ValueError` (`reflector.traces.TraceError`, `reflector.settings.SettingError`, pydantic's
+    `ValidationError`); a refused trace, an unreachable server or a failed reflection is a
+    `reflector.client.ReflectError`; messages are the CLI's one-liners.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("reflect() is synchronous and an event loop is running in this thread (e.g. Jupyter, "
+                           "async code): use `await areflect(...)` instead")
+    with _call_core_runtime():  # released once the event loop is closed: nothing of it holds the runtime
+        return asyncio.run(_reflect(
+            question=question, agent_output=agent_output, skillbook=skillbook, ground_truth=ground_truth,
+            feedback=feedback, traces=traces, config=config, mode=mode, workflow_id=workflow_id, settings=settings,
+            timeout=timeout,
+        ))
+
+
+# --------------------------------------------------------------------------------- the pipeline step
+
+
+def _field(ctx: object, name: str) -> Any:
+    if isinstance(ctx, Mapping):
+        return ctx.get(name)
+    return getattr(ctx, name, None)
+
+
+class RRStep:
+    """The reflector as an ACE pipeline step and as a drop-in reflector.
+
+    `RRStep(config=RRConfig(...), **defaults)`: `defaults` are default arguments of every reflection
+    (those of `reflect` but `traces`/`config`, e.g. `mode`, `settings`, `timeout`; `mode` defaults to
+    "online" for a step: the skills of the skillbook the trace cites are tagged, as ACE's reflector does).
+
+    As a step (`requires` trace and skillbook, `provides` reflections): `step(ctx)` reflects on
+    `ctx.trace` (a dict, list, JSON text, path, or a pydantic model) with `ctx.skillbook`, and
+    returns the context with `reflections` set to a tuple of one `ReflectorOutput`. `ctx` may be a mapping
+    (a copy with the key set is returned; the input is not changed) or an object: one with `replace(**kw)`
+    (ACE's frozen `ACEStepContext`), a dataclass (`dataclasses.replace`), a pydantic model
+    (`model_copy`), else the object itself with the attribute set. A context without a trace reflects on
+    `ctx.agent_output`, with `ctx.sample.question` / `ground_truth` when it has a sample.
+
+    As a reflector: `step.reflect(...)` / `await step.areflect(...)` are `reflect` / `areflect` with the
+    step's config and defaults.
+    """
+
+    requires: ClassVar[frozenset[str]] = frozenset({"trace", "skillbook"})
+    provides: ClassVar[frozenset[str]] = frozenset({"reflections"})
+    _OWN = ("traces", "config")
+
+    def __init__(self, config: RRConfig | None = None, **defaults: Any) -> None:
+        known = set(inspect.signature(areflect).parameters) - set(self._OWN)
+        unknown = sorted(set(defaults) - known)
+        if unknown:
+            raise TypeError(f"RRStep got unknown default(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        self.config = config or RRConfig()
+        self.defaults: dict[str, Any] = {"mode": "online", **defaults}
+
+    def __repr__(self) -> str:
+        return f"RRStep(config={self.config!r}, defaults={self.defaults!r})"
+
+    def _kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
+        return {**self.defaults, **given, "config": given.get("config") or self.config}
+
+    def reflect(self, **kwargs: Any) -> ReflectorOutput:
+        """`reflector.reflect` with this step's config and defaults."""
+        return reflect(**self._kwargs(kwargs))
+
+    async def areflect(self, **kwargs: Any) -> ReflectorOutput:
+        """`reflector.areflect` with this step's config and defaults."""
+        return await areflect(**self._kwargs(kwargs))
+
+    def _from_ctx(self, ctx: object) -> dict[str, Any]:
+        trace = _field(ctx, "trace")
+        kwargs: dict[str, Any] = {"skillbook": _field(ctx, "skillbook")}
+        if trace is None:
+            kwargs["agent_output"] = _field(ctx, "agent_output")
+            sample = _field(ctx, "sample")
+            for name in ("question", "ground_truth"):
+                value = _field(sample, name) if sample is not None else None
+                if isinstance(value, str):
+                    kwargs[name] = value
+            if kwargs["agent_output"] is None:
+                raise ValueError("RRStep: the context has no trace and no agent_output to reflect on")
+        else:
+            kwargs["traces"] = trace
+        return kwargs
+
+    def __call__(self, ctx: Any) -> Any:
+        out = self.reflect(**self._from_ctx(ctx))
+        return _with_reflections(ctx, (out,))
+
+    async def acall(self, ctx: Any) -> Any:
+        """`step(ctx)` for async pipelines."""
+        out = await self.areflect(**self._from_ctx(ctx))
+        return _with_reflections(ctx, (out,))
+
+
+def _with_reflections(ctx: Any, reflections: tuple[ReflectorOutput, ...]) -> Any:
+    if isinstance(ctx, Mapping):
+        return {**ctx, "reflections": reflections}
+    replace = getattr(ctx, "replace", None)
+    if callable(replace):
+        return replace(reflections=reflections)
+    if dataclasses.is_dataclass(ctx) and not isinstance(ctx, type):
+        return dataclasses.replace(ctx, reflections=reflections)
+    if isinstance(ctx, BaseModel):
+        return ctx.model_copy(update={"reflections": reflections})
+    ctx.reflections = reflections
+    return ctx

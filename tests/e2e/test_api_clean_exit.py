@@ -1,0 +1,52 @@
+"""A script that uses the Python API exits cleanly, every time (issue 16).
+
+Before the fix a script like `tests/support/api_script.py` could abort at interpreter exit ("Fatal Python
+error: PyGILState_Release", SIGABRT): Temporal's core threads were still alive while CPython finalized.
+Now each call runs on a core runtime of its own that is gone when `reflect` returns (`reflector.api`).
+
+The script runs 20 times, one after another, each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
+free RR_EMBEDDED_PORT, so that each starts its own embedded dev server and in-process worker (the path that
+aborted), whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reflector.devserver import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNS = 20
+
+
+def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
+    return subprocess.run([sys.executable, "-m", "tests.support.api_script"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUNS * 60)
+def test_a_script_using_reflect_exits_cleanly_every_time(tmp_path: Path) -> None:
+    started = time.monotonic()
+    for i in range(RUNS):
+        home = tmp_path / f"home-{i}"
+        p = _run_script(home)
+        where = f"run {i + 1} (exit code {p.returncode}):\n{p.stderr[-3000:]}"
+        assert "Fatal Python error" not in p.stderr, where
+        assert p.returncode == 0, where
+        assert "Traceback" not in p.stderr, where
+        assert "stop reason: completed" in p.stdout, where
+        assert (home / "temporal.sqlite").exists(), where  # its own embedded server
+        threads = re.search(r"tokio threads: (\d+) -> (\d+)", p.stdout)
+        assert threads is not None, p.stdout
+        assert int(threads[2]) <= int(threads[1]), f"core threads left running after reflect() returned: {p.stdout}"
+    print(f"{RUNS} runs in {time.monotonic() - started:.0f} s")
