@@ -52,7 +52,7 @@ from temporalio.exceptions import ApplicationError
 from reflector.contract import FORGET_ACTIVITY, session_key
 from reflector.settings import Settings
 from reflector.storage.blobs import RESPONSES_DIR
-from reflector.storage.stores import mirror_for
+from reflector.storage.stores import blocking, mirror_for
 
 if TYPE_CHECKING:
     from reflector.storage.s3 import S3Mirror
@@ -148,10 +148,7 @@ def forget(workflow_id: str) -> None:
 async def forget_responses(workflow_id: str) -> None:
     """`forget` as a regular activity: scheduling it ends the workflow task, so by the time it runs
     every model response of the workflow is recorded in the history."""
-    if _mirror is not None:
-        await _mirror.run(forget, workflow_id)
-    else:
-        forget(workflow_id)
+    await blocking(_mirror, forget, workflow_id)
 
 
 def _store_response(path: Path, data: bytes) -> None:
@@ -211,10 +208,7 @@ def cached_request_activity(
         try:
             response = await inner(params, deps)
             data = _ADAPTER.dump_json(response)
-            if _mirror is not None:
-                await _mirror.run(_store_response, path, data)
-            else:
-                _store_response(path, data)
+            await blocking(_mirror, _store_response, path, data)
             return response
         finally:
             _in_flight.pop(path, None)

@@ -42,7 +42,7 @@ from reflector.contract import (
 from reflector.diagnosis import from_divergence
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.storage.blobs import SESSIONS_DIR, BlobStore
-from reflector.storage.stores import open_store
+from reflector.storage.stores import blocking, open_store
 from reflector.traces.budget import host_memory_bytes
 from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
@@ -104,10 +104,8 @@ class _Runtime:
     lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
-        """A blob-store call: inline on the local store; on the S3 mirror's threads (network) with S3."""
-        if self.store.remote is None:
-            return fn(*args)
-        return await self.store.remote.run(fn, *args)
+        """A blob-store call (`reflector.storage.stores.blocking`)."""
+        return await blocking(self.store.remote, fn, *args)
 
 
 _runtime: _Runtime | None = None

@@ -17,7 +17,7 @@ from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
 from reflector.models import resolve_model
 from reflector.settings import Settings
-from reflector.storage.stores import open_store
+from reflector.storage.stores import blocking, open_store
 
 __all__ = ["summarise", "render_transcript"]
 
@@ -55,7 +55,7 @@ async def _heartbeat(every_s: float = 1.0) -> None:
 async def summarise(inp: SummariseInput) -> SummariseResult:
     store = open_store(Settings.from_env())
     data = inp.transcript_json.encode()
-    archive_ref = await store.remote.run(store.put_bytes, data) if store.remote else store.put_bytes(data)
+    archive_ref = await blocking(store.remote, store.put_bytes, data)
     prompt = f"{SUMMARY_MARKER}\n{INSTRUCTIONS}\n\n{render_transcript(inp.transcript_json)}"
     beat = asyncio.create_task(_heartbeat())
     try:

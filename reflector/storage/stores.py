@@ -7,8 +7,9 @@ workers, activities and the audit tools all open the store here, so they all agr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reflector.settings import Settings
 from reflector.storage.blobs import BlobStore
@@ -16,7 +17,18 @@ from reflector.storage.blobs import BlobStore
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
     from reflector.storage.s3 import S3Mirror
 
-__all__ = ["open_store", "mirror_for", "store_at", "check_store", "describe_store"]
+__all__ = ["open_store", "mirror_for", "store_at", "check_store", "describe_store", "blocking"]
+
+T = TypeVar("T")
+
+
+async def blocking(mirror: S3Mirror | None, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, a blob-store call from async code: inline on the file store (page-cache I/O, well under
+    a millisecond), on the S3 mirror's threads when the call may go over the network."""
+    if mirror is None:
+        return fn(*args)
+    return await mirror.run(fn, *args)
+
 
 _mirrors: dict[tuple[str, str, str], object] = {}
 _lock = threading.Lock()
