@@ -293,6 +293,9 @@ class Settings:
     s3_addressing_style: str = "auto"
     # the S3 client's region: AWS_REGION, else AWS_DEFAULT_REGION (boto3 itself reads only the latter), else boto3's
     s3_region: str | None = None
+    # the S3 endpoint (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL; None: AWS's): passed to the client explicitly,
+    # so that a client is never reused for another endpoint
+    s3_endpoint: str | None = None
 
     @property
     def blob_dir(self) -> Path:
@@ -356,6 +359,7 @@ class Settings:
             blob_url=_blob_url(env.get("RR_BLOB_URL")),
             s3_addressing_style=_addressing_style(env),
             s3_region=(env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip() or None,
+            s3_endpoint=(env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "").strip() or None,
         )
 
 

@@ -93,14 +93,14 @@ def parse_s3_url(url: str) -> S3Location:
     return S3Location(bucket, prefix)
 
 
-_clients: dict[tuple[str, str, str], Any] = {}
+_clients: dict[tuple[str, str, str, str], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def s3_client(addressing_style: str = "auto", region: str | None = None) -> Any:
+def s3_client(addressing_style: str = "auto", region: str | None = None, endpoint: str | None = None) -> Any:
     """One boto3 S3 client per process and configuration (boto3 clients are thread-safe; sessions are not)."""
     with _clients_lock:
-        key = (addressing_style, region or "", str(os.getpid()))
+        key = (addressing_style, region or "", endpoint or "", str(os.getpid()))
         if key not in _clients:
             try:
                 import boto3
@@ -117,7 +117,8 @@ def s3_client(addressing_style: str = "auto", region: str | None = None) -> Any:
                 connect_timeout=10,
                 read_timeout=60,
             )
-            _clients[key] = boto3.session.Session().client("s3", config=config, region_name=region)
+            _clients[key] = boto3.session.Session().client("s3", config=config, region_name=region,
+                                                           endpoint_url=endpoint)
         return _clients[key]
 
 

@@ -4,7 +4,8 @@ Before the fix a script like `tests/support/api_script.py` could abort at interp
 error: PyGILState_Release", SIGABRT): Temporal's core threads were still alive while CPython finalized.
 Now each call runs on a core runtime of its own that is gone when `reflect` returns (`reflector.api`).
 
-The script runs 20 times, two at a time, each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
+The script runs 20 times, one after another (two at a time loaded CI's two cores enough to
+delay other tests' queries past their timeout), each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
 free RR_EMBEDDED_PORT, so that each starts its own embedded dev server and in-process worker (the path that
 aborted), whatever else runs on the machine.
 """
@@ -16,7 +17,6 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,10 +38,9 @@ def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(RUNS * 60)
 def test_a_script_using_reflect_exits_cleanly_every_time(tmp_path: Path) -> None:
     started = time.monotonic()
-    homes = [tmp_path / f"home-{i}" for i in range(RUNS)]
-    with ThreadPoolExecutor(2) as pool:  # two at a time: each has its own embedded server and port
-        results = list(pool.map(_run_script, homes))
-    for i, (home, p) in enumerate(zip(homes, results, strict=True)):
+    for i in range(RUNS):
+        home = tmp_path / f"home-{i}"
+        p = _run_script(home)
         where = f"run {i + 1} (exit code {p.returncode}):\n{p.stderr[-3000:]}"
         assert "Fatal Python error" not in p.stderr, where
         assert p.returncode == 0, where

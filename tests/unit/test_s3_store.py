@@ -233,3 +233,13 @@ def test_a_large_object_is_fetched_in_parallel_ranges(s3_env, tmp_path, monkeypa
     src.write_bytes(b'{"step": 1, "content": "' + b"x" * (21 * 1024**2) + b'"}\n')
     sha, _ = a.put_file(src)  # multipart upload
     assert b.fetch(sha).read_bytes() == src.read_bytes()
+
+
+def test_a_client_is_never_reused_for_another_endpoint(s3_env, s3: S3Server, monkeypatch) -> None:
+    first = mirror_for(Settings.from_env())
+    assert first is not None and first.client.meta.endpoint_url == s3.endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    other = mirror_for(Settings.from_env())
+    assert other is not None and other.client.meta.endpoint_url == "http://127.0.0.1:9"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)  # the S3-specific variable wins
+    assert mirror_for(Settings.from_env()).client.meta.endpoint_url == s3.endpoint
