@@ -327,7 +327,10 @@ def render_status(st: WorkflowStatus, indent: str = "") -> str:
             lines.append(f"{pad}last: {b.last_event}")
     p = st.progress
     if p is not None:
-        scope = " (tree total)" if st.running_children else ""
+        # a running child that did not answer its query (busy, see `_query`) is missing from the sum: say so
+        silent = sum(1 for ch in st.running_children if ch.progress is None)
+        scope = (f" (this session and its answered children: {silent} running child did not answer)" if silent
+                 else " (tree total)" if st.running_children else "")
         lines += [
             f"{pad}phase: {p.phase}" + (f" (model {p.model})" if p.model else ""),
             f"{pad}requests: {used(st.tree_requests, p.max_requests)}{scope}",
