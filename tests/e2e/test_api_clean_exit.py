@@ -4,8 +4,7 @@ Before the fix a script like `tests/support/api_script.py` could abort at interp
 error: PyGILState_Release", SIGABRT): Temporal's core threads were still alive while CPython finalized.
 Now each call runs on a core runtime of its own that is gone when `reflect` returns (`reflector.api`).
 
-The script runs 20 times, one after another (two at a time loaded CI's two cores enough to
-delay other tests' queries past their timeout), each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
+The script runs 20 times, one after another (the suite's other worker runs beside it), each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
 free RR_EMBEDDED_PORT, so that each starts its own embedded dev server and in-process worker (the path that
 aborted), whatever else runs on the machine.
 """
