@@ -40,6 +40,7 @@ from activities import model_requests
 from activities import rerun as rerun_activities
 from activities import sandbox as sandbox_activities
 from activities.provider_failures import CompactProviderFailures
+from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector import telemetry
 from reflector.admission import AdmissionControl, StartDelay
@@ -172,9 +173,14 @@ def build_worker(
         local_activity_supplier=FixedSizeSlotSupplier(MAX_LOCAL_ACTIVITIES),
         nexus_supplier=FixedSizeSlotSupplier(MAX_NEXUS_TASKS),
     )
-    sandbox_activities.configure(max_live=max_live_sandboxes or None)  # None: RR_MAX_LIVE_SANDBOXES (Settings)
-    model_requests.configure()
-    model_requests.sweep()
+    # This worker's own blob store, sandbox sessions and response cache, bound to its activities (another
+    # worker of this process may have other settings: `activities.scope`)
+    runtime = sandbox_activities.runtime_for(settings, max_live=max_live_sandboxes or None)  # None: RR_MAX_LIVE_SANDBOXES
+    responses = model_requests.cache_for(settings)
+    model_requests.sweep(cache=responses)
+    interceptors.insert(0, BindWorkerScope({
+        sandbox_activities.RUNTIME: runtime, model_requests.CACHE: responses, STORE: runtime.store,
+    }))
     sticky = sticky_timeout_s if sticky_timeout_s is not None else settings.sticky_timeout_s
     kwargs: dict[str, object] = {}
     if max_cached_workflows is not None:

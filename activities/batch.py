@@ -16,6 +16,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.scope import current_store
 from reflector.batch.records import MAX_FACTS_BYTES, build_record, load_records
 from reflector.batch.split import read_manifest_page
 from reflector.batch.synthesis import synthesise
@@ -32,15 +33,13 @@ from reflector.contract import (
     TraceRef,
     WriteRecordsInput,
 )
-from reflector.settings import Settings
 from reflector.storage.blobs import BlobNotFound, BlobStore, blob_uri
-from reflector.storage.stores import open_store
 
 __all__ = ["ACTIVITIES", "read_manifest", "record_run", "write_records", "synthesise_batch"]
 
 
 def _store() -> BlobStore:
-    return open_store(Settings.from_env())
+    return current_store()  # the running worker's (`asyncio.to_thread` copies the activity's context)
 
 
 @activity.defn(name=READ_MANIFEST_ACTIVITY)

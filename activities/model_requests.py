@@ -40,6 +40,8 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "configure",
+    "cache_for",
+    "CACHE",
+    "ResponseCache",
     "cached_request_activity",
     "handed_over",
     "NOT_HANDED_OVER_ERROR",
@@ -79,8 +84,20 @@ LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
 
 STALE_AFTER_S = 7 * 24 * 3600.0
 _ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
-_root: Path | None = None
-_mirror: S3Mirror | None = None  # RR_BLOB_URL=s3://...: the cache is shared through S3
+
+
+@dataclass(frozen=True)
+class ResponseCache:
+    """Where one worker's responses live: `<blob dir>/responses`, and with `RR_BLOB_URL=s3://...` the mirror
+    that shares them through S3."""
+
+    root: Path
+    mirror: S3Mirror | None = None
+
+
+CACHE: ContextVar[ResponseCache | None] = ContextVar("rr_response_cache", default=None)
+"""The cache of the worker running the current activity (bound by `activities.scope.BindWorkerScope`)."""
+_default: ResponseCache | None = None  # outside a worker (tools, tests): the process default
 _in_flight: dict[Path, asyncio.Future[ModelResponse]] = {}
 _handed: dict[str, tuple[Any, Any]] = {}
 _keys = itertools.count()
@@ -118,64 +135,68 @@ def _take(key: str, name: str) -> tuple[Any, Any]:
         ) from None
 
 
-def configure(settings: Settings | None = None) -> None:
-    """Point the cache at the blob store of `settings` (called once at worker start)."""
-    global _root, _mirror
-    settings = settings or Settings.from_env()
-    _root = Path(settings.blob_dir) / RESPONSES_DIR
-    _mirror = mirror_for(settings)
+def cache_for(settings: Settings) -> ResponseCache:
+    """The response cache on the blob store of `settings` (a worker binds its own to its activities)."""
+    return ResponseCache(Path(settings.blob_dir) / RESPONSES_DIR, mirror_for(settings))
 
 
-def _responses_root() -> Path:
-    if _root is None:
-        configure()
-    assert _root is not None
-    return _root
+def configure(settings: Settings | None = None) -> ResponseCache:
+    """Set the process default cache (on the blob store of `settings`, default the environment's)."""
+    global _default
+    _default = cache_for(settings or Settings.from_env())
+    return _default
 
 
-def response_dir(workflow_id: str) -> Path:
-    return _responses_root() / session_key(workflow_id)
+def _cache() -> ResponseCache:
+    """The running worker's cache; outside a worker, the process default."""
+    return CACHE.get() or _default or configure()
 
 
-def forget(workflow_id: str) -> None:
+def response_dir(workflow_id: str, cache: ResponseCache | None = None) -> Path:
+    return (cache or _cache()).root / session_key(workflow_id)
+
+
+def forget(workflow_id: str, cache: ResponseCache | None = None) -> None:
     """Delete a workflow's cached responses (call only once they are all in its history)."""
-    if _mirror is not None:
-        _mirror.remove_tree(response_dir(workflow_id))
-    shutil.rmtree(response_dir(workflow_id), ignore_errors=True)
+    cache = cache or _cache()
+    if cache.mirror is not None:
+        cache.mirror.remove_tree(response_dir(workflow_id, cache))
+    shutil.rmtree(response_dir(workflow_id, cache), ignore_errors=True)
 
 
 @activity.defn(name=FORGET_ACTIVITY)
 async def forget_responses(workflow_id: str) -> None:
     """`forget` as a regular activity: scheduling it ends the workflow task, so by the time it runs
     every model response of the workflow is recorded in the history."""
-    await blocking(_mirror, forget, workflow_id)
+    cache = _cache()
+    await blocking(cache.mirror, forget, workflow_id, cache)
 
 
-def _store_response(path: Path, data: bytes) -> None:
+def _store_response(mirror: S3Mirror | None, path: Path, data: bytes) -> None:
     """Write a response atomically; with S3 it is uploaded first (another worker may need it)."""
-    if _mirror is not None:
-        _mirror.push_bytes(path, data)
+    if mirror is not None:
+        mirror.push_bytes(path, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
-async def _stored_response(path: Path) -> ModelResponse | None:
+async def _stored_response(mirror: S3Mirror | None, path: Path) -> ModelResponse | None:
     """The response an earlier attempt stored (here, or with S3 on any worker), or None.
 
     With S3 a local miss costs one GET: the attempt that stored it may have run on a worker that died."""
-    if _mirror is not None and not path.exists():
-        await _mirror.run(_mirror.pull, path)
+    if mirror is not None and not path.exists():
+        await mirror.run(mirror.pull, path)
     try:
         return _ADAPTER.validate_json(path.read_bytes())
     except (FileNotFoundError, ValidationError):  # not yet requested, or an unreadable leftover
         return None
 
 
-def sweep(max_age_s: float = STALE_AFTER_S) -> int:
+def sweep(max_age_s: float = STALE_AFTER_S, cache: ResponseCache | None = None) -> int:
     """Delete cache dirs untouched for `max_age_s` (workflows that were terminated); returns how many."""
-    root, removed = _responses_root(), 0
+    root, removed = (cache or _cache()).root, 0
     if not root.is_dir():
         return 0
     cutoff = time.time() - max_age_s
@@ -204,11 +225,11 @@ def cached_request_activity(
     same run, so a re-executed attempt finds the response its earlier execution stored.
     """
 
-    async def send_and_store(path: Path, params: Any, deps: Any) -> ModelResponse:
+    async def send_and_store(mirror: S3Mirror | None, path: Path, params: Any, deps: Any) -> ModelResponse:
         try:
             response = await inner(params, deps)
             data = _ADAPTER.dump_json(response)
-            await blocking(_mirror, _store_response, path, data)
+            await blocking(mirror, _store_response, mirror, path, data)
             return response
         finally:
             _in_flight.pop(path, None)
@@ -217,8 +238,9 @@ def cached_request_activity(
         info = activity.info()
         if not info.workflow_id or not info.workflow_run_id:
             raise RuntimeError(f"{name} runs only as a workflow's local activity")
-        path = response_dir(info.workflow_id) / f"{info.workflow_run_id}.{info.activity_id}.json"
-        stored = await _stored_response(path)
+        cache = _cache()
+        path = response_dir(info.workflow_id, cache) / f"{info.workflow_run_id}.{info.activity_id}.json"
+        stored = await _stored_response(cache.mirror, path)
         if stored is not None:
             return stored
         # A request already on the wire (an earlier attempt whose workflow task timed out and was
@@ -236,7 +258,7 @@ def cached_request_activity(
             )
         if task is None:
             params, deps = _take(key, name)
-            task = _in_flight[path] = asyncio.ensure_future(send_and_store(path, params, deps))
+            task = _in_flight[path] = asyncio.ensure_future(send_and_store(cache.mirror, path, params, deps))
             task.add_done_callback(_consume)  # nobody may be waiting any more (the attempt was cancelled)
         return await asyncio.shield(task)
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +58,8 @@ __all__ = [
     "export_session",
     "close_session",
     "configure",
+    "runtime_for",
+    "RUNTIME",
     "shutdown",
     "ACTIVITIES",
 ]
@@ -108,12 +111,17 @@ class _Runtime:
         return await blocking(self.store.remote, fn, *args)
 
 
-_runtime: _Runtime | None = None
+_runtime: _Runtime | None = None  # the process default: activities run outside a worker (tools, tests)
+_runtimes: dict[tuple[object, ...], _Runtime] = {}
 _warned = False
+RUNTIME: ContextVar[_Runtime | None] = ContextVar("rr_sandbox_runtime", default=None)
+"""The runtime of the worker running the current activity (bound by `activities.scope.BindWorkerScope`)."""
 
 
-def configure(settings: Settings | None = None, *, max_live: int | None = None) -> None:
-    """Set up the worker-process-wide session manager (called once at worker start).
+def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
+    """The process's sandbox runtime for `settings`: one per blob store and sandbox settings, so two workers
+    of one process on different stores never see each other's sessions, and workers (or successive API
+    calls) with the same settings share their live hosts and cap as before.
 
     Journal writes are not fsynced unless `RR_JOURNAL_FSYNC=1`: they survive a crash of the worker
     process (page cache), which is the failure the journal is for; fsync cost ~9% of the worker's CPU
@@ -121,25 +129,38 @@ def configure(settings: Settings | None = None, *, max_live: int | None = None) 
     shared storage. `max_live`: the live-host cap (None: `settings.max_live_sandboxes`, i.e.
     `RR_MAX_LIVE_SANDBOXES`).
     """
-    global _runtime
-    settings = settings or Settings.from_env()
+    global _warned
     sweep_stale_workdirs()
     store = open_store(settings)
-    sessions = SessionManager(
-        Path(settings.blob_dir) / SESSIONS_DIR,
-        max_live=settings.max_live_sandboxes if max_live is None else max_live,
-        fsync=settings.journal_fsync,
-        archive_root=settings.blob_dir,
-        isolation=settings.sandbox_isolation,
-        zygote=settings.sandbox_zygote,
-        replica=store.remote,  # S3: journals and snapshots are shared by every worker
-        archive_fetch=store.fetch if store.remote is not None else None,
-    )
-    _runtime = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes)
-    global _warned
+    live = settings.max_live_sandboxes if max_live is None else max_live
+    key = (str(Path(settings.blob_dir).resolve()), settings.s3_url, settings.s3_addressing_style, settings.s3_region,
+           settings.s3_endpoint, live, settings.journal_fsync,
+           settings.sandbox_isolation, settings.sandbox_zygote, settings.lazy_trace_bytes)
+    rt = _runtimes.get(key)
+    if rt is None:
+        sessions = SessionManager(
+            Path(settings.blob_dir) / SESSIONS_DIR,
+            max_live=live,
+            fsync=settings.journal_fsync,
+            archive_root=settings.blob_dir,
+            isolation=settings.sandbox_isolation,
+            zygote=settings.sandbox_zygote,
+            replica=store.remote,  # S3: journals and snapshots are shared by every worker
+            archive_fetch=store.fetch if store.remote is not None else None,
+        )
+        rt = _runtimes[key] = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes)
     if settings.sandbox_isolation == "language-only" and not _warned:
         _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
+    return rt
+
+
+def configure(settings: Settings | None = None, *, max_live: int | None = None) -> _Runtime:
+    """Set the process default runtime (`runtime_for`; settings default to the environment's) and return it.
+    A worker does not rely on it: `worker.build_worker` binds its own runtime to its activities."""
+    global _runtime
+    _runtime = runtime_for(settings or Settings.from_env(), max_live=max_live)
+    return _runtime
 
 
 LANGUAGE_ONLY_WARNING = (
@@ -171,16 +192,15 @@ async def check_isolation(settings: Settings | None = None) -> IsolationReport:
 
 
 async def shutdown() -> None:
-    if _runtime is not None:
-        await _runtime.sessions.close_all()
+    """Stop every live sandbox host of this process (each runtime's), and the zygotes."""
+    for rt in {id(r): r for r in [*_runtimes.values(), *([_runtime] if _runtime else [])]}.values():
+        await rt.sessions.close_all()
     await close_zygotes()
 
 
 def _rt() -> _Runtime:
-    if _runtime is None:
-        configure()
-    assert _runtime is not None
-    return _runtime
+    """The running worker's runtime; outside a worker, the process default (`configure`)."""
+    return RUNTIME.get() or _runtime or configure()
 
 
 def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimits:

@@ -13,11 +13,11 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, TextPar
 from pydantic_ai.settings import ModelSettings
 from temporalio import activity
 
+from activities.scope import current_store
 from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
 from reflector.models import resolve_model
-from reflector.settings import Settings
-from reflector.storage.stores import blocking, open_store
+from reflector.storage.stores import blocking
 
 __all__ = ["summarise", "render_transcript"]
 
@@ -53,7 +53,7 @@ async def _heartbeat(every_s: float = 1.0) -> None:
 
 @activity.defn(name=SUMMARISE_ACTIVITY)
 async def summarise(inp: SummariseInput) -> SummariseResult:
-    store = open_store(Settings.from_env())
+    store = current_store()
     data = inp.transcript_json.encode()
     archive_ref = await blocking(store.remote, store.put_bytes, data)
     prompt = f"{SUMMARY_MARKER}\n{INSTRUCTIONS}\n\n{render_transcript(inp.transcript_json)}"

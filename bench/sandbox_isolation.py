@@ -66,9 +66,12 @@ async def direct(home: Path, trace: Path, mode: IsolationMode, cells: int) -> tu
 async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
     """Per mode, workflow walls per cell, (wall(N) - wall(0)) / N, through the activity path.
 
-    One dev server and one worker; the worker's session manager is swapped between the modes
-    before every run (modes alternate, so machine noise hits both alike).
+    One dev server and one worker per mode, each with its own session manager (`activities.scope`); the
+    modes alternate, so machine noise hits both alike.
     """
+    import contextlib
+    import dataclasses
+
     from activities import sandbox as sandbox_activities
     from bench.common import upload_bench_trace
     from bench.sandbox_cells import CellsWorkflow
@@ -83,19 +86,21 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
     walls: dict[tuple[str, int], list[float]] = {(m, n): [] for m in MODES for n in (0, cells)}
     try:
         client = await connect(address)
-        tq = f"bench-iso-{uuid.uuid4().hex[:6]}"
-        async with build_worker(client, tq, extra_workflows=[CellsWorkflow]):
+        run = uuid.uuid4().hex[:6]
+        per_mode = {m: dataclasses.replace(Settings.from_env(), sandbox_isolation=m) for m in MODES}
+        async with contextlib.AsyncExitStack() as stack:
+            for mode, settings in per_mode.items():
+                await stack.enter_async_context(build_worker(client, f"bench-iso-{run}-{mode}", settings=settings,
+                                                             max_live_sandboxes=64, extra_workflows=[CellsWorkflow]))
             for rep in range(reps + 1):  # the first round warms up and is discarded
-                for mode in MODES:
-                    await sandbox_activities.shutdown()
-                    os.environ["RR_SANDBOX_ISOLATION"] = mode
-                    sandbox_activities.configure(Settings.from_env(), max_live=64)
+                for mode, settings in per_mode.items():
+                    sessions = sandbox_activities.runtime_for(settings, max_live=64).sessions  # that worker's
                     for n in (0, cells):
-                        await sandbox_activities._rt().sessions.prewarm()
+                        await sessions.prewarm()
                         sid = f"bench-{uuid.uuid4().hex[:10]}"
                         t0 = time.perf_counter()
                         ok = await client.execute_workflow(
-                            CellsWorkflow.run, args=[sid, trace, n], id=sid, task_queue=tq
+                            CellsWorkflow.run, args=[sid, trace, n], id=sid, task_queue=f"bench-iso-{run}-{mode}"
                         )
                         assert ok == n, (ok, n)
                         if rep:

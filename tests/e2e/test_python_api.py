@@ -322,7 +322,7 @@ def test_areflect_runs_on_the_callers_loop(on_server: Path) -> None:
         async def tick() -> None:  # the caller's loop keeps running while the reflection does
             nonlocal ticks
             while True:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
                 ticks += 1
 
         ticker = asyncio.ensure_future(tick())
@@ -333,7 +333,9 @@ def test_areflect_runs_on_the_callers_loop(on_server: Path) -> None:
 
     out, ticks = asyncio.run(main())
     _judged(out)
-    assert ticks > 5
+    # every tick ran before `areflect` returned (the ticker is cancelled at once after): a call that held the
+    # loop would leave 0 however long it took; how many depends only on how fast the reflection was
+    assert ticks >= 1
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from activities import model_requests
 
 @pytest.fixture(autouse=True)
 def _cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_requests, "_root", tmp_path / "responses")
+    monkeypatch.setattr(model_requests, "_default", model_requests.ResponseCache(tmp_path / "responses"))
 
 
 def _env(workflow_id: str = "wf-1", run_id: str = "run-1", activity_id: str = "7") -> ActivityEnvironment:

@@ -18,8 +18,7 @@ from tests.workflows.test_reflection import _reflect
 def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """The stateful script, but the sandbox host is SIGKILLed before the third cell (in-process worker only)."""
     if len(_returns(messages)) == 2:
-        rt = sandbox_activities._runtime
-        assert rt is not None
+        rt = sandbox_activities._rt()  # the running worker's (the model request is its local activity)
         for sid in list(rt.sessions._live):
             ex = rt.sessions.executor_for(sid)
             pid = getattr(ex, "pid", None)
