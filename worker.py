@@ -267,7 +267,7 @@ def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
                  f"(sandbox: {isolation.summary()})")
         if isolation.mode == "language-only":
             announce(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}")
-        worker = build_worker(client, settings.task_queue, models=list(models) or None)
+        worker = build_worker(client, settings.task_queue, models=list(models) or None, settings=settings)
         await stack.enter_async_context(worker)
         stack.push_async_callback(sandbox_activities.shutdown)
 

@@ -105,6 +105,7 @@ class _Runtime:
     store: BlobStore
     sessions: SessionManager
     lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
+    loop: asyncio.AbstractEventLoop | None = None  # its hosts' pipes and processes belong to this event loop
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """A blob-store call (`reflector.storage.stores.blocking`)."""
@@ -119,9 +120,10 @@ RUNTIME: ContextVar[_Runtime | None] = ContextVar("rr_sandbox_runtime", default=
 
 
 def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
-    """The process's sandbox runtime for `settings`: one per blob store and sandbox settings, so two workers
-    of one process on different stores never see each other's sessions, and workers (or successive API
-    calls) with the same settings share their live hosts and cap as before.
+    """The process's sandbox runtime for `settings` on the running event loop: one per blob store, sandbox
+    settings and loop, so two workers of one process on different stores never see each other's sessions,
+    workers with the same settings on one loop share their live hosts and cap, and a runtime is never used
+    from another loop than its hosts' (each `asyncio.run`, e.g. each `reflect()` call, has its own).
 
     Journal writes are not fsynced unless `RR_JOURNAL_FSYNC=1`: they survive a crash of the worker
     process (page cache), which is the failure the journal is for; fsync cost ~9% of the worker's CPU
@@ -133,11 +135,15 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     sweep_stale_workdirs()
     store = open_store(settings)
     live = settings.max_live_sandboxes if max_live is None else max_live
-    key = (str(Path(settings.blob_dir).resolve()), settings.s3_url, settings.s3_addressing_style, settings.s3_region,
+    key: tuple[object, ...] = (str(Path(settings.blob_dir).resolve()), settings.s3_url, settings.s3_addressing_style, settings.s3_region,
            settings.s3_endpoint, live, settings.journal_fsync,
            settings.sandbox_isolation, settings.sandbox_zygote, settings.lazy_trace_bytes)
+    loop = _running_loop()
+    for stale in [k for k, r in _runtimes.items() if r.loop is not None and r.loop.is_closed()]:
+        del _runtimes[stale]  # its loop is gone (an `asyncio.run` that ended): nothing of it can be awaited
+    key = (*key, id(loop))
     rt = _runtimes.get(key)
-    if rt is None:
+    if rt is None or rt.loop is not loop:
         sessions = SessionManager(
             Path(settings.blob_dir) / SESSIONS_DIR,
             max_live=live,
@@ -148,7 +154,8 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
             replica=store.remote,  # S3: journals and snapshots are shared by every worker
             archive_fetch=store.fetch if store.remote is not None else None,
         )
-        rt = _runtimes[key] = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes)
+        rt = _runtimes[key] = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes,
+                                       loop=loop)
     if settings.sandbox_isolation == "language-only" and not _warned:
         _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
@@ -192,15 +199,29 @@ async def check_isolation(settings: Settings | None = None) -> IsolationReport:
 
 
 async def shutdown() -> None:
-    """Stop every live sandbox host of this process (each runtime's), and the zygotes."""
+    """Stop the live sandbox hosts of every runtime on this event loop (each worker's), and the zygotes."""
+    loop = _running_loop()
     for rt in {id(r): r for r in [*_runtimes.values(), *([_runtime] if _runtime else [])]}.values():
-        await rt.sessions.close_all()
+        if rt.loop is loop or rt.loop is None:
+            await rt.sessions.close_all()
     await close_zygotes()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _rt() -> _Runtime:
-    """The running worker's runtime; outside a worker, the process default (`configure`)."""
-    return RUNTIME.get() or _runtime or configure()
+    """The running worker's runtime; outside a worker, the process default (`configure`) of this loop."""
+    bound = RUNTIME.get()
+    if bound is not None:
+        return bound
+    if _runtime is not None and _runtime.loop in (None, _running_loop()):
+        return _runtime
+    return configure()
 
 
 def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimits:

@@ -203,25 +203,50 @@ class _Zygote:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
 
-_zygotes: dict[str, _Zygote] = {}
+# one per (python, event loop): a zygote's socket reader and its hosts' pipes belong to the loop that
+# started it, and another loop must never touch them (a sync `reflect()` runs its own loop beside a
+# program's, or a test session's, long-lived one)
+_zygotes: dict[tuple[str, int], _Zygote] = {}
+
+
+def _forget_closed_loops() -> None:
+    """Drop the zygotes of event loops that have closed (an `asyncio.run` that ended without
+    `close_zygotes`): closing the socket ends the fork server (EOF); nothing of theirs can be awaited."""
+    for key, z in list(_zygotes.items()):
+        if z.loop.is_closed():
+            del _zygotes[key]
+            if z._sock is not None:
+                z._sock.close()
+                z._sock = None
+            if z._workdir:
+                shutil.rmtree(z._workdir, ignore_errors=True)
+
+
+def running_zygote(python: str) -> _Zygote | None:
+    """This event loop's zygote for `python`, if it has one (for tests and diagnostics)."""
+    return _zygotes.get((python, id(asyncio.get_running_loop())))
 
 
 async def close_zygotes() -> None:
-    """Stop this process's host fork servers (the hosts they started are stopped by their sessions)."""
-    for z in list(_zygotes.values()):
-        if z.loop is asyncio.get_running_loop():
+    """Stop this event loop's host fork servers (the hosts they started are stopped by their sessions)."""
+    loop = asyncio.get_running_loop()
+    for key, z in list(_zygotes.items()):
+        if z.loop is loop:
+            del _zygotes[key]
             await z.close()
-    _zygotes.clear()
+    _forget_closed_loops()
 
 
 async def _zygote(python: str) -> _Zygote | None:
     """The running zygote of this event loop for `python`, started if needed; None if it cannot be."""
     if not hasattr(socket, "send_fds"):
         return None
-    z = _zygotes.get(python)
+    _forget_closed_loops()
+    key = (python, id(asyncio.get_running_loop()))
+    z = _zygotes.get(key)
     if z is not None and z.alive:
         return z
-    if z is not None:  # a zygote of an earlier event loop (or a dead one): end it (EOF), drop its dir
+    if z is not None:  # this loop's zygote died: drop its dir
         if z._sock is not None:
             z._sock.close()
             z._sock = None
@@ -233,5 +258,5 @@ async def _zygote(python: str) -> _Zygote | None:
     except OSError as exc:
         log.warning("sandbox: cannot start the host fork server (%s); starting hosts one by one", exc)
         return None
-    _zygotes[python] = z
+    _zygotes[key] = z
     return z

@@ -48,8 +48,8 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def _zygote_pid() -> int:
-    z = zygote_client._zygotes[sys.executable]
-    assert z._proc is not None
+    z = zygote_client.running_zygote(sys.executable)
+    assert z is not None and z._proc is not None
     return z._proc.pid
 
 
@@ -81,7 +81,7 @@ async def test_a_forked_host_holds_the_fds_of_a_directly_started_one(trace_file:
         ex = await _started(trace_file, unguarded_for_tests=True, zygote=zygote == "1")
         try:
             assert ex.host_pid is not None
-            forked = sys.executable in zygote_client._zygotes and _zygote_pid() in _ancestors(ex.host_pid)
+            forked = zygote_client.running_zygote(sys.executable) is not None and _zygote_pid() in _ancestors(ex.host_pid)
             assert forked == (zygote == "1")
             result = await ex.run_unguarded(OPEN_FDS)
             assert result.ok, result
@@ -97,7 +97,8 @@ async def test_a_dead_zygote_stops_no_host_and_the_next_host_still_starts(trace_
         old = _zygote_pid()
         os.kill(old, signal.SIGKILL)
         for _ in range(100):  # the worker notices the zygote's socket closing
-            if not zygote_client._zygotes[sys.executable].alive:
+            z = zygote_client.running_zygote(sys.executable)
+            if z is None or not z.alive:
                 break
             await asyncio.sleep(0.02)
         assert (await ex.run_cell("print('still here')")).stdout.strip() == "still here"
@@ -110,3 +111,30 @@ async def test_a_dead_zygote_stops_no_host_and_the_next_host_still_starts(trace_
         assert _zygote_pid() in _ancestors(again.host_pid)
     finally:
         await again.close()
+
+
+async def test_another_event_loop_never_touches_this_loops_zygote(trace_file: str) -> None:
+    """A sync `reflect()` runs its own event loop (in `asyncio.run`) beside a program's long-lived one.
+    Its zygote is its own: before zygotes were kept per loop, the second loop closed the first one's
+    socket, the first loop never heard of its hosts' exits again, and closing them hung (seen in CI as
+    a session teardown timing out)."""
+    ex = await _started(trace_file)
+    try:
+        mine = _zygote_pid()
+
+        async def elsewhere() -> int:
+            other = await _started(trace_file)
+            try:
+                assert (await other.run_cell("print(2 * 3)")).stdout.strip() == "6"
+                return _zygote_pid()
+            finally:
+                await other.close()
+                await zygote_client.close_zygotes()
+
+        theirs = await asyncio.to_thread(asyncio.run, elsewhere())
+        assert theirs != mine
+        z = zygote_client.running_zygote(sys.executable)
+        assert z is not None and z.alive and _zygote_pid() == mine
+        assert (await ex.run_cell("print('still mine')")).stdout.strip() == "still mine"
+    finally:
+        await asyncio.wait_for(ex.close(), 10)  # its exit is reported by its own zygote
