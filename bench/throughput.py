@@ -282,7 +282,8 @@ async def run_point(kind: Kind, n: int, steps: int, latency: int, model: str, en
     timeouts, sticky_fallbacks, wft_failed = await _history_counts(handles)
     mb = 1024 * 1024
     return [kind.name, latency, n, wall, used / wall, (w1 - w0) / used * 1000,
-            (o1 - o0) / used * 1000, (s1 - s0) / used * 1000, (d1 - d0) / used * 1000, wall / ((steps + 1) * latency / 1000), timeouts,
+            (o1 - o0) / used * 1000, (s1 - s0) / used * 1000, (d1 - d0) / used * 1000,
+            wall / ((steps + 1) * latency / 1000) if latency else "-", timeouts,  # 0 ms: no latency bound
             kind.not_found_warnings() - nf0, sticky_fallbacks, wft_failed, paid_twice, mem.worker_peak / mb, mem.hosts_peak / mb,
             mem.hosts_peak_count, mem.total_pss_peak / mb / n]
 
