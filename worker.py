@@ -267,9 +267,10 @@ def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
                  f"(sandbox: {isolation.summary()})")
         if isolation.mode == "language-only":
             announce(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}")
+        runtime = sandbox_activities.hold(settings)  # the one build_worker binds (same settings, same loop)
+        stack.push_async_callback(sandbox_activities.release, runtime)  # after the worker has stopped
         worker = build_worker(client, settings.task_queue, models=list(models) or None, settings=settings)
         await stack.enter_async_context(worker)
-        stack.push_async_callback(sandbox_activities.shutdown)
 
     return start
 

@@ -61,6 +61,8 @@ __all__ = [
     "runtime_for",
     "RUNTIME",
     "shutdown",
+    "hold",
+    "release",
     "ACTIVITIES",
 ]
 
@@ -106,6 +108,7 @@ class _Runtime:
     sessions: SessionManager
     lazy_trace_bytes: int = DEFAULT_LAZY_TRACE_BYTES
     loop: asyncio.AbstractEventLoop | None = None  # its hosts' pipes and processes belong to this event loop
+    users: int = 0  # workers that hold it (`hold` / `release`): the last one to end stops its hosts
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
         """A blob-store call (`reflector.storage.stores.blocking`)."""
@@ -205,6 +208,27 @@ async def shutdown() -> None:
         if rt.loop is loop or rt.loop is None:
             await rt.sessions.close_all()
     await close_zygotes()
+
+
+def hold(settings: Settings) -> _Runtime:
+    """The runtime for `settings` on this loop (`runtime_for`), held until `release`: for a worker that ends
+    while others of this loop may still run (the Python API's in-process worker, one per call)."""
+    rt = runtime_for(settings)
+    rt.users += 1
+    return rt
+
+
+async def release(rt: _Runtime) -> None:
+    """End a `hold`. The last holder of a runtime stops its live hosts; the loop's zygotes stop when no runtime
+    of the loop is held any more. A call that ends never stops the hosts of a call still running beside it
+    on the same loop (it did, through `shutdown`: the other reflection's next cell rebuilt its host)."""
+    rt.users -= 1
+    if rt.users > 0:
+        return
+    await rt.sessions.close_all()
+    loop = _running_loop()
+    if not any(r.users > 0 for r in _runtimes.values() if r.loop is loop):
+        await close_zygotes()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

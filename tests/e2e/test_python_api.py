@@ -338,6 +338,39 @@ def test_areflect_runs_on_the_callers_loop(on_server: Path) -> None:
     assert ticks >= 1
 
 
+def _cells_rebuilt(wf_id: str) -> int:
+    """How many of the workflow's cells found their sandbox host gone (`rr audit --json`)."""
+    p = subprocess.run([sys.executable, "-m", "reflector.cli", "audit", wf_id, "--json"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return int(json.loads(p.stdout)["cells_rebuilt"])
+
+
+@pytest.mark.slow
+def test_a_call_that_ends_leaves_the_hosts_of_a_call_beside_it(on_server: Path) -> None:
+    """Two `areflect` calls on one loop, each with its own in-process worker (two task queues): when the
+    short one ends, the long one's sandbox host keeps running. Each call used to stop every host of the
+    loop as it ended, and the other reflection's next cell had to rebuild its host from the journal."""
+    import reflector.testing.scripted  # noqa: F401  (scripted-paced-20: 20 cells, 0.25 s per model request)
+
+    long_id = f"api-beside-{uuid.uuid4().hex[:6]}"
+
+    async def main() -> tuple[ReflectorOutput, ReflectorOutput, bool]:
+        long = asyncio.ensure_future(areflect(traces=MESSAGES, ground_truth="408", workflow_id=long_id,
+                                              config=RRConfig(model="scripted-paced-20", max_requests=40)))
+        await asyncio.sleep(1.0)  # the long one has its host and has run cells
+        other = dataclasses.replace(Settings.from_env(), task_queue=f"api-other-{uuid.uuid4().hex[:6]}")
+        short = await areflect(traces=MESSAGES, agent_output=ANSWER, ground_truth="408", settings=other)
+        overlapped = not long.done()
+        return short, await long, overlapped
+
+    short, long, overlapped = asyncio.run(main())
+    assert overlapped, "the short call must end while the long one runs (20 model requests of 0.25 s)"
+    _judged(short)
+    assert _completed(long).raw["rr_trace"]["cells"] == 20
+    assert _cells_rebuilt(long_id) == 0
+
+
 @pytest.mark.slow
 def test_rrstep_as_a_pipeline_step_and_as_a_reflector(on_server: Path) -> None:
     step = RRStep(config=RRConfig(max_requests=20), ground_truth="408")
