@@ -144,9 +144,9 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     loop = _running_loop()
     for stale in [k for k, r in _runtimes.items() if r.loop is not None and r.loop.is_closed()]:
         del _runtimes[stale]  # its loop is gone (an `asyncio.run` that ended): nothing of it can be awaited
-    key = (*key, id(loop))
+    key = (*key, loop)
     rt = _runtimes.get(key)
-    if rt is None or rt.loop is not loop:
+    if rt is None:
         sessions = SessionManager(
             Path(settings.blob_dir) / SESSIONS_DIR,
             max_live=live,

@@ -188,6 +188,15 @@ class _Zygote:
             self._children[pid] = proc
         return proc
 
+    def abandon(self) -> None:
+        """Let go without awaiting anything (its loop is closed, or it died): closing the socket ends the fork
+        server (EOF); its dir goes."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
     async def close(self) -> None:
         if self._sock is not None:
             with contextlib.suppress(Exception):
@@ -206,7 +215,7 @@ class _Zygote:
 # one per (python, event loop): a zygote's socket reader and its hosts' pipes belong to the loop that
 # started it, and another loop must never touch them (a sync `reflect()` runs its own loop beside a
 # program's, or a test session's, long-lived one)
-_zygotes: dict[tuple[str, int], _Zygote] = {}
+_zygotes: dict[tuple[str, asyncio.AbstractEventLoop], _Zygote] = {}
 
 
 def _forget_closed_loops() -> None:
@@ -215,16 +224,12 @@ def _forget_closed_loops() -> None:
     for key, z in list(_zygotes.items()):
         if z.loop.is_closed():
             del _zygotes[key]
-            if z._sock is not None:
-                z._sock.close()
-                z._sock = None
-            if z._workdir:
-                shutil.rmtree(z._workdir, ignore_errors=True)
+            z.abandon()
 
 
 def running_zygote(python: str) -> _Zygote | None:
     """This event loop's zygote for `python`, if it has one (for tests and diagnostics)."""
-    return _zygotes.get((python, id(asyncio.get_running_loop())))
+    return _zygotes.get((python, asyncio.get_running_loop()))
 
 
 async def close_zygotes() -> None:
@@ -242,16 +247,12 @@ async def _zygote(python: str) -> _Zygote | None:
     if not hasattr(socket, "send_fds"):
         return None
     _forget_closed_loops()
-    key = (python, id(asyncio.get_running_loop()))
+    key = (python, asyncio.get_running_loop())
     z = _zygotes.get(key)
     if z is not None and z.alive:
         return z
-    if z is not None:  # this loop's zygote died: drop its dir
-        if z._sock is not None:
-            z._sock.close()
-            z._sock = None
-        if z._workdir:
-            shutil.rmtree(z._workdir, ignore_errors=True)
+    if z is not None:  # this loop's zygote died
+        z.abandon()
     z = _Zygote(python)
     try:
         await z.start()
