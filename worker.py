@@ -12,6 +12,7 @@ workflow's `__pydantic_ai_agents__`) and the pydantic payload converter.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -48,6 +49,7 @@ from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
 from reflector.settings import SettingError, Settings, usable_dir
+from reflector.storage.identity import store_id
 from reflector.storage.payloads import blob_dir_of, replay_storage
 from reflector.storage.stores import check_store, describe_store
 from sandbox.isolation import IsolationUnavailable
@@ -210,9 +212,26 @@ async def run_worker(settings: Settings | None = None) -> None:
     from reflector.connection import describe_target
     from reflector.devserver import is_reachable
 
-    if not is_reachable(settings.address):
-        raise SettingError(f"the Temporal server at {describe_target(settings)} is not reachable "
-                           "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+    async with AsyncExitStack() as stack:
+        if not settings.address_explicit:
+            # nothing configured: the embedded server of RR_HOME, shared with the home's other rr processes
+            # (started when none runs; leased for as long as this worker runs: `reflector.homeserver`)
+            from reflector.client import lease_home_server
+
+            try:
+                home_server, _started = await lease_home_server(settings, stack, lambda msg: print(msg, flush=True))
+            except ReflectError as exc:
+                raise SettingError(str(exc)) from None
+            settings = dataclasses.replace(settings, address=home_server.address)
+        elif not is_reachable(settings.address):
+            raise SettingError(f"the Temporal server at {describe_target(settings)} is not reachable "
+                               "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+        await _serve(settings)
+
+
+async def _serve(settings: Settings) -> None:
+    from reflector.connection import describe_target
+
 
     usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
     check_store(settings)  # RR_BLOB_URL=s3://...: the bucket is there and usable
@@ -238,6 +257,8 @@ async def run_worker(settings: Settings | None = None) -> None:
         f"rr worker pid={os.getpid()} on {settings.address} task queue {settings.task_queue!r}",
         flush=True,
     )
+    how = "set by RR_TASK_QUEUE" if settings.task_queue_setting else "derived from the store: rr-<store id>"
+    print(f"store id: {store_id(settings)} (the task queue is {how})", flush=True)
     print(f"sandbox: {isolation.summary()}", flush=True)
     print(f"blobs: {describe_store(settings)}", flush=True)
     if isolation.mode == "language-only":

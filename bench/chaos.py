@@ -459,7 +459,7 @@ async def run_setup(
             address = await server.astart(timeout=30)
             env["TEMPORAL_ADDRESS"] = address
             pool = WorkerPool(root, env, oai.base_url.removesuffix("/v1"), say)
-            settings = dataclasses.replace(Settings.from_env(), home=home, address=address, task_queue=tq)
+            settings = dataclasses.replace(Settings.from_env(), home=home, address=address, task_queue_setting=tq)
             client = await connect(address, settings=settings)
             trace_refs = {p: rr.upload_trace(p, settings) for p in {j.trace for j in jobs}}
             first = [pool.spawn() for _ in range(workers)]

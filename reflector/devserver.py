@@ -213,6 +213,14 @@ def _dynamic_config_args(dynamic_config: Mapping[str, object]) -> list[str]:
     return args
 
 
+def _die_with_parent() -> None:
+    """In the forked child before exec: SIGKILL when the parent dies (no-op where prctl is missing)."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
 class DevServer:
     """A ``temporal server start-dev`` child process bound to 127.0.0.1.
 
@@ -238,6 +246,7 @@ class DevServer:
         dynamic_config: Mapping[str, object] | None = None,
         binary: Path | None = None,
         search_attributes: bool = True,
+        die_with_parent: bool = False,
     ) -> None:
         self.db_file = db_file
         self.port = port if port is not None else free_port()
@@ -253,6 +262,9 @@ class DevServer:
         # rr's custom search attributes (`reflector.search_attributes`), registered in the namespaces created
         # at launch; False: a server without them (a namespace created later never has them either)
         self.search_attributes = search_attributes
+        # the kernel SIGKILLs the server when the process that started it dies, even by SIGKILL (Linux:
+        # PR_SET_PDEATHSIG): a home's keeper (`reflector.homeserver`) never leaves its server behind
+        self.die_with_parent = die_with_parent
         self._log_file_given = log_file is not None
         self.log_file: Path | None = log_file
         self._log_handle: IO[bytes] | None = None
@@ -347,6 +359,7 @@ class DevServer:
                 # the server mid-shutdown of the worker; we stop it explicitly (and at exit).
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         except OSError as exc:
             self._close_log()
@@ -490,7 +503,7 @@ class DevServer:
 # --------------------------------------------------------------------------------------------
 
 
-def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233) -> int:
+def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233, home: Path | None = None) -> int:
     """Run the dev server in the foreground for ``rr server``; returns its exit code.
 
     A subprocess (not ``exec``) so we can print where it listens first, refuse an occupied port
@@ -498,6 +511,14 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233) -> int:
     which runs in its own session so a terminal Ctrl-C reaches it exactly once (through us).
     """
     address = f"{LOOPBACK}:{port}"
+    if home is not None:
+        from reflector.homeserver import live_server
+
+        running = live_server(home)
+        if running is not None:
+            print(f"rr server: the embedded server of {home} is already running on {running.address} "
+                  f"(pid {running.server_pid}); its clients use it", file=sys.stderr)
+            return 1
     if is_reachable(address, timeout=0.5):
         print(
             f"rr server: {address} is already in use (a Temporal server may already be running); "
@@ -521,6 +542,17 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233) -> int:
         print(f"rr server: cannot launch {argv[0]}: {exc}", file=sys.stderr)
         return 1
 
+    keeper_fd: int | None = None
+    if home is not None:  # the home's clients find it in RR_HOME/server.json (`reflector.homeserver`)
+        from reflector.homeserver import register_foreground, unregister_foreground
+
+        keeper_fd = register_foreground(home, address, server.ui_url, proc.pid)
+        if keeper_fd is None:
+            proc.terminate()
+            proc.wait()
+            print(f"rr server: another embedded server of {home} started meanwhile", file=sys.stderr)
+            return 1
+
     def forward(signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
@@ -534,6 +566,8 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233) -> int:
     try:
         return proc.wait()
     finally:
+        if keeper_fd is not None:
+            unregister_foreground(home, keeper_fd)  # type: ignore[arg-type]
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if proc.poll() is None:  # e.g. an exception escaped the wait loop

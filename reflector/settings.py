@@ -20,7 +20,6 @@ __all__ = [
     "env_flag",
     "usable_dir",
     "DEFAULT_ADDRESS",
-    "DEFAULT_TASK_QUEUE",
     "DEFAULT_NO_WORKER_WARN_S",
     "WORKER_MODELS_ENV",
     "OTEL_ENV",
@@ -32,7 +31,6 @@ __all__ = [
 ]
 
 DEFAULT_ADDRESS = "localhost:7233"
-DEFAULT_TASK_QUEUE = "rr-reflections"
 DEFAULT_MAX_TRACE_BYTES = 64 * 1024**3  # large traces are read lazily; the host memory formula decides what fits
 DEFAULT_LAZY_TRACE_BYTES = 16 * 1024**2  # traces at least this big are indexed and read lazily (RR_LAZY_TRACE_BYTES)
 DEFAULT_SANDBOX_MAX_MEMORY = 16 * 1024**3  # the largest host address space a trace may need (RR_SANDBOX_MAX_MEMORY_BYTES)
@@ -263,7 +261,8 @@ class Settings:
     address: str
     address_explicit: bool
     namespace: str
-    task_queue: str
+    # RR_TASK_QUEUE, or "" (unset): the queue is then derived from the blob store (`task_queue`)
+    task_queue_setting: str
     model: str | None
     max_trace_bytes: int
     # TLS, API key, gRPC metadata of the Temporal connection, and where the address came from (`load_temporal`)
@@ -321,6 +320,19 @@ class Settings:
         return "RR_BLOB_URL" if self.blob_url else "RR_HOME"
 
     @property
+    def task_queue(self) -> str:
+        """RR_TASK_QUEUE, else `rr-<store id>` (`reflector.storage.identity`): a client and a worker of two
+        different blob stores never share a queue, so work only reaches workers that can read its blobs."""
+        if self.task_queue_setting:
+            return self.task_queue_setting
+        from reflector.storage.identity import store_queue
+
+        try:
+            return store_queue(self)
+        except OSError as exc:
+            raise SettingError(f"cannot read or create the blob store's id ({self.blob_dir_setting}): {exc}") from None
+
+    @property
     def db_file(self) -> Path:
         return self.home / "temporal.sqlite"
 
@@ -336,7 +348,7 @@ class Settings:
             address_explicit=bool(address),
             namespace=namespace or "default",
             temporal=temporal,
-            task_queue=env.get("RR_TASK_QUEUE", DEFAULT_TASK_QUEUE),
+            task_queue_setting=env.get("RR_TASK_QUEUE", "").strip(),
             model=env.get("RR_MODEL") or None,
             max_trace_bytes=int(env_number("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
             sandbox_isolation=_isolation(env.get(ISOLATION_ENV)),

@@ -26,6 +26,7 @@ from typing import Any
 
 from reflector.contract import BatchRun, ManifestPage, ManifestRef, TraceRef
 from reflector.storage.blobs import BlobStore, blob_uri
+from reflector.storage.identity import store_id_of
 from reflector.traces import TraceError, detect_format
 from reflector.traces.scan import BrokenLine, iter_records
 
@@ -113,7 +114,8 @@ def split_file(path: Path, store: BlobStore, max_bytes: int | None = None) -> It
             raw.seek(start)
             data = raw.read(size)
             digest = store.put_bytes(data)
-            ref = TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(value))
+            ref = TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(value),
+                           store_id=store_id_of(store), store_url=store.where)
             yield RunSource(run_id=_run_id(value) or source, source=source, trace=ref)
 
 

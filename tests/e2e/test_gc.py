@@ -66,7 +66,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     try:
         proc.wait_ready(60)
         settings = replace(Settings.from_env(), home=home, address=server.address, address_explicit=True,
-                           task_queue=tq)
+                           task_queue_setting=tq)
         assert settings.blob_dir == blob_dir
         yield Env(await connect(server.address, settings=settings), settings, blob_dir, cli_env)
     finally:

@@ -47,7 +47,7 @@ def pems(tmp_path: Path) -> dict[str, Path]:
 def _settings(env: Mapping[str, str]) -> Settings:
     address, namespace, temporal = load_temporal(env)
     return Settings(home=Path("/nonexistent-rr-home"), address=address or DEFAULT_ADDRESS,
-                    address_explicit=bool(address), namespace=namespace or "default", task_queue="q",
+                    address_explicit=bool(address), namespace=namespace or "default", task_queue_setting="q",
                     model=None, max_trace_bytes=1, temporal=temporal)
 
 

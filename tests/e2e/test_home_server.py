@@ -1,0 +1,219 @@
+"""One embedded server per RR_HOME, shared by the home's processes; work reaches only workers of its store (issue 26).
+
+Each test runs `rr` as users do: subprocesses with nothing configured but RR_HOME (no TEMPORAL_ADDRESS, no
+RR_TASK_QUEUE), concurrently, killed with SIGTERM and SIGKILL. Before the change two calls at once on one
+home failed 3-4 times in 5 (port in use, SQLite locked, one call's end stopping the server the other used),
+a call of a second home ran on the first home's server and its worker (`blob ... is not in the store`), and
+a SIGTERMed `rr reflect` left its server running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from reflector.devserver import free_port, is_reachable
+from reflector.homeserver import live_server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
+RR = [sys.executable, "-c", "from reflector.cli import run; run()"]
+ROUNDS = 20
+
+pytestmark = [pytest.mark.slow]
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    # a free preferred port: the suite's other worker may run its own homes at the same time
+    env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port()), **extra})
+    return env
+
+
+def _reflect(home: Path, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RR, "reflect", str(EXAMPLE), *args], cwd=REPO_ROOT, env=_env(home, **extra),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _no_server_left(home: Path, server_pid: int | None, within: float = 15.0) -> None:
+    """The home's keeper and server are gone (and their record) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        gone = server_pid is None or not Path(f"/proc/{server_pid}").exists() or _zombie(server_pid)
+        if live_server(home) is None and not (home / "server.json").exists() and gone:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the embedded server of {home} is still running: {(home / 'server.json').read_text()}")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def _recorded_server_pid(home: Path, within: float = 60.0) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        state = live_server(home)
+        if state is not None:
+            return state.server_pid
+        time.sleep(0.05)
+    raise AssertionError(f"no embedded server was recorded in {home}")
+
+
+@pytest.mark.timeout(ROUNDS * 60)
+def test_two_processes_of_one_home_and_a_second_home_at_once(tmp_path: Path) -> None:
+    """20 rounds of three `rr reflect` at once: two on home A, one on home B. Every one completes, each home's
+    reflections are in its own SQLite file, and no server outlives its last user."""
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    with ThreadPoolExecutor(3) as pool:
+        for i in range(ROUNDS):
+            runs = list(pool.map(lambda h: _reflect(h), [home_a, home_a, home_b]))
+            for home, p in zip([home_a, home_a, home_b], runs, strict=True):
+                where = f"round {i + 1}, {home.name} (exit {p.returncode}):\n{p.stderr[-3000:]}"
+                assert p.returncode == 0, where
+                assert "Traceback" not in p.stderr and "database is locked" not in p.stderr, where
+                assert "step 1: reasoning error" in p.stdout, where
+            _no_server_left(home_a, None)
+            _no_server_left(home_b, None)
+    # every reflection ran on its own home's server: 40 on A, 20 on B (rr list reads each home's SQLite file)
+    for home, expected in ((home_a, 2 * ROUNDS), (home_b, ROUNDS)):
+        p = subprocess.run([*RR, "list", "--json", "--limit", "1000"], cwd=REPO_ROOT, env=_env(home),
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+        rows = json.loads(p.stdout)
+        assert len(rows) == expected, (home.name, len(rows))
+    _no_server_left(home_a, None)
+
+
+def _start_reflect(home: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
+    """An `rr reflect` that waits (a gated model never answers), as a user's long run would."""
+    return subprocess.Popen([*RR, "reflect", str(EXAMPLE), "--model", "scripted-paced-20", *args], cwd=REPO_ROOT,
+                            env=_env(home, RR_PLUGINS="reflector.testing.scripted", **extra), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_started(proc: subprocess.Popen[str], home: Path) -> int:
+    """Wait until the reflection has started; returns the home's server pid."""
+    pid = _recorded_server_pid(home)
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        if "started reflection" in line:
+            return pid
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"rr reflect did not start its reflection:\n{seen}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_a_killed_rr_reflect_leaves_no_server(tmp_path: Path, sig: signal.Signals) -> None:
+    home = tmp_path / "home"
+    proc = _start_reflect(home)
+    try:
+        server_pid = _wait_started(proc, home)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:  # ended like Ctrl-C: one line naming the reflection left running, the signal's exit code
+        assert proc.returncode == 128 + sig, err[-2000:]
+        assert "interrupted: reflection" in err and "Traceback" not in err, err[-2000:]
+    _no_server_left(home, server_pid)
+
+
+def test_the_server_lives_while_any_process_of_its_home_uses_it(tmp_path: Path) -> None:
+    """A worker of the home keeps the home's server; another process uses the same server (not a second one),
+    its end does not stop it; the worker's SIGKILL does (nothing else uses it)."""
+    home = tmp_path / "home"
+    worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT, env=_env(home),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        server_pid = _recorded_server_pid(home)
+        address = live_server(home).address  # type: ignore[union-attr]
+        p = _reflect(home)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert f"using the embedded Temporal server of {home} on {address}" in p.stderr, p.stderr
+        time.sleep(1.0)  # longer than the keeper's poll: the reflect's end must not have stopped it
+        assert live_server(home) is not None and live_server(home).server_pid == server_pid  # type: ignore[union-attr]
+        assert is_reachable(address)
+        worker.kill()
+        worker.wait(30)
+        _no_server_left(home, server_pid)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_path: Path) -> None:
+    """Different stores give different default queues; with one RR_TASK_QUEUE forced on both, a worker of
+    home B refuses home A's reflection at once, naming both stores."""
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT, env=_env(home_b),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_worker(worker)
+        # the default queues differ (each is rr-<store id>)
+        ids = {h.name: (h / "blobs" / "rr-store-id").read_text().strip() for h in (home_b,)}
+        p = _reflect(home_a, timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        ids["a"] = (home_a / "blobs" / "rr-store-id").read_text().strip()
+        assert ids["a"] != ids["b"]
+        assert f"task queue 'rr-{ids['a']}'" in p.stderr
+        # one queue forced on both, home A's client on home B's server: B's worker takes it and refuses it
+        worker.kill()
+        worker.wait(30)
+        queue = "shared-queue"
+        worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT,
+                                  env=_env(home_b, RR_TASK_QUEUE=queue), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _wait_worker(worker)
+        address = _wait_address(home_b)
+        started = time.monotonic()
+        p = _reflect(home_a, timeout=120, RR_TASK_QUEUE=queue, TEMPORAL_ADDRESS=address)
+        assert p.returncode != 0
+        assert f"id {ids['b']}" in p.stderr and f"id {ids['a']}" in p.stderr, p.stderr[-3000:]
+        assert str(home_b / "blobs") in p.stderr and str(home_a / "blobs") in p.stderr, p.stderr[-3000:]
+        assert time.monotonic() - started < 60  # at once: no retries
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def _wait_worker(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    seen = ""
+    while "store id:" not in seen:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"rr worker exited:\n{seen}")
+        seen += line
+
+
+def _wait_address(home: Path) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = live_server(home)
+        if state is not None and is_reachable(state.address):
+            return state.address
+        time.sleep(0.05)
+    raise AssertionError(f"no server for {home}")
