@@ -21,14 +21,20 @@ before any model code, under layers that do not depend on Python at all:
     the blob store. Archived transcripts are read by the worker and sent over the protocol.
   * **seccomp** (a raw BPF filter, no library needed): no sockets, no exec, no fork/clone, no ptrace or
     `process_vm_*`, no signals to other processes, no mount / namespace / keyring / bpf / io_uring /
-    module / perf syscalls, no uid/gid/capability changes; other architectures and the x32 ABI are
-    killed outright.
+    module / perf syscalls, no uid/gid/capability changes; no inotify / fanotify / dnotify (Landlock
+    denies listing the blob store, not watching it); no memory outside RLIMIT_AS (memfds, SysV and
+    POSIX IPC, pipes grown with F_SETPIPE_SZ); no metadata changes (chmod, chown, utime, xattrs,
+    inode flags: Landlock does not cover them, and a non-root worker's host owns the worker's files);
+    other architectures and the x32 ABI are killed outright.
+  * **fds and a cgroup**: RLIMIT_NOFILE is `HOST_MAX_FDS` (what fds pin stays small); where the
+    worker has a delegated cgroup v2 (`RR_SANDBOX_CGROUP`, or the parent of its own cgroup), each host
+    runs in a cgroup of its own with `memory.max` (= its RLIMIT_AS) and `pids.max` (`enter_cgroup`).
 
 Required vs best effort (`IsolationPolicy`): in the default mode `auto`, no-new-privs, Landlock and
 seccomp are required (they need no privileges on any Linux >= 5.13): a host that cannot apply one of
-them refuses to run cells. Namespaces and the uid drop are applied wherever the kernel allows and
-reported. `strict` requires them too; `language-only` skips the OS layer (an explicit opt-out for
-machines without it, e.g. macOS; the worker then warns loudly).
+them refuses to run cells. Namespaces, the uid drop and the cgroup are applied wherever the kernel (and
+the worker's cgroup) allows and reported. `strict` requires them too; `language-only` skips the OS layer
+(an explicit opt-out for machines without it, e.g. macOS; the worker then warns loudly).
 
 Everything here runs in the host process, single-threaded, before the first cell. The functions use
 only `ctypes` and raw syscall numbers, so nothing is downloaded or compiled.
@@ -36,6 +42,7 @@ only `ctypes` and raw syscall numbers, so nothing is downloaded or compiled.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -48,12 +55,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
+    "CGROUP_ENV",
+    "HOST_MAX_FDS",
     "ISOLATION_ENV",
     "IsolationMode",
     "IsolationReport",
     "IsolationUnavailable",
     "NOBODY",
+    "enter_cgroup",
     "enter_namespaces",
+    "find_cgroup_base",
     "lockdown",
     "parse_mode",
     "seccomp_program",
@@ -67,6 +78,15 @@ suite sets this from the same variable, so that `RR_SANDBOX_ISOLATION=language-o
 host it starts)."""
 MODES: tuple[IsolationMode, ...] = ("auto", "strict", "language-only")
 NOBODY = 65534
+CGROUP_ENV = "RR_SANDBOX_CGROUP"
+"""A delegated cgroup v2 directory (writable by the worker, `memory` and `pids` enabled in its
+`cgroup.subtree_control`) under which each host gets a cgroup of its own. Unset: the parent of the
+worker's own cgroup, when it is such a directory (systemd `Delegate=yes` with the worker in a leaf)."""
+HOST_MAX_FDS = 64
+"""RLIMIT_NOFILE of a locked-down host. It holds about ten (stdio, its two protocol fds, the trace and its
+index, an import in flight); the cap bounds what fds pin outside RLIMIT_AS (pipe buffers, epoll, ...)."""
+HOST_PIDS_MAX = 8  # the supervisor, the reaper and the host (seccomp allows no fork): slack for the kernel's view
+CGROUP_PREFIX = "rr-host-"
 
 # clone/unshare flags
 CLONE_NEWNS = 0x00020000
@@ -203,6 +223,195 @@ def _map_ids(uid: int, gid: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# cgroup v2 (at host start, in the spawned process, before the namespaces)
+# ---------------------------------------------------------------------------------------------------
+
+_cgroup_dir: str | None = None  # this host's own cgroup (the reaper and the host inherit it through fork)
+_cgroup_home: str | None = None  # the cgroup the spawned process came from (the supervisor goes back there)
+
+
+def _read_words(path: str) -> set[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return set(fh.read().split())
+    except OSError:
+        return set()
+
+
+def _cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of the cgroup v2 file system, from `mountinfo` (field 5; fs type after ` - `)."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split(" ")
+        if sep and right.split(" ", 1)[0] == "cgroup2" and len(fields) > 4:
+            found.append(fields[4].replace("\\040", " "))
+    return found
+
+
+def _own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
+    """This process's cgroup v2 path (the `0::` line), or None (cgroup v1 only)."""
+    try:
+        with open(proc_cgroup, encoding="utf-8", errors="replace") as fh:
+            for line in fh.read().splitlines():
+                if line.startswith("0::"):
+                    return line[3:] or "/"
+    except OSError:
+        pass
+    return None
+
+
+def check_cgroup_base(base: str) -> str | None:
+    """None when `base` can hold the hosts' cgroups (a delegated cgroup v2 directory), else why not."""
+    if not os.path.isfile(os.path.join(base, "cgroup.controllers")):
+        return f"{base} is not a cgroup v2 directory"
+    missing = sorted({"memory", "pids"} - _read_words(os.path.join(base, "cgroup.controllers")))
+    if missing:
+        return (
+            f"the cgroup v2 at {base} offers no {' or '.join(missing)} controller "
+            "(on this machine they may be bound to cgroup v1 hierarchies)"
+        )
+    if {"memory", "pids"} - _read_words(os.path.join(base, "cgroup.subtree_control")):
+        return f"{base}/cgroup.subtree_control does not enable memory and pids for its children"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{base} is not writable by the worker (not delegated to it)"
+    return None
+
+
+def find_cgroup_base(explicit: str | None = None) -> tuple[str | None, str]:
+    """Where hosts' cgroups go: (directory, "") or (None, why there is none).
+
+    `explicit` (`RR_SANDBOX_CGROUP`) must itself be usable; otherwise the parent of this process's own
+    cgroup is used when it is delegated (a cgroup with processes cannot give controllers to children,
+    so a delegating service manager puts the worker in a leaf: its parent is the delegated cgroup).
+    """
+    if explicit:
+        why = check_cgroup_base(explicit)
+        return (explicit, "") if why is None else (None, why)
+    mounts = _cgroup2_mounts()
+    if not mounts:
+        return None, "no cgroup v2 file system is mounted"
+    own = _own_cgroup()
+    if own is None:
+        return None, "this process is in no cgroup v2 (/proc/self/cgroup has no 0:: line)"
+    reasons = []
+    for mount in mounts:
+        root = os.path.normpath(mount)
+        mine = os.path.normpath(root + "/" + own.lstrip("/"))
+        if not os.path.isdir(mine):
+            continue  # a mount of another cgroup namespace
+        unavailable = sorted({"memory", "pids"} - _read_words(os.path.join(root, "cgroup.controllers")))
+        if unavailable:
+            reasons.append(
+                f"the cgroup v2 at {root} offers no {' or '.join(unavailable)} controller "
+                "(on this machine they are bound to cgroup v1 hierarchies)"
+            )
+            continue
+        if mine == root:
+            reasons.append(f"the worker is in the root cgroup of {root}; set {CGROUP_ENV} to a delegated cgroup")
+            continue
+        why = check_cgroup_base(os.path.dirname(mine))
+        if why is None:
+            return os.path.dirname(mine), ""
+        reasons.append(why)
+    return None, "; ".join(reasons) or "no cgroup v2 mount holds this process's cgroup"
+
+
+def _write_cgroup(directory: str, name: str, value: str) -> None:
+    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _sweep_cgroups(base: str) -> None:
+    """Remove the cgroups of hosts whose spawned process is gone (a SIGKILL skips the supervisor's cleanup)."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(CGROUP_PREFIX) :]
+        if entry.name.startswith(CGROUP_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)  # refused while a process is still in it
+
+
+def enter_cgroup(mode: IsolationMode, report: IsolationReport, *, unavailable: Iterable[str] = ()) -> None:
+    """Move this (the spawned) process into a cgroup of its own under the delegated base.
+
+    Why: the rlimits bound one process's address space, not the kernel memory, page cache and processes
+    it pins; the cgroup's `pids.max` (here) and `memory.max` (set at `lockdown` from RLIMIT_AS, which a
+    pooled host only knows then) hold all three processes of a host together. Best effort and reported
+    (`cgroup`, or why not in `missing`); `strict` requires it. The supervisor removes it at the end.
+    """
+    global _cgroup_dir, _cgroup_home
+    if mode == "language-only" or _cgroup_dir is not None:
+        return
+    if sys.platform != "linux":
+        report.missing["cgroup"] = f"not Linux ({sys.platform})"
+        return
+    if "cgroup" in unavailable:
+        report.missing["cgroup"] = "unavailable (simulated by a test)"
+        return
+    base, why = find_cgroup_base(os.environ.get(CGROUP_ENV) or None)
+    if base is None:
+        report.missing["cgroup"] = why
+        return
+    _sweep_cgroups(base)
+    mine = os.path.join(base, f"{CGROUP_PREFIX}{os.getpid()}")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(mine)  # left by an earlier process with this pid
+        os.mkdir(mine, 0o755)
+        _write_cgroup(mine, "pids.max", str(HOST_PIDS_MAX))
+        _write_cgroup(mine, "cgroup.procs", str(os.getpid()))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(mine)
+        report.missing["cgroup"] = f"cannot use a cgroup under {base}: {exc.strerror or exc}"
+        return
+    own, mounts = _own_cgroup(), _cgroup2_mounts()
+    _cgroup_dir = mine
+    _cgroup_home = next((os.path.normpath(m + "/" + (own or "").lstrip("/")) for m in mounts), None)
+    report.layers.append("cgroup")
+
+
+def _cgroup_memory(report: IsolationReport) -> None:
+    """The host's cgroup gets `memory.max` = its RLIMIT_AS (a host's resident memory never needs more)."""
+    if _cgroup_dir is None:
+        return
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        if soft != resource.RLIM_INFINITY:
+            _write_cgroup(_cgroup_dir, "memory.max", str(soft))
+        with contextlib.suppress(OSError):
+            _write_cgroup(_cgroup_dir, "memory.swap.max", "0")
+    except OSError as exc:
+        report.missing["cgroup"] = f"cannot set memory.max: {exc.strerror or exc}"
+        with contextlib.suppress(ValueError):
+            report.layers.remove("cgroup")
+
+
+def _leave_cgroup() -> None:
+    """The supervisor, after the host ended: back to where it came from, and remove the host's cgroup."""
+    if _cgroup_dir is None:
+        return
+    with contextlib.suppress(OSError):
+        if _cgroup_home is not None:
+            _write_cgroup(_cgroup_home, "cgroup.procs", str(os.getpid()))
+        os.rmdir(_cgroup_dir)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Namespaces (at host start, before anything else)
 # ---------------------------------------------------------------------------------------------------
 
@@ -219,6 +428,7 @@ def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailabl
     """
     if mode == "language-only":
         return
+    enter_cgroup(mode, report, unavailable=unavailable)  # first: the reaper and the host inherit it
     if sys.platform != "linux":
         report.missing["namespaces"] = f"not Linux ({sys.platform})"
         return
@@ -280,6 +490,7 @@ def _supervise(child: int) -> None:
             break
         except ChildProcessError:
             os._exit(1)
+    _leave_cgroup()
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         code = 128 - code
@@ -346,11 +557,13 @@ def lockdown(
         raise IsolationUnavailable(
             f"the OS sandbox needs Linux (Landlock and seccomp), this is {sys.platform}"
         )
+    _cgroup_memory(report)  # while the host may still write its cgroup (root: before the uid drop)
     if "uid" in unavailable:
         report.missing["uid"] = "unavailable (simulated by a test)"
     else:
         _drop_uid(report)
     _drop_capabilities()
+    _limit_fds(report)
     _prctl(PR_SET_DUMPABLE, 0)  # no core dumps, /proc/self owned by root, no ptrace by the same uid
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0 or _prctl(PR_GET_NO_NEW_PRIVS) != 1:
         raise IsolationUnavailable(_err("no-new-privs"))
@@ -366,7 +579,7 @@ def lockdown(
     report.layers.append("seccomp")
     report.uid = os.geteuid()
     if mode == "strict":
-        wanted = [k for k in ("namespaces", "uid") if k in report.missing]
+        wanted = [k for k in ("namespaces", "uid", "cgroup") if k in report.missing]
         if wanted:
             raise IsolationUnavailable(
                 "strict isolation: " + "; ".join(f"{k}: {report.missing[k]}" for k in wanted)
@@ -394,6 +607,23 @@ def _drop_uid(report: IsolationReport) -> None:
         except OSError as exc:  # the namespace stays unmapped: harmless, capabilities are dropped next
             report.missing["userns map"] = str(exc)
         report.layers.append("userns")
+
+
+def _limit_fds(report: IsolationReport) -> None:
+    """RLIMIT_NOFILE = `HOST_MAX_FDS` (soft and hard: without CAP_SYS_RESOURCE it cannot be raised again).
+
+    Every fd can pin kernel memory outside RLIMIT_AS (a pipe's buffer, an epoll set); with memfds,
+    SysV/POSIX IPC and pipe resizing denied by seccomp, a host holds at most 64 x 64 KiB that way.
+    """
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = HOST_MAX_FDS if hard == resource.RLIM_INFINITY else min(HOST_MAX_FDS, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (cap, cap))
+    except (ValueError, OSError) as exc:
+        raise IsolationUnavailable(f"RLIMIT_NOFILE: {exc}") from None
+    report.layers.append(f"fds {cap}")
 
 
 def _drop_capabilities() -> None:
@@ -479,6 +709,16 @@ _RET_ERRNO = 0x00050000
 _RET_ALLOW = 0x7FFF0000
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+_FS_IOC_SETFLAGS, _FS_IOC32_SETFLAGS, _FS_IOC_FSSETXATTR = 0x40086602, 0x40046602, 0x401C5820
+_F_SETLEASE, _F_NOTIFY, _F_SETPIPE_SZ = 1024, 1026, 1031
+# Syscalls allowed except for some values of one argument: (name, argument index, denied values).
+# ioctl: faking terminal input, and inode flags / project ids of a file the host holds an fd of
+# (chattr; Landlock's ioctl right covers devices only). fcntl: leases and dnotify on the worker's files,
+# and pipe buffers grown past the 64 KiB default (kernel memory outside RLIMIT_AS, like memfds).
+_ARG_DENIED: tuple[tuple[str, int, tuple[int, ...]], ...] = (
+    ("ioctl", 1, (_TIOCSTI, _TIOCLINUX, _FS_IOC_SETFLAGS, _FS_IOC32_SETFLAGS, _FS_IOC_FSSETXATTR)),
+    ("fcntl", 1, (_F_SETLEASE, _F_NOTIFY, _F_SETPIPE_SZ)),
+)
 
 # Denied outright (EPERM). Grouped by what they would give an attacker who runs native code.
 _DENIED = (
@@ -501,8 +741,19 @@ _DENIED = (
     "bpf keyctl add_key request_key perf_event_open userfaultfd io_uring_setup io_uring_enter "
     "io_uring_register kexec_load kexec_file_load init_module finit_module delete_module reboot swapon "
     "swapoff acct quotactl quotactl_fd syslog iopl ioperm modify_ldt uselib lookup_dcookie "
-    "name_to_handle_at open_by_handle_at fanotify_init migrate_pages move_pages sethostname "
-    "setdomainname vhangup memfd_secret"
+    "name_to_handle_at open_by_handle_at migrate_pages move_pages sethostname "
+    "setdomainname vhangup memfd_secret "
+    # watching the file system: inotify/fanotify watch directories Landlock lets no one list (the blob
+    # store's fan-out dirs would tell a host the names of other sessions' blobs)
+    "inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark "
+    # memory outside RLIMIT_AS: memfds (each up to RLIMIT_FSIZE), System V shared memory, semaphores and
+    # message queues, POSIX message queues (the host's IPC namespace would hold them until it dies)
+    "memfd_create shmget shmat shmctl shmdt semget semop semctl semtimedop msgget msgsnd msgrcv msgctl "
+    "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr "
+    # metadata of files the host can name or holds an fd of (Landlock does not cover it): a host with the
+    # worker's uid would chmod, chown, back-date (what `rr gc` read) or tag the worker's files
+    "chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat utimensat "
+    "setxattr lsetxattr fsetxattr setxattrat removexattr lremovexattr fremovexattr removexattrat"
 ).split()
 # Allowed only on the host itself (glibc's abort() signals itself).
 _SELF_ONLY = ("kill", "tgkill")
@@ -529,7 +780,16 @@ _SYSCALLS: dict[str, dict[str, int]] = {
         "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438,
         "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443, "memfd_secret": 447,
-        "ioctl": 16,
+        "ioctl": 16, "fcntl": 72,
+        "inotify_init": 253, "inotify_add_watch": 254, "inotify_init1": 294, "fanotify_mark": 301,
+        "memfd_create": 319, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64,
+        "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70,
+        "msgctl": 71, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+        "mq_notify": 244, "mq_getsetattr": 245, "chmod": 90, "fchmod": 91, "fchmodat": 268,
+        "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94, "fchownat": 260, "utime": 132,
+        "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188, "lsetxattr": 189,
+        "fsetxattr": 190, "setxattrat": 463, "removexattr": 197, "lremovexattr": 198,
+        "fremovexattr": 199, "removexattrat": 466,
     },
     # The generic table (asm-generic/unistd.h): no fork/vfork/iopl/ioperm/modify_ldt/uselib there.
     "aarch64": {
@@ -552,7 +812,16 @@ _SYSCALLS: dict[str, dict[str, int]] = {
         "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434,
         "clone3": 435, "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
-        "quotactl_fd": 443, "memfd_secret": 447,
+        "quotactl_fd": 443, "memfd_secret": 447, "fcntl": 25,
+        # no inotify_init, chmod, chown, lchown, utime, utimes, futimesat in the generic table
+        "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_mark": 263, "memfd_create": 279,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193,
+        "semctl": 191, "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
+        "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+        "mq_notify": 184, "mq_getsetattr": 185, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452,
+        "fchown": 55, "fchownat": 54, "utimensat": 88, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7,
+        "setxattrat": 463, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
+        "removexattrat": 466,
     },
 }
 
@@ -579,15 +848,18 @@ def seccomp_program(arch: str, own_pid: int) -> bytes:
         prog.append((_JEQ_K, "deny", 0, nr))
     for name in _SELF_ONLY:
         prog.append((_JEQ_K, "self", 0, table[name]))
-    prog.append((_JEQ_K, "ioctl", 0, table["ioctl"]))
+    for name, _arg, _values in _ARG_DENIED:
+        prog.append((_JEQ_K, f"arg:{name}", 0, table[name]))
     prog.append((_RET_K, 0, 0, _RET_ALLOW))
     labels = {"self": len(prog)}
     prog.append((_LD_W_ABS, 0, 0, 16))  # args[0], low 32 bits (the kernel reads a pid_t)
     prog.append((_JEQ_K, "allow", "deny", own_pid))
-    labels["ioctl"] = len(prog)
-    prog.append((_LD_W_ABS, 0, 0, 24))  # args[1]: the ioctl request
-    prog.append((_JEQ_K, "deny", 0, _TIOCSTI))
-    prog.append((_JEQ_K, "deny", "allow", _TIOCLINUX))
+    for name, arg, values in _ARG_DENIED:
+        # the low 32 bits of the argument (both an ioctl request and an fcntl command are an int)
+        labels[f"arg:{name}"] = len(prog)
+        prog.append((_LD_W_ABS, 0, 0, 16 + 8 * arg))
+        for i, value in enumerate(values):
+            prog.append((_JEQ_K, "deny", "allow" if i == len(values) - 1 else 0, value))
     labels["allow"] = len(prog)
     prog.append((_RET_K, 0, 0, _RET_ALLOW))
     labels["deny"] = len(prog)

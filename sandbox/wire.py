@@ -23,7 +23,7 @@ import re
 import struct
 from typing import Any
 
-from sandbox.isolation import ISOLATION_ENV, IsolationMode
+from sandbox.isolation import CGROUP_ENV, ISOLATION_ENV, IsolationMode
 
 __all__ = [
     "HEADER",
@@ -138,6 +138,8 @@ def host_env(
         "HOME": workdir,
         ISOLATION_ENV: isolation,
     }
+    if os.environ.get(CGROUP_ENV):  # the worker's delegated cgroup v2 (`sandbox.isolation.enter_cgroup`)
+        env[CGROUP_ENV] = os.environ[CGROUP_ENV]
     if unguarded:
         env[TEST_UNGUARDED_ENV] = "1"
     if missing:

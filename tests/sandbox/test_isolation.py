@@ -76,7 +76,9 @@ async def test_the_host_reports_every_layer(breached: SubprocessExecutor) -> Non
         assert layer in layers, iso
     if os.geteuid() == 0:
         assert iso["uid"] == 65534 and "uid 65534" in layers, iso
-    assert iso["missing"] == {}, iso
+    # a cgroup needs a delegated cgroup v2 (not on every machine): reported, required only in `strict`
+    assert set(iso["missing"]) <= {"cgroup"}, iso
+    assert "fds 64" in layers, iso
 
 
 async def test_breach_reads_no_file_outside_the_python_installation(
@@ -373,7 +375,7 @@ def _run_as_non_root(base: Path, python: str, setpriv: str, repo: str) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     layers = out["isolation"]["layers"]
-    assert layers[:2] == ["userns", "namespaces"] and "seccomp" in layers and out["isolation"]["uid"] == 1000, out
+    assert [x for x in layers if x != "cgroup"][:2] == ["userns", "namespaces"] and "seccomp" in layers and out["isolation"]["uid"] == 1000, out
     assert out["cell"] == "2\n"
     assert out["breach"].startswith("denied") and SECRET_VALUE not in out["breach"], out
 

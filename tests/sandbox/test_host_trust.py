@@ -1,0 +1,354 @@
+"""Issue 25, points 5, 7 and 9: the worker trusts nothing a sandbox host asks for or can touch.
+
+Assume the breach (the host's test-only unguarded op: real builtins, `os`, `ctypes`) and show that
+  * a host cannot learn other sessions' blob names (inotify/fanotify/dnotify denied, the store's
+    directories not traversable by the host's uid) nor get their bytes (`ARCHIVE` answers only for
+    blobs the session, or an ancestor, archived: a capability list the worker keeps);
+  * a host cannot pin memory outside its rlimits (memfds, SysV/POSIX IPC, grown pipe buffers, many fds)
+    and its cgroup is detected, reported and required in `strict`;
+  * a host, even one keeping a non-root worker's uid, cannot chmod, chown, back-date or tag the
+    worker's files, and `rr gc` does not trust a modification time anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import isolation
+from sandbox.executor import SubprocessExecutor
+from sandbox.isolation import landlock_abi, seccomp_program
+from tests.sandbox.conftest import SECRET_VALUE, TEST_LIMITS
+
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(
+        sys.platform != "linux" or landlock_abi() < 1, reason="needs Linux with Landlock (the OS sandbox layer)"
+    ),
+]
+
+
+@pytest.fixture
+async def breached(trace_file: str) -> AsyncIterator[SubprocessExecutor]:
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
+    await ex.start(trace_file, "auto", {"task": {"question": "q"}})
+    yield ex
+    await ex.close()
+
+
+async def _breach(ex: SubprocessExecutor, code: str) -> str:
+    """Run `code` in the breached host; its stdout (the code prints what it got)."""
+    result = await ex.run_unguarded("import os, ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n" + code)
+    assert result.ok, result
+    return result.stdout
+
+
+def _syscall_probe(name: str, nr: int, *args: int) -> str:
+    """A line of breach code printing `name <return> <errno name>` for a raw syscall."""
+    return (
+        f"r = libc.syscall({nr}, *{args!r}); e = ctypes.get_errno()\n"
+        f"print({name!r}, r, errno.errorcode.get(e, e) if r < 0 else 'OK')\n"
+    )
+
+
+def _results(out: str) -> dict[str, str]:
+    return {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines() if line.strip()}
+
+
+# -- point 5 (b): no watching the file system ------------------------------------------------------------------------
+WATCH_CALLS = {  # x86_64 numbers; the aarch64 table is checked by test_both_tables_deny_the_same_calls
+    "inotify_init": (253,),
+    "inotify_init1": (294, 0),
+    "inotify_add_watch": (254, 0, 0, 0xFFF),
+    "fanotify_init": (300, 0, 0),
+    "fanotify_mark": (301, 0, 1, 0x3F, -100, 0),
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw x86_64 syscall numbers")
+async def test_breach_cannot_watch_the_blob_store(breached: SubprocessExecutor, tmp_path: Path) -> None:
+    """inotify on the store's fan-out dirs told a host the names of other sessions' blobs; dnotify too."""
+    code = "".join(_syscall_probe(name, *args) for name, args in WATCH_CALLS.items())
+    code += (
+        "try:\n"
+        "    fd = os.open('/', os.O_RDONLY)\n"
+        "    import fcntl\n"
+        "    fcntl.fcntl(fd, fcntl.F_NOTIFY, fcntl.DN_CREATE | fcntl.DN_MULTISHOT)\n"
+        "    print('dnotify OK')\n"
+        "except OSError as e:\n"
+        "    print('dnotify', -1, errno.errorcode.get(e.errno, e.errno))\n"
+    )
+    got = _results(await _breach(breached, code))
+    for name in (*WATCH_CALLS, "dnotify"):
+        assert got.get(name, "").split()[-1] in ("EPERM", "EACCES"), (name, got)
+    follow = await breached.run_cell("print(1+1)")
+    assert follow.ok and follow.stdout == "2\n"
+
+
+def test_both_tables_deny_the_same_calls() -> None:
+    """Every call point 5/7/9 denies is in the deny list and numbered for both architectures (where the
+    architecture has it), so a filter assembled for either denies it."""
+    wanted = set(WATCH_CALLS) | {
+        "memfd_create", "shmget", "shmat", "semget", "msgget", "mq_open",
+        "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+        "utime", "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "setxattrat",
+        "removexattr", "lremovexattr", "fremovexattr", "removexattrat",
+    }
+    assert wanted <= set(isolation._DENIED)
+    generic_lacks = {"inotify_init", "chmod", "chown", "lchown", "utime", "utimes", "futimesat"}
+    for arch, table in isolation._SYSCALLS.items():
+        assert wanted - generic_lacks <= set(table), (arch, sorted(wanted - set(table)))
+        program = seccomp_program(arch, 2)
+        ks = {int.from_bytes(program[i + 4 : i + 8], "little") for i in range(0, len(program), 8)}
+        assert {table[n] for n in wanted if n in table} <= ks, arch
+    assert {"inotify_init", "chmod", "utime"} <= set(isolation._SYSCALLS["x86_64"])
+
+
+# -- point 7: memory outside the rlimits --------------------------------------------------------------------------------
+PIN_CODE = """
+import fcntl, resource
+def probe(name, fn):
+    try:
+        fn()
+        print(name, 'OK')
+    except OSError as e:
+        print(name, -1, errno.errorcode.get(e.errno, e.errno))
+probe('memfd', lambda: os.memfd_create('pin'))
+r = libc.syscall(319, b'pin', 0); e = ctypes.get_errno()
+print('memfd_raw', r, errno.errorcode.get(e, e) if r < 0 else 'OK')
+rd, wr = os.pipe()
+probe('pipe_size', lambda: fcntl.fcntl(wr, 1031, 1 << 20))
+r = libc.syscall(29, 0, 1 << 26, 0o1600); e = ctypes.get_errno()  # shmget(IPC_PRIVATE, 64 MiB, IPC_CREAT)
+print('shmget', r, errno.errorcode.get(e, e) if r < 0 else 'OK')
+r = libc.syscall(68, 0, 0o1600); e = ctypes.get_errno()  # msgget(IPC_PRIVATE, IPC_CREAT)
+print('msgget', r, errno.errorcode.get(e, e) if r < 0 else 'OK')
+r = libc.syscall(240, b'pin', 0o102, 0o600, 0); e = ctypes.get_errno()  # mq_open(O_CREAT | O_RDWR)
+print('mq_open', r, errno.errorcode.get(e, e) if r < 0 else 'OK')
+fds = []
+try:
+    while len(fds) < 10000:
+        fds.extend(os.pipe())
+except OSError as e:
+    print('fds', len(fds), errno.errorcode.get(e.errno, e.errno))
+print('nofile', resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+for fd in fds:
+    os.close(fd)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="raw x86_64 syscall numbers")
+async def test_breach_pins_no_memory_outside_the_rlimits(breached: SubprocessExecutor) -> None:
+    """memfds held 1.5 GiB in a host capped at 512 MiB; IPC objects, grown pipes and 20,000 fds pin more."""
+    got = _results(await _breach(breached, PIN_CODE))
+    for name in ("memfd", "memfd_raw", "pipe_size", "shmget", "msgget", "mq_open"):
+        assert got.get(name, "").split()[-1] == "EPERM", (name, got)
+    count, why = got["fds"].split()
+    assert why == "EMFILE" and int(count) < isolation.HOST_MAX_FDS, got
+    assert int(got["nofile"]) == isolation.HOST_MAX_FDS, got
+    follow = await breached.run_cell("print(len(traces['steps']))")
+    assert follow.ok and follow.stdout == "3\n"
+
+
+def _fake_cgroup(root: Path) -> Path:
+    """A directory shaped like a delegated cgroup v2 (the kernel's files are plain files here)."""
+    base = root / "delegated"
+    base.mkdir()
+    (base / "cgroup.controllers").write_text("cpu memory pids\n")
+    (base / "cgroup.subtree_control").write_text("memory pids\n")
+    (base / "cgroup.procs").write_text("")
+    return base
+
+
+def test_cgroup_detection_says_why_not(tmp_path: Path) -> None:
+    base = _fake_cgroup(tmp_path)
+    assert isolation.find_cgroup_base(str(base)) == (str(base), "")
+    (base / "cgroup.subtree_control").write_text("cpu\n")
+    found, why = isolation.find_cgroup_base(str(base))
+    assert found is None and "does not enable memory and pids" in why
+    (base / "cgroup.controllers").write_text("cpu hugetlb\n")
+    found, why = isolation.find_cgroup_base(str(base))
+    assert found is None and "no memory or pids controller" in why
+    found, why = isolation.find_cgroup_base(str(tmp_path))
+    assert found is None and "not a cgroup v2 directory" in why
+    found, why = isolation.find_cgroup_base(None)  # this machine: said precisely, never silently
+    assert (found is None) == bool(why)
+
+
+async def test_each_host_gets_a_cgroup_with_memory_and_pids_limits(
+    trace_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mechanism against a delegated cgroup: the host's own cgroup, its limits and its process.
+
+    Exercised against a directory shaped like one (this test machine's cgroup v2 has no memory or pids
+    controller, see `test_cgroup_detection_says_why_not`): what the host writes is checked, not that the
+    kernel then enforces it.
+    """
+    base = _fake_cgroup(tmp_path)
+    monkeypatch.setenv(isolation.CGROUP_ENV, str(base))
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="strict", zygote=False)
+    await ex.start(trace_file, "auto", {})
+    try:
+        assert "cgroup" in ex.isolation["layers"] and "cgroup" not in ex.isolation["missing"], ex.isolation
+        (mine,) = [p for p in base.iterdir() if p.name.startswith(isolation.CGROUP_PREFIX)]
+        assert mine.name == f"{isolation.CGROUP_PREFIX}{ex.pid}"
+        assert (mine / "pids.max").read_text() == str(isolation.HOST_PIDS_MAX)
+        assert (mine / "memory.max").read_text() == str(TEST_LIMITS.memory_bytes)
+        assert (mine / "cgroup.procs").read_text() == str(ex.pid)
+        r = await ex.run_cell("print(1+1)")
+        assert r.ok and r.stdout == "2\n"
+    finally:
+        await ex.close()
+
+
+async def test_strict_refuses_a_host_without_a_cgroup(trace_file: str) -> None:
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="strict", missing_for_tests=("cgroup",))
+    with pytest.raises(RuntimeError, match="strict isolation: cgroup"):
+        await ex.start(trace_file, "auto", {})
+    await ex.close()
+    auto = SubprocessExecutor(TEST_LIMITS, isolation="auto", missing_for_tests=("cgroup",))
+    await auto.start(trace_file, "auto", {})
+    try:
+        assert "cgroup" in auto.isolation["missing"] and "seccomp" in auto.isolation["layers"]
+    finally:
+        await auto.close()
+
+
+# -- point 9: the worker's files' metadata -------------------------------------------------------------------------
+def _metadata_breach(path: str, inode: int) -> str:
+    """Breach code: every way to change `path`'s metadata, by path and through the fd the host holds of it
+    (found by its inode: the host may not even be able to stat the path)."""
+    return (
+        "import stat\n"
+        "def probe(name, fn):\n"
+        "    try:\n"
+        "        fn()\n"
+        "        print(name, 'OK')\n"
+        "    except OSError as e:\n"
+        "        print(name, -1, errno.errorcode.get(e.errno, e.errno))\n"
+        f"path = {path!r}\n"
+        "held = []\n"
+        "for f in range(0, 64):\n"
+        "    try:\n"
+        f"        if os.fstat(f).st_ino == {inode}:\n"
+        "            held.append(f)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('held', len(held), 'x')\n"
+        "probe('chmod', lambda: os.chmod(path, 0o777))\n"
+        "probe('chown', lambda: os.chown(path, os.getuid(), os.getgid()))\n"
+        "probe('utime', lambda: os.utime(path, (0, 0)))\n"
+        "probe('setxattr', lambda: os.setxattr(path, 'user.rr', b'x'))\n"
+        "probe('removexattr', lambda: os.removexattr(path, 'user.keep'))\n"
+        "for fd in held:\n"
+        "    probe('fchmod', lambda: os.fchmod(fd, 0o777))\n"
+        "    probe('fchown', lambda: os.fchown(fd, os.getuid(), os.getgid()))\n"
+        "    probe('futime', lambda: os.utime(fd, (0, 0)))\n"
+        "    probe('fsetxattr', lambda: os.setxattr(fd, 'user.rr', b'x'))\n"
+    )
+
+
+METADATA_CALLS = ("chmod", "fchmod", "chown", "fchown", "utime", "futime", "setxattr", "fsetxattr", "removexattr")
+
+
+def _assert_denied(got: dict[str, str]) -> None:
+    held = not got["held"].startswith("0")
+    for name in METADATA_CALLS:
+        if held or not name.startswith("f"):
+            assert got.get(name, "").split()[-1] in ("EPERM", "EACCES"), (name, got)
+
+
+def _assert_unchanged(path: Path, before: os.stat_result, got: dict[str, str]) -> None:
+    _assert_denied(got)
+    after = os.stat(path)
+    assert (after.st_mode, after.st_mtime_ns, after.st_uid) == (before.st_mode, before.st_mtime_ns, before.st_uid)
+
+
+async def test_breach_cannot_change_the_metadata_of_worker_files(
+    breached: SubprocessExecutor, trace_file: str
+) -> None:
+    """By path (the trace) and through the fd the host holds (its stderr log, in the worker's work dir).
+    A root worker's host is nobody (not the owner); seccomp denies the calls whoever the owner is."""
+    assert breached._stderr_path is not None
+    for path in (trace_file, breached._stderr_path):
+        before = os.stat(path)
+        got = _results(await _breach(breached, _metadata_breach(path, before.st_ino)))
+        if path == breached._stderr_path:
+            assert not got["held"].startswith("0"), got
+        _assert_unchanged(Path(path), before, got)
+
+
+_NON_ROOT_SCRIPT = """
+import asyncio, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox.executor import SubprocessExecutor
+from sandbox.protocol import SandboxLimits
+async def main():
+    ex = SubprocessExecutor(SandboxLimits(cell_timeout_s=10), python=sys.executable, unguarded_for_tests=True)
+    await ex.start(sys.argv[2], "auto", {})
+    prelude = "import os, ctypes, errno\\nlibc = ctypes.CDLL(None, use_errno=True)\\n"
+    log = ex._stderr_path
+    out = {"isolation": ex.isolation, "log": [log, oct(os.stat(log).st_mode), os.stat(log).st_mtime_ns]}
+    held = sys.argv[3].replace("@PATH@", log).replace("-424242", str(os.stat(log).st_ino))
+    for name, code in (("held", held), ("other", sys.argv[4])):
+        r = await ex.run_unguarded(prelude + code)
+        out[name] = r.stdout if r.ok else r.error
+    st = os.stat(log)
+    out["log_after"] = [oct(st.st_mode), st.st_mtime_ns]
+    print(json.dumps(out))
+    await ex.close()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a worker as another user")
+def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
+    """A non-root worker's host keeps the worker's uid (no privilege to take another): it owns the worker's
+    files, and Landlock does not cover metadata. Through the fd it holds (its stderr log) and by the path
+    of another worker file, chmod / chown / utime (to 1970) / setxattr must all fail."""
+    python, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if not (os.path.exists(python) and setpriv):
+        pytest.skip("needs a system Python readable by an unprivileged user, and setpriv")
+    repo = str(Path(__file__).resolve().parents[2])
+    if not all(os.stat(p).st_mode & 0o005 == 0o005 for p in Path(repo).parents):
+        pytest.skip("the checkout is not readable by other users")
+    base = Path(tempfile.mkdtemp(prefix="rr-nonroot-meta-"))  # pytest's tmp dirs are root-only
+    try:
+        work = base / "w"
+        work.mkdir()
+        trace = work / "trace.json"
+        trace.write_text(json.dumps({"question": "q", "steps": [{"role": "user", "content": "hi"}]}))
+        other = work / "journal-entry.json"  # stands in for a journal entry or a blob of the worker's
+        other.write_text(json.dumps({"seq": 1, "code": "x = 1"}))
+        script = work / "run.py"
+        script.write_text(_NON_ROOT_SCRIPT)
+        for p in (base, work, script):
+            p.chmod(0o755)
+        subprocess.run(["chown", "-R", "1000:1000", str(work)], check=True)
+        for p in (trace, other):
+            p.chmod(0o640)
+        before = {p: os.stat(p) for p in (trace, other)}
+        proc = subprocess.run(
+            [setpriv, "--reuid", "1000", "--regid", "1000", "--clear-groups", python, str(script), repo,
+             str(trace), _metadata_breach("@PATH@", -424242), _metadata_breach(str(other), before[other].st_ino)],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["isolation"]["uid"] == 1000 and "seccomp" in out["isolation"]["layers"], out
+        got_held, got_other = _results(out["held"]), _results(out["other"])
+        assert not got_held["held"].startswith("0"), got_held  # its stderr log: through the fd it holds
+        _assert_denied(got_held)
+        assert out["log_after"] == out["log"][1:], out
+        _assert_unchanged(other, before[other], got_other)  # another worker file, by its path
+        assert SECRET_VALUE not in proc.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
