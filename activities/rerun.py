@@ -15,6 +15,7 @@ re-executes the reused cells' code in the sandbox host; it is no model request a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -43,6 +44,7 @@ from sandbox.sessions import _DISCARD_KINDS
 __all__ = ["ACTIVITIES", "reused_response", "reused_cell", "reused_child", "reused_summary", "load_prefix"]
 
 MISSING_ERROR = "RerunPrefixMissing"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
 
 
@@ -89,7 +91,18 @@ async def reused_cell(inp: ReusedCellInput) -> CellOutcome:
     if outcome.error_kind not in _DISCARD_KINDS:
         sessions = sandbox_activities._rt().sessions
         sessions.journal.write_entry(session_key(inp.session_id), inp.seq, inp.code)
+        await _grant_reused_archives(inp.session_id, prefix)
     return outcome
+
+
+async def _grant_reused_archives(session_id: str, prefix: RerunPrefix) -> None:
+    """The new session reuses the origin's summaries, so its (reused or replayed) archive cells read the
+    origin's archived transcripts: grant them (worker-trusted: the prefix was built from the origin's history)."""
+    sessions = sandbox_activities._rt().sessions
+    own = sessions.archive_grants(session_key(session_id)).own()
+    for summary in prefix.summaries:
+        if summary.archive_ref not in own and _SHA256.fullmatch(summary.archive_ref):
+            await sessions.grant_archive(session_key(session_id), summary.archive_ref)
 
 
 @activity.defn(name=RERUN_CHILD_ACTIVITY)

@@ -10,6 +10,7 @@ cell sees exactly the state an uncrashed run would have.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -42,10 +43,11 @@ from reflector.contract import (
 )
 from reflector.diagnosis import from_divergence
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
-from reflector.storage.blobs import SESSIONS_DIR, BlobStore
+from reflector.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
 from reflector.storage.stores import blocking, open_store
 from reflector.traces.budget import host_memory_bytes
 from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
+from sandbox.archive import GRANTS_SUFFIX, grants_blob
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
@@ -57,6 +59,7 @@ __all__ = [
     "run_cell",
     "export_session",
     "close_session",
+    "grant_archive",
     "configure",
     "runtime_for",
     "RUNTIME",
@@ -137,6 +140,7 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     global _warned
     sweep_stale_workdirs()
     store = open_store(settings)
+    private_store_dirs(Path(settings.blob_dir))
     live = settings.max_live_sandboxes if max_live is None else max_live
     key: tuple[object, ...] = (str(Path(settings.blob_dir).resolve()), settings.s3_url, settings.s3_addressing_style, settings.s3_region,
            settings.s3_endpoint, live, settings.journal_fsync,
@@ -156,6 +160,7 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
             zygote=settings.sandbox_zygote,
             replica=store.remote,  # S3: journals and snapshots are shared by every worker
             archive_fetch=store.fetch if store.remote is not None else None,
+            grants_fetch=functools.partial(_fetch_grants, store) if store.remote is not None else None,
         )
         rt = _runtimes[key] = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes,
                                        loop=loop)
@@ -163,6 +168,26 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
         _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
     return rt
+
+
+def private_store_dirs(root: Path) -> None:
+    """The blob store's top directories (blobs, journals, response caches) are the worker's alone (0700).
+
+    Why: a host runs under another uid (a root worker's hosts are nobody) and Landlock denies it reading
+    and listing the store, not stat-ing a path or watching a directory: with these not traversable by
+    its uid it can do neither (seccomp denies inotify/fanotify too). A directory of another owner is left
+    as it is (a store shared on purpose). A non-root worker's hosts keep its uid: for them the modes
+    change nothing, and the Landlock and seccomp layers are what holds.
+    """
+    for name in (BLOBS_DIR, SESSIONS_DIR, RESPONSES_DIR):
+        path = root / name
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = path.stat()
+            if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+                path.chmod(0o700)
+        except OSError as exc:  # a read-only store: the other layers still hold; say so once
+            log.warning("sandbox: could not make %s private to the worker (%s)", path, exc.strerror)
 
 
 def configure(settings: Settings | None = None, *, max_live: int | None = None) -> _Runtime:
@@ -402,7 +427,29 @@ async def export_session(inp: ExportInput) -> ExportResult:
     data, skipped = await rt.sessions.export_namespace(
         session_key(inp.session_id), inp.seq, **await _start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
     )
-    return ExportResult(export_ref=await rt.io(rt.store.put_bytes, data), skipped=list(skipped))
+    export_ref = await rt.io(rt.store.put_bytes, data)
+    await _pass_on_grants(rt, inp.session_id, inp.inherit_ref, export_ref)
+    return ExportResult(export_ref=export_ref, skipped=list(skipped))
+
+
+async def _pass_on_grants(rt: _Runtime, session_id: str, inherit_ref: str | None, export_ref: str) -> None:
+    """Beside the export blob, the archived transcripts the exporting session may read (its own and its
+    ancestors'): a child that inherits the export may read them too (`sandbox.archive.ArchiveGrants`).
+    Written by the worker from its own grant files; an export stored before keeps its file."""
+    inherit = await rt.io(rt.store.fetch, inherit_ref) if inherit_ref else None
+    names = rt.sessions.archive_grants(session_key(session_id), inherit).all()
+    await rt.io(rt.store.put_beside, export_ref, GRANTS_SUFFIX, grants_blob(names))
+
+
+def _fetch_grants(store: BlobStore, path: Path) -> None:
+    """Bring an export's grants file (`<export sha256>.grants`) from the shared store, if it is there."""
+    store.fetch_derived(path.name.split(".", 1)[0], GRANTS_SUFFIX)
+
+
+async def grant_archive(workflow_id: str, sha256_hex: str) -> None:
+    """The session of `workflow_id` archived transcript `sha256_hex` (the summarise activity stored it):
+    from now on its cells, and its children's, may read it with `ARCHIVE`."""
+    await _rt().sessions.grant_archive(session_key(workflow_id), sha256_hex)
 
 
 @activity.defn(name=CLOSE_ACTIVITY)

@@ -13,6 +13,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, TextPar
 from pydantic_ai.settings import ModelSettings
 from temporalio import activity
 
+from activities.sandbox import grant_archive
 from activities.scope import current_store
 from reflector.compaction import SUMMARY_MARKER
 from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
@@ -56,6 +57,7 @@ async def summarise(inp: SummariseInput) -> SummariseResult:
     store = current_store()
     data = inp.transcript_json.encode()
     archive_ref = await blocking(store.remote, store.put_bytes, data)
+    await grant_archive(inp.workflow_id, archive_ref)  # the session (and its children) may now ARCHIVE it
     prompt = f"{SUMMARY_MARKER}\n{INSTRUCTIONS}\n\n{render_transcript(inp.transcript_json)}"
     beat = asyncio.create_task(_heartbeat())
     try:

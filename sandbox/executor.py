@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox import isolation as isolation_defaults
-from sandbox.archive import check_archive_name, read_archive_blob
+from sandbox.archive import check_archive_name, not_archived, read_archive_blob
 from sandbox.host.output import truncate
 from sandbox.isolation import IsolationMode
 from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
@@ -215,9 +215,14 @@ async def _read_reply(stream: asyncio.StreamReader) -> dict[str, Any]:
 
 
 async def _answer_archive(
-    archive_root: str | None, question: Any, fetch: Callable[[str], object] | None = None
+    archive_root: str | None,
+    question: Any,
+    fetch: Callable[[str], object] | None = None,
+    allowed: Callable[[str], bool] | None = None,
 ) -> tuple[dict[str, Any], bytes]:
-    """Read one archived transcript for a host: by checked sha256 only, never by a host's path.
+    """Read one archived transcript for a host: by checked sha256 only, never by a host's path, and only
+    one the session may read (`allowed`, the worker's own capability list, `sandbox.archive.ArchiveGrants`;
+    None: none). A name outside it gets the error of a missing blob, and is never fetched.
 
     `fetch(sha256)` first brings the blob into `archive_root` when it may be elsewhere (a shared S3 store)."""
     if not isinstance(question, dict) or question.get("what") != "archive":
@@ -225,6 +230,8 @@ async def _answer_archive(
 
     def read() -> bytes:
         name = check_archive_name(question.get("sha256"))
+        if allowed is None or not allowed(name):
+            raise not_archived(name)
         if fetch is not None:
             try:
                 fetch(name)
@@ -274,13 +281,15 @@ class SubprocessExecutor:
         index_data: bool = False,
         archive_root: str | os.PathLike[str] | None = None,
         archive_fetch: Callable[[str], object] | None = None,
+        archive_allowed: Callable[[str], bool] | None = None,
         isolation: IsolationMode | None = None,
         zygote: bool = True,
         unguarded_for_tests: bool = False,
         missing_for_tests: tuple[str, ...] = (),
     ) -> None:
         """`archive_root`: the blob store the preloaded `ARCHIVE()` reads archived transcripts from (the
-        worker reads them for the host, see `_answer_archive`).
+        worker reads them for the host, see `_answer_archive`); `archive_allowed(sha256)`: whether this
+        session may read that one (`SessionManager` sets its grants; None: no archive can be read).
 
         `isolation`: the OS layer the host must apply (`sandbox.isolation`; None: `sandbox.isolation.DEFAULT_MODE`, `auto`; the worker
         passes its `RR_SANDBOX_ISOLATION`). `zygote`: fork hosts from the worker's fork server
@@ -306,6 +315,8 @@ class SubprocessExecutor:
         self._inherit: bytes | None = None
         self.archive_root = str(archive_root) if archive_root is not None else None
         self.archive_fetch = archive_fetch
+        # which archived transcripts the host may read (the session's grants; None: none, fail closed)
+        self.archive_allowed = archive_allowed
         self._pool = pool
         self.index_data = index_data  # the host fingerprints the preloaded data (needed for snapshots)
         self.spawn_count = 0
@@ -418,7 +429,7 @@ class SubprocessExecutor:
             return self._to_result(resp, t0, False)
 
     async def _answer(self, question: Any) -> tuple[dict[str, Any], bytes]:
-        return await _answer_archive(self.archive_root, question, self.archive_fetch)
+        return await _answer_archive(self.archive_root, question, self.archive_fetch, self.archive_allowed)
 
     async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
         """Ask the host for a snapshot of its namespace: (pickle bytes or None if refused, response).

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandbox import isolation as isolation_defaults
+from sandbox.archive import GRANTS_SUFFIX, ArchiveGrants
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
 from sandbox.journal import Journal, RebuildFailed, Replica, inherit_digest, load_inherit
@@ -134,6 +135,7 @@ class SessionManager:
         zygote: bool = True,
         replica: Replica | None = None,
         archive_fetch: Callable[[str], object] | None = None,
+        grants_fetch: Callable[[Path], object] | None = None,
     ) -> None:
         """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
         `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
@@ -152,6 +154,7 @@ class SessionManager:
         self.journal_root = self.journal.root
         self.archive_root = Path(archive_root) if archive_root is not None else None
         self.archive_fetch = archive_fetch
+        self.grants_fetch = grants_fetch  # brings an inherited export's grants file (`ArchiveGrants`) from S3
         self.snapshot_every = max(0, snapshot_every)
         self.pool: HostPool | None = None
         self.isolation: IsolationMode = isolation or isolation_defaults.DEFAULT_MODE
@@ -325,6 +328,32 @@ class SessionManager:
         live = self._live.get(session_id)
         return live.executor if live else None
 
+    async def grant_archive(self, session_id: str, sha256_hex: str) -> None:
+        """Let the session read archived transcript `sha256_hex` (it archived it): a grant file in its journal
+        directory, written by the worker only (see `sandbox.archive`), replicated like a journal entry."""
+        if not _SESSION_ID.match(session_id):
+            raise ValueError(f"invalid session id {session_id!r}")
+        directory = self.journal.session_dir(session_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"sha256": sha256_hex, "granted_at": time.time()}).encode()
+        await self._io(self.journal.write_atomic, directory / ArchiveGrants.grant_name(sha256_hex), data)
+
+    def archive_grants(self, session_id: str, inherit: Inherit | None = None) -> ArchiveGrants:
+        """The archived transcripts the session may read: its own grants, and its ancestors' (the grants file
+        beside the export it inherits, when that is a content-addressed file; an export given as bytes
+        carries none)."""
+        inherited = None
+        if inherit is not None and not isinstance(inherit, bytes | bytearray | memoryview):
+            path = Path(inherit)
+            inherited = path.with_name(f"{path.name}.{GRANTS_SUFFIX}")
+        replica = self.journal.replica
+        return ArchiveGrants(
+            self.journal.session_dir(session_id),
+            inherited=inherited,
+            sync=functools.partial(self.journal.sync, session_id) if replica is not None else None,
+            fetch_inherited=self.grants_fetch,
+        )
+
     def journal_entries(self, session_id: str) -> list[tuple[int, str]]:
         """All journal entries of a session as (seq, code), in seq order."""
         return self.journal.entries(session_id)
@@ -364,8 +393,9 @@ class SessionManager:
         if forget:
             await self._io(self.journal.forget, session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
+        grants = self.archive_grants(session_id, inherit)
         blob = await load_inherit(inherit)
-        executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
+        executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob, grants)
         snap_seq = 0
         snapshot = self.journal.latest_snapshot(session_id, seq, start_key) if entries else None
         if snapshot is not None:
@@ -379,7 +409,7 @@ class SessionManager:
                 self.stats.snapshot_restore_failures += 1
                 snap_seq = 0
                 await executor.close()
-                executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob)
+                executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob, grants)
         for entry_seq, code in entries:
             replay = await executor.run_cell(code)
             if replay.error_kind in _DISCARD_KINDS:
@@ -408,8 +438,11 @@ class SessionManager:
         extra_vars: dict[str, Any],
         limits: SandboxLimits,
         inherit: bytes | None = None,
+        grants: ArchiveGrants | None = None,
     ) -> Executor:
         executor = self._factory(limits)
+        if grants is not None and hasattr(executor, "archive_allowed"):
+            executor.archive_allowed = grants.allows  # the archived transcripts this session may read
         try:
             if inherit is None:
                 await executor.start(trace_path, trace_format, extra_vars)

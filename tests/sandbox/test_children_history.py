@@ -197,6 +197,7 @@ async def test_history_archive_persists_across_cells_and_kills(
     root = tmp_path / "blobs"
     sha = _put_blob(root, json.dumps(MESSAGES).encode())
     sessions = SessionManager(tmp_path / "j", archive_root=root, snapshot_every=snapshot_every)
+    await sessions.grant_archive("s", sha)  # the session archived it (the summarise activity grants it)
     kw = _kw(trace_file)
     assert await _ok(sessions, "s", 1, "print(len(history), type(history).__name__)", **kw) == "0 list\n"
     await _ok(sessions, "s", 2, f"history.extend(ARCHIVE({sha!r}))\nh = history", **kw)
@@ -249,6 +250,8 @@ async def test_archive_errors_are_clear(tmp_path: Path, arg: str, expected: str)
     (root / "sha256" / link[:2] / link).symlink_to(outside)
     names = {"LINK": link, "CORRUPT": corrupt, "NOT_LIST": not_list, "NOT_JSON": not_json}
     sessions = SessionManager(tmp_path / "j", archive_root=root, pool_size=0)
+    for name in (good, *names.values()):
+        await sessions.grant_archive("s", name)
     r = await sessions.run_cell("s", 1, f"x = ARCHIVE({names.get(arg, arg)!r} if {arg in names} else {arg})", **_kw(None))
     assert r.error_kind == "runtime" and expected in (r.error or ""), r
     assert str(root) not in (r.error or "")

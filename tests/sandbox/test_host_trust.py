@@ -12,6 +12,7 @@ Assume the breach (the host's test-only unguarded op: real builtins, `os`, `ctyp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,12 +21,14 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox import isolation
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import landlock_abi, seccomp_program
+from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import SECRET_VALUE, TEST_LIMITS
 
 pytestmark = [
@@ -289,6 +292,7 @@ _NON_ROOT_SCRIPT = """
 import asyncio, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from sandbox.executor import SubprocessExecutor
+from sandbox.sessions import SessionManager
 from sandbox.protocol import SandboxLimits
 async def main():
     ex = SubprocessExecutor(SandboxLimits(cell_timeout_s=10), python=sys.executable, unguarded_for_tests=True)
@@ -352,3 +356,138 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
+
+
+# -- point 5 (a): ARCHIVE answers only what the session (or an ancestor) archived ---------------------------------
+MESSAGES = [{"role": "user", "content": "archived question"}, {"role": "assistant", "content": "an answer"}]
+
+
+def _put_blob(root: Path, data: bytes) -> tuple[str, Path]:
+    digest = hashlib.sha256(data).hexdigest()
+    path = root / "sha256" / digest[:2] / digest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return digest, path
+
+
+def _kw(trace_file: str | None) -> dict[str, Any]:
+    return {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
+
+
+ASK_CODE = """
+import gc
+host = [o for o in gc.get_objects() if type(o).__name__ == 'Host'][0]
+for sha in {shas!r}:
+    reply, data = host.ask({{'what': 'archive', 'sha256': sha}})
+    print(sha[:8], reply.get('ok'), len(data), str(reply.get('error'))[:200])
+"""
+
+
+async def test_a_breached_host_cannot_read_another_sessions_archive(tmp_path: Path, trace_file: str) -> None:
+    """It learnt the name (inotify on the store, a log, a guess) and asks the worker for the bytes directly."""
+    root = tmp_path / "blobs"
+    theirs, _ = _put_blob(root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode())
+    missing = "c" * 64
+
+    def factory(limits: Any) -> SubprocessExecutor:
+        return SubprocessExecutor(limits, archive_root=root, isolation="auto", unguarded_for_tests=True)
+
+    sessions = SessionManager(tmp_path / "j", executor_factory=factory, fsync=False)
+    try:
+        assert (await sessions.run_cell("attacker", 1, "x = 1", **_kw(trace_file))).ok
+        ex = sessions.executor_for("attacker")
+        assert isinstance(ex, SubprocessExecutor)
+        out = await ex.run_unguarded(ASK_CODE.format(shas=[theirs, missing]))
+        assert out.ok, out
+        lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+        assert lines[theirs[:8]].startswith("False 0 "), out.stdout
+        assert "secret" not in out.stdout
+        # the same answer as for a blob that does not exist (nothing to learn from the difference)
+        assert lines[theirs[:8]].replace(theirs, "X") == lines[missing[:8]].replace(missing, "X"), out.stdout
+    finally:
+        await sessions.close_all()
+
+
+async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(tmp_path: Path, trace_file: str) -> None:
+    """Guarded path: a model cell names another session's blob (even in the workflow's own cell form);
+    the grants survive a rebuild on another worker and reach children and grandchildren."""
+    from sandbox.archive import GRANTS_SUFFIX, grants_blob
+
+    root = tmp_path / "blobs"
+    mine, _ = _put_blob(root, json.dumps(MESSAGES).encode())
+    theirs, _ = _put_blob(root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode())
+    sessions = SessionManager(tmp_path / "j", archive_root=root, pool_size=0, fsync=False)
+    kw = _kw(trace_file)
+    try:
+        await sessions.grant_archive("parent", mine)
+        await sessions.grant_archive("other", theirs)
+        r = await sessions.run_cell("parent", 1, f'history.extend(ARCHIVE("{mine}"))\nprint(len(history))', **kw)
+        assert r.ok and r.stdout == "2\n", r
+        r = await sessions.run_cell("parent", 2, f'history.extend(ARCHIVE("{theirs}"))', **kw)
+        assert not r.ok and "no archived transcript with sha256" in (r.error or ""), r
+        assert "secret" not in r.stdout + (r.error or "")
+        # another worker (a fresh manager on the same journal) rebuilds the session: the grant holds
+        await sessions.close_all()
+        sessions = SessionManager(tmp_path / "j", archive_root=root, pool_size=0, fsync=False)
+        r = await sessions.run_cell("parent", 2, f'print(len(ARCHIVE("{mine}")), len(history))', **kw)
+        assert r.ok and r.stdout == "2 2\n" and r.host_restarted, r
+        # a child inherits the parent's export, stored content-addressed with its grants beside it
+        export, _ = await sessions.export_namespace("parent", 2, **kw)
+        export_sha, export_path = _put_blob(root, export)
+        export_path.with_name(f"{export_sha}.{GRANTS_SUFFIX}").write_bytes(
+            grants_blob(sessions.archive_grants("parent").all())
+        )
+        r = await sessions.run_cell("child", 1, f'print(len(ARCHIVE("{mine}")), len(history))', **_kw(None),
+                                    inherit=export_path)
+        assert r.ok and r.stdout == "2 2\n", r
+        r = await sessions.run_cell("child", 2, f'ARCHIVE("{theirs}")', **_kw(None), inherit=export_path)
+        assert not r.ok and "no archived transcript" in (r.error or ""), r
+        # a grandchild: the child's export passes on what it may read (its own and its ancestors')
+        grand, _ = await sessions.export_namespace("child", 2, **_kw(None), inherit=export_path)
+        grand_sha, grand_path = _put_blob(root, grand)
+        grand_path.with_name(f"{grand_sha}.{GRANTS_SUFFIX}").write_bytes(
+            grants_blob(sessions.archive_grants("child", export_path).all())
+        )
+        r = await sessions.run_cell("grandchild", 1, f'print(len(ARCHIVE("{mine}")))', **_kw(None), inherit=grand_path)
+        assert r.ok and r.stdout == "2\n", r
+        # an export given as bytes carries no grants (fail closed)
+        r = await sessions.run_cell("orphan", 1, f'ARCHIVE("{mine}")', **_kw(None), inherit=export)
+        assert not r.ok and "no archived transcript" in (r.error or ""), r
+    finally:
+        await sessions.close_all()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's hosts run as nobody (a non-root one's keep its uid)")
+async def test_the_blob_store_is_not_traversable_by_the_hosts_uid(trace_file: str) -> None:
+    """Landlock denies reading and listing the store, not stat-ing a blob by its name: the host's uid must not
+    traverse the store's directories at all."""
+    from activities.sandbox import private_store_dirs
+
+    base = Path(tempfile.mkdtemp(prefix="rr-store-"))  # world-traversable, like a store under /srv or /var
+    try:
+        base.chmod(0o755)
+        sha, blob = _put_blob(base, json.dumps(MESSAGES).encode())
+        for d in (base / "sha256", blob.parent):
+            d.chmod(0o755)  # what mkdir with the default umask made
+        ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
+        await ex.start(trace_file, "auto", {})
+        try:
+            probe = (
+                "for what, fn in (('stat', lambda: os.stat(path).st_size), ('list', lambda: os.listdir(fan))):\n"
+                "    try:\n"
+                "        print(what, 'ALLOWED', fn())\n"
+                "    except OSError as e:\n"
+                "        print(what, 'DENIED', errno.errorcode.get(e.errno, e.errno))\n"
+            )
+            code = f"path, fan = {str(blob)!r}, {str(blob.parent.parent)!r}\n" + probe
+            before = _results(await _breach(ex, code))
+            assert before["stat"].startswith("ALLOWED"), before  # the exposure: size and times of a named blob
+            private_store_dirs(base)
+            assert (base / "sha256").stat().st_mode & 0o777 == 0o700
+            assert (base / "sessions").stat().st_mode & 0o777 == 0o700
+            after = _results(await _breach(ex, code))
+            assert after["stat"] == "DENIED EACCES" and after["list"].startswith("DENIED"), after
+        finally:
+            await ex.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

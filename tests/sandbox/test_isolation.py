@@ -280,7 +280,10 @@ async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path,
     blob = tmp_path / "blobs" / "sha256" / sha[:2] / sha
     blob.parent.mkdir(parents=True)
     blob.write_bytes(data)
-    ex = SubprocessExecutor(TEST_LIMITS, archive_root=tmp_path / "blobs", isolation="auto", unguarded_for_tests=True)
+    ex = SubprocessExecutor(
+        TEST_LIMITS, archive_root=tmp_path / "blobs", archive_allowed={sha}.__contains__, isolation="auto",
+        unguarded_for_tests=True,
+    )
     await ex.start(trace_file, "auto", {})
     try:
         r = await ex.run_cell(f"history.extend(ARCHIVE({sha!r}))\nprint(history[0]['content'])")
