@@ -33,12 +33,14 @@ __all__ = [
     "ATTR_HOOK",
     "CELL_MODULE",
     "DISPLAY_HOOK",
+    "HOOK_NAMES",
     "MUT_HOOK",
     "SafeType",
     "allowed_modules_text",
     "check_class_namespace",
     "exact_str",
     "is_cell_class",
+    "real_subclass",
 ]
 
 # Pure modules that help analyse a trace. Not here on purpose: `dataclasses`, `enum`, `typing` (class
@@ -95,11 +97,16 @@ _SAFE_BUILTINS: tuple[str, ...] = tuple(
     "staticmethod str sum super tuple type zip NotImplemented Ellipsis".split()
 )
 
-# Hook names end with "__" so they are not name-mangled inside class bodies (`__rr_attr` in a method
-# of class X would be looked up as `_X__rr_attr`); cells cannot name them (leading "__" is refused).
-ATTR_HOOK = "__rr_attr__"
-DISPLAY_HOOK = "__rr_display__"
-MUT_HOOK = "__rr_mut__"  # wraps the object of every `x.attr = ...` / `del x.attr` (see safe_modules.check_mutable)
+# The rewriter's hooks are global names that are not identifiers: no parsed source can bind them (not a
+# class body, a `def`, an import alias, a match capture...), nor name-mangle them, and `type(...)`
+# refuses such namespace keys. They live in the scaffold (globals, put back after every cell), and
+# every class body declares them `global`, so not even a prepared class namespace is consulted.
+ATTR_HOOK = "rr:attr"
+DISPLAY_HOOK = "rr:display"
+MUT_HOOK = "rr:mut"  # wraps the object of every `x.attr = ...` / `del x.attr` (see safe_modules.check_mutable)
+HOOK_NAMES: tuple[str, ...] = (ATTR_HOOK, DISPLAY_HOOK, MUT_HOOK)
+# Defined by no cell, anywhere (the hooks' old, plain names: defence in depth).
+_HOOK_PREFIX = "__rr_"
 
 _DUNDER_HINT = (
     "attribute access to dunder names is not allowed in the sandbox; use the provided helpers instead "
@@ -163,9 +170,23 @@ def exact_str(value: Any, what: str) -> str:
     Checks must look at what C code will use: `str(s)` calls a subclass's `__str__`, which can lie,
     and its other methods (`split`, `startswith`, `__getitem__`, `__eq__`) can too.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    return value if type(value) is str else str.__str__(value)
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[no-any-return]
+    if not real_subclass(kind, str):  # not `isinstance`: a cell class answers that with its `__class__`
+        raise TypeError(f"{what} must be a str, not {_TYPE_NAME.__get__(kind)}")
+    return str.__str__(value)
+
+
+def real_subclass(cls: Any, base: type) -> bool:
+    """Whether `base` is in the real MRO of the class `cls` (False when `cls` is not a class).
+
+    What a guard must use instead of `isinstance`/`issubclass`, which a cell class can steer
+    (`__class__`, `__bases__`, a metaclass' `__subclasscheck__` or `__eq__`).
+    """
+    # `type.__subclasscheck__` called on real classes is CPython's PyType_IsSubtype: the real MRO,
+    # compared by identity, no metaclass consulted (`type(cls)` is always a real class).
+    return bool(_IS_SUBTYPE(type, type(cls)) and _IS_SUBTYPE(base, cls))
 
 
 def is_cell_class(cls: Any) -> bool:
@@ -176,20 +197,26 @@ def is_cell_class(cls: Any) -> bool:
     and `type(...)` refuses a `__module__` key.
     """
     try:
-        return bool(_TYPE_MODULE.__get__(cls) == CELL_MODULE)
+        module = _TYPE_MODULE.__get__(cls)
     except (AttributeError, TypeError):
         return False
+    return type(module) is str and module == CELL_MODULE  # exact str first: no cell `__eq__` runs
 
 
 _TYPE_MODULE: Any = vars(type)["__module__"]
 _TYPE_MRO: Any = vars(type)["__mro__"]
+_TYPE_NAME: Any = vars(type)["__name__"]
+_IS_SUBTYPE: Any = vars(type)["__subclasscheck__"]
 
 
-# Dunder methods a class body may *define*; the others only serve to hook interpreter machinery.
+# Dunder methods a class body may *define*; the others only serve to hook interpreter machinery, or
+# make an object lie about what it is (`__class__` answers `isinstance`, `__bases__` `issubclass`,
+# `__self__`/`__func__`/`__wrapped__`/`__dict__` what a bound method or wrapper holds).
 _DENIED_DUNDER_DEFS: frozenset[str] = frozenset(
     "__instancecheck__ __subclasscheck__ __subclasshook__ __class_getitem__ __set_name__ __prepare__ "
     "__mro_entries__ __getattribute__ __del__ __reduce__ __reduce_ex__ __getstate__ __setstate__ "
-    "__init_subclass__ __builtins__ __globals__ __match_args__".split()
+    "__init_subclass__ __builtins__ __globals__ __match_args__ __class__ __dict__ __bases__ __base__ "
+    "__mro__ __weakref__ __self__ __func__ __wrapped__ __code__ __closure__ __objclass__".split()
 )
 
 
@@ -206,15 +233,18 @@ def check_class_namespace(ns: Any) -> dict[str, Any]:
     a dunder the AST check refuses to define (`__match_args__`, `__del__`, `__init_subclass__`, ...),
     and its `__module__` is the cell namespace's (so `is_cell_class` cannot be fooled).
     """
-    if not isinstance(ns, dict):
+    if not real_subclass(type(ns), dict):
         raise TypeError("type(): the namespace must be a dict")
     copy = dict.copy(ns)  # the real items, whatever a dict subclass overrides
     for key in copy:
         if type(key) is not str:
             raise GuardError("type(): namespace keys must be plain str in the sandbox")
-        if key in _DENIED_NAMESPACE_KEYS:
+        if key in _DENIED_NAMESPACE_KEYS or key.startswith(_HOOK_PREFIX):
             raise GuardError(f"type(): the namespace key '{key}' is not allowed in the sandbox")
-    if copy.setdefault("__module__", CELL_MODULE) != CELL_MODULE or type(copy["__module__"]) is not str:
+        if not key.isidentifier():  # e.g. the rewriter's hooks, which are no identifiers
+            raise GuardError(f"type(): the namespace key {key!r} is not an identifier; use attribute names")
+    module = copy.setdefault("__module__", CELL_MODULE)
+    if type(module) is not str or module != CELL_MODULE:
         raise GuardError("type(): the namespace key '__module__' is not allowed in the sandbox")
     return copy
 
@@ -257,21 +287,21 @@ SafeType.__module__ = "builtins"
 
 # checked stand-in -> the real metaclass it stands for (isinstance/issubclass answer for the real one)
 _REAL_METACLASS: dict[type, type] = {SafeType: type}
-_CHECKED_METACLASS: dict[type, type] = {type: SafeType, _TypeMeta: SafeType}
+# id of a real metaclass -> (it, its checked stand-in)
+_CHECKED_METACLASS: dict[int, tuple[type, type]] = {id(type): (type, SafeType), id(_TypeMeta): (_TypeMeta, SafeType)}
 
 
 def _visible_type(kind: type) -> type:
     """What `type(x)` shows a cell: the class itself, or for a class `x` a checked stand-in of a real
     metaclass (`type`, `ABCMeta`, `EnumType`), whose calls check the namespace like `type(...)`."""
-    checked = _CHECKED_METACLASS.get(kind)
-    if checked is not None:
-        return checked
+    known = _CHECKED_METACLASS.get(id(kind))  # by id: a cell class' metaclass answers `==`/hash
+    if known is not None and known[0] is kind:
+        return known[1]
     # (issubclass(x, SafeType) is answered for the real `type`: look at the MRO itself)
-    mro = _TYPE_MRO.__get__(kind)
-    if type not in mro or SafeType in mro or is_cell_class(kind):
+    if not real_subclass(kind, type) or real_subclass(kind, SafeType) or is_cell_class(kind):
         return kind
     checked = _TypeMeta(kind.__name__, (kind,), {"__module__": "builtins", "__qualname__": kind.__qualname__})
-    _CHECKED_METACLASS[kind] = checked
+    _CHECKED_METACLASS[id(kind)] = (kind, checked)
     _REAL_METACLASS[checked] = kind
     return checked
 
@@ -314,8 +344,12 @@ class _Checker(ast.NodeVisitor):
                 self._bad(node, f"function name '{node.name}': names starting with '__' are reserved")
             elif node.name in _DENIED_DUNDER_DEFS:
                 self._bad(node, f"defining '{node.name}' is not allowed in the sandbox")
+            elif node.name.startswith(_HOOK_PREFIX):
+                self._bad(node, f"'{node.name}': names starting with '{_HOOK_PREFIX}' are reserved for the sandbox")
         elif node.name in FORBIDDEN_BUILTINS:
             self._bad(node, f"function name '{node.name}' shadows a removed builtin; pick another name")
+        if getattr(node, "type_params", None):
+            self._bad(node, "type parameter lists are not supported in the sandbox; leave them out")
         for deco in node.decorator_list:
             self.visit(deco)
         self.visit(node.args)
@@ -334,7 +368,12 @@ class _Checker(ast.NodeVisitor):
         self.visit(node.body)
         self._class_depth.pop()
 
+    def visit_TypeAlias(self, node: ast.AST) -> None:  # Python 3.12+ `type X = ...`: a lazily evaluated scope
+        self._bad(node, "'type X = ...' statements are not supported in the sandbox; assign X = ... instead")
+
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if getattr(node, "type_params", None):  # Python 3.12+ `class C[T]`: an annotation scope
+            self._bad(node, "type parameter lists are not supported in the sandbox; leave them out")
         if node.name.startswith("__"):
             self._bad(node, f"class name '{node.name}': names starting with '__' are reserved")
         for expr in [*node.decorator_list, *node.bases]:
@@ -420,6 +459,10 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
 def _is_zero_arg_super(node: ast.expr) -> bool:
     return (
         isinstance(node, ast.Call)
@@ -461,7 +504,19 @@ def allowed_modules_text() -> str:
 
 class _Rewriter(ast.NodeTransformer):
     """Routes `x.format` / `x.format_map` / `x.register` reads through the runtime hook, and the
-    object of every attribute assignment or deletion through the mutability check."""
+    object of every attribute assignment or deletion through the mutability check.
+
+    The hooks are named by ids no source can bind (`HOOK_NAMES`); a class body looks names up in its
+    own namespace first, so each class body also declares them `global` (a namespace a metaclass'
+    `__prepare__` filled is then never consulted for them; nested functions, lambdas and
+    comprehensions look them up as globals anyway).
+    """
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        self.generic_visit(node)
+        at = 1 if _is_docstring(node.body[0]) else 0  # the docstring stays the first statement
+        node.body.insert(at, ast.copy_location(ast.Global(names=list(HOOK_NAMES)), node.body[0]))
+        return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)

@@ -36,6 +36,7 @@ from sandbox.host.guards import (
     exact_str,
     is_cell_class,
     module_refusal,
+    real_subclass,
 )
 
 __all__ = ["ModuleProxy", "SafeImporter", "guarded_attr", "check_format_string", "check_mutable"]
@@ -124,20 +125,35 @@ _STR_METHODS: dict[str, Callable[..., str]] = {"format": _safe_format, "format_m
 
 
 def guarded_attr(obj: Any, name: str) -> Any:
-    """Runtime hook for `x.format` / `x.format_map` / `x.register` (inserted by the AST rewriter)."""
+    """Runtime hook for `x.format` / `x.format_map` / `x.register` (inserted by the AST rewriter).
+
+    What `obj` is, is read from its real type (`isinstance` would ask the cell's `__class__`).
+    """
     if name == "register":
         return _guarded_register(obj)
-    if isinstance(obj, type) and issubclass(obj, str):
+    kind = type(obj)
+    if real_subclass(kind, type) and real_subclass(obj, str):  # str or a subclass: the unbound method
         return _STR_METHODS[name]
-    if isinstance(obj, str):
+    if real_subclass(kind, str):
         return functools.partial(_STR_METHODS[name], exact_str(obj, "str"))
     value = getattr(obj, name)
-    bound_to = getattr(value, "__self__", None)
-    if isinstance(bound_to, str):  # e.g. super(S, s).format on a str subclass
-        return functools.partial(_STR_METHODS[name], exact_str(bound_to, "str"))
     if value is str.format or value is str.format_map:
         return _STR_METHODS[name]
+    bound_to = _builtin_self(value)
+    if real_subclass(type(bound_to), str):  # e.g. super(S, s).format on a str subclass
+        return functools.partial(_STR_METHODS[name], exact_str(bound_to, "str"))
     return value
+
+
+_BUILTIN_SELF: Any = vars(types.BuiltinMethodType)["__self__"]
+
+
+def _builtin_self(value: Any) -> Any:
+    """The object a C method (`"x".format`) is bound to, read through its type's own descriptor (a
+    cell object's `__self__` attribute answers what the cell likes); None for anything else."""
+    if type(value) is types.BuiltinMethodType:
+        return _BUILTIN_SELF.__get__(value)
+    return None
 
 
 _ABC_REGISTER: Any = abc.ABCMeta.register
@@ -154,8 +170,8 @@ def _guarded_register(obj: Any) -> Any:
             return _check_abc_register(cls, subclass)
 
         return register_any
-    if getattr(value, "__func__", None) is _ABC_REGISTER:
-        target = value.__self__
+    if type(value) is types.MethodType and _METHOD_FUNC.__get__(value) is _ABC_REGISTER:
+        target = _METHOD_SELF.__get__(value)
 
         def register(subclass: Any) -> Any:
             return _check_abc_register(target, subclass)
@@ -164,8 +180,14 @@ def _guarded_register(obj: Any) -> Any:
     return value
 
 
+_METHOD_FUNC: Any = vars(types.MethodType)["__func__"]
+_METHOD_SELF: Any = vars(types.MethodType)["__self__"]
+
+
 def _check_abc_register(cls: Any, subclass: Any) -> Any:
-    if isinstance(cls, abc.ABCMeta) and not is_cell_class(cls) and not is_cell_class(subclass):
+    if not real_subclass(type(cls), abc.ABCMeta):
+        raise TypeError("register(): the class to register with must be an abstract base class")
+    if not is_cell_class(cls) and not is_cell_class(subclass):
         raise GuardError(
             "registering a class that is not defined in a cell with a real ABC is not allowed in the sandbox "
             "(it would change isinstance() for everything); define a subclass of the ABC instead"
@@ -187,12 +209,13 @@ def _safe_attrgetter(*names: Any) -> Callable[[Any], Any]:
 
 def _safe_methodcaller(name: Any, /, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
     """`operator.methodcaller` with a checked name; a plain function (its type constructs nothing)."""
-    caller = operator.methodcaller(_check_attr_path(name), *args, **kwargs)
+    checked = _check_attr_path(name)
+    caller = operator.methodcaller(checked, *args, **kwargs)
 
     def methodcaller(obj: Any) -> Any:
         return caller(obj)
 
-    methodcaller.__qualname__ = f"methodcaller({name!r}, ...)"
+    methodcaller.__qualname__ = f"methodcaller({checked!r}, ...)"
     return methodcaller
 
 
@@ -259,14 +282,20 @@ def _safe_singledispatch(func: Callable[..., Any]) -> Any:
     """singledispatch whose `register` needs an explicit type.
 
     The annotation form (`@f.register def _(x: "...")`) evaluates the annotation string with
-    `typing.get_type_hints`, i.e. `eval` of code the AST check never saw.
+    `typing.get_type_hints`, i.e. `eval` of code the AST check never saw, with the real builtins.
+    functools takes that form for anything that is not a class by `isinstance(cls, type)`, which a
+    cell object answers with its `__class__`: so the check here is on the real type of `cls`, and a
+    real class is what functools then sees too.
     """
     dispatcher = functools.singledispatch(func)
     real_register = dispatcher.register
 
     def register(cls: Any, func: Callable[..., Any] | None = None) -> Any:
-        if not isinstance(cls, type):
-            raise GuardError("singledispatch: pass the type explicitly, e.g. @f.register(int)")
+        if not real_subclass(type(cls), type):
+            raise GuardError(
+                "singledispatch: register() takes the class itself, e.g. @f.register(int) or "
+                "f.register(int, func) (annotations and unions are not read in the sandbox)"
+            )
         return real_register(cls, func)
 
     dispatcher.register = register  # type: ignore[method-assign]
@@ -388,18 +417,23 @@ def check_mutable(obj: Any) -> Any:
     change would outlive the cell and a snapshot restore), functions not defined in a cell, module
     proxies and whatever a proxy hands out. Objects a cell made, and instances, are fine.
     """
-    if isinstance(obj, type):
+    kind = type(obj)  # never `isinstance`/`obj.__code__`: a cell object answers those itself
+    if real_subclass(kind, type):
         if not is_cell_class(obj):
             raise GuardError(
                 f"changing attributes of the class '{_name_of(obj)}' is not allowed in the sandbox (it is not "
                 "defined in a cell); define a subclass, or store your data in your own objects"
             )
-    elif isinstance(obj, types.FunctionType):
-        if not obj.__code__.co_filename.startswith(_CELL_CODE_PREFIXES):
+    elif kind is types.FunctionType:
+        filename = _FUNCTION_CODE.__get__(obj).co_filename
+        if type(filename) is not str or not filename.startswith(_CELL_CODE_PREFIXES):
             raise GuardError("changing attributes of a function not defined in a cell is not allowed in the sandbox")
-    elif isinstance(obj, ModuleProxy) or id(obj) in _PROTECTED_IDS:
+    elif real_subclass(kind, ModuleProxy) or id(obj) in _PROTECTED_IDS:
         raise GuardError("sandbox modules and the objects they provide are read-only")
     return obj
+
+
+_FUNCTION_CODE: Any = vars(types.FunctionType)["__code__"]
 
 
 def _name_of(cls: type) -> str:
@@ -452,6 +486,7 @@ class SafeImporter:
     ) -> ModuleProxy:
         if level:
             raise ImportError("relative imports are not available in the sandbox")
+        name = exact_str(name, "module name")
         if name not in ALLOWED_MODULES:
             raise ImportError(module_refusal(name))
         for item in fromlist or ():
