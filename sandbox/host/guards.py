@@ -246,7 +246,22 @@ def check_class_namespace(ns: Any) -> dict[str, Any]:
     module = copy.setdefault("__module__", CELL_MODULE)
     if type(module) is not str or module != CELL_MODULE:
         raise GuardError("type(): the namespace key '__module__' is not allowed in the sandbox")
+    if "__slots__" in copy:
+        _check_slots(copy["__slots__"])
     return copy
+
+
+def _check_slots(slots: Any) -> None:
+    """A slot is a class attribute too: `__slots__ = ('__class__',)` would put a settable `__class__`
+    descriptor on the class. Plain str / tuple / list of identifiers only (no cell iterator runs)."""
+    names = [slots] if type(slots) is str else list(slots) if type(slots) in (tuple, list) else None
+    if names is None:
+        raise GuardError("type(): '__slots__' must be a str, tuple or list of attribute names in the sandbox")
+    for name in names:
+        if type(name) is not str or not name.isidentifier() or name.startswith(_HOOK_PREFIX) or (
+            name in _DENIED_NAMESPACE_KEYS and name not in ("__dict__", "__weakref__")
+        ):
+            raise GuardError(f"type(): the slot {name!r} is not allowed in the sandbox")
 
 
 class _TypeMeta(type):

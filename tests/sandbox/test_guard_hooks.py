@@ -592,3 +592,11 @@ def test_module_proxy_stays_a_proxy(ns: SandboxNamespace) -> None:
     assert type(ns.ns["json"]) is ModuleProxy
     assert run(ns, "json.loads = len") is not None
     assert run(ns, "print(json.loads('[1]'))") is None
+
+
+def test_type_namespace_refuses_lying_slots(ns: SandboxNamespace) -> None:
+    """`type()` with a `__slots__` entry named like a denied key would put that descriptor on the class."""
+    for slots in ("('__class__',)", "'__class__'", "['__rr_mut__']", "('rr:mut',)", "iter(['__class__'])"):
+        exc = run(ns, f"X = type('X', (), {{'__slots__': {slots}}})")
+        assert isinstance(exc, GuardError), (slots, exc)
+    assert run(ns, "X = type('X', (), {'__slots__': ('a', '__dict__')})\nx = X()\nx.a = 1\nx.b = 2") is None
