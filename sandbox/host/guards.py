@@ -204,7 +204,6 @@ def is_cell_class(cls: Any) -> bool:
 
 
 _TYPE_MODULE: Any = vars(type)["__module__"]
-_TYPE_MRO: Any = vars(type)["__mro__"]
 _TYPE_NAME: Any = vars(type)["__name__"]
 _IS_SUBTYPE: Any = vars(type)["__subclasscheck__"]
 
