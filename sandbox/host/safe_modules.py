@@ -160,9 +160,11 @@ _ABC_REGISTER: Any = abc.ABCMeta.register
 
 
 def _guarded_register(obj: Any) -> Any:
-    """`X.register` as usual, except that a real ABC (`collections.abc.Sequence`) only takes classes a
-    cell created: registering `dict` would change `isinstance` for the host and for every later cell,
-    and a snapshot restore would not bring it back."""
+    """`X.register` as usual, except that an ABC only takes classes a cell created: registering `dict`
+    with `collections.abc.Sequence` would change `isinstance` for the host and for every later cell,
+    and a snapshot restore would not bring it back. That holds for a cell's own ABCs too: a real ABC
+    asks its subclasses and its registered classes in turn (`class S(Sequence)`, `S.register(dict)`
+    made `isinstance({}, Sequence)` true), so no real class is ever registered."""
     value = obj.register
     if value is _ABC_REGISTER:  # ABCMeta.register(cls, subclass)
 
@@ -187,10 +189,11 @@ _METHOD_SELF: Any = vars(types.MethodType)["__self__"]
 def _check_abc_register(cls: Any, subclass: Any) -> Any:
     if not real_subclass(type(cls), abc.ABCMeta):
         raise TypeError("register(): the class to register with must be an abstract base class")
-    if not is_cell_class(cls) and not is_cell_class(subclass):
+    if not is_cell_class(subclass):
         raise GuardError(
-            "registering a class that is not defined in a cell with a real ABC is not allowed in the sandbox "
-            "(it would change isinstance() for everything); define a subclass of the ABC instead"
+            "register(): only classes defined in a cell can be registered with an ABC in the sandbox (registering "
+            "a real class would change isinstance() for everything, also through a subclass of a real ABC); "
+            "define your own class (a subclass of the ABC, or one you register) or test the type directly"
         )
     return _ABC_REGISTER(cls, subclass)
 

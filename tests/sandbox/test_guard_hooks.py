@@ -600,3 +600,23 @@ def test_type_namespace_refuses_lying_slots(ns: SandboxNamespace) -> None:
         exc = run(ns, f"X = type('X', (), {{'__slots__': {slots}}})")
         assert isinstance(exc, GuardError), (slots, exc)
     assert run(ns, "X = type('X', (), {'__slots__': ('a', '__dict__')})\nx = X()\nx.a = 1\nx.b = 2") is None
+
+
+async def test_real_class_registered_through_a_cell_abc(executor: SubprocessExecutor) -> None:
+    """A real ABC asks its subclasses' (and registered classes') registries: registering `dict` with a
+    cell subclass of `Sequence`, or with a cell ABC later registered with it, made `dict` a Sequence for
+    the host and every later cell."""
+    for code in (
+        "import collections.abc\nclass S(collections.abc.Sequence):\n    pass\nS.register(dict)",
+        "import collections.abc\nclass A(metaclass=type(collections.abc.Sequence)):\n    pass\n"
+        "A.register(dict)\ncollections.abc.Sequence.register(A)",
+        "import collections.abc\nclass S(collections.abc.Sized):\n    pass\ntype(S).register(S, int)",
+    ):
+        r = await attempt(executor, code)
+        assert "only classes defined in a cell" in (r.error or ""), r
+    r = await executor.run_cell(
+        "import collections.abc\nprint(isinstance({}, collections.abc.Sequence), isinstance(1, collections.abc.Sized))\n"
+        "class S(collections.abc.Sequence):\n    pass\nclass Mine:\n    pass\nS.register(Mine)\n"
+        "collections.abc.Sequence.register(Mine)\nprint(isinstance(Mine(), S), isinstance({}, S))"
+    )
+    assert r.ok and r.stdout == "False False\nTrue False\n", r
