@@ -27,7 +27,11 @@ What is kept:
 2. the journal and the response cache of every retained execution's workflow id;
 3. everything younger than the grace period (`--min-age`, default 1 h): a client uploads a trace
    before its workflow starts, a worker writes a blob before the history records its name (storing a
-   blob again refreshes its mtime, `BlobStore.put_bytes`);
+   blob again refreshes it, `BlobStore.put_bytes`). Age is counted from the newest *status change*
+   (ctime) in the item, which the kernel sets to "now" on every write, rename or utime: a modification
+   time can be set to any value by whoever may change the file (a breached sandbox host keeps a non-root
+   worker's uid), so a back-dated blob would look old and be removed while a workflow is about to name
+   it, and a forward-dated one would never age; a ctime can only be made younger;
 4. every unknown file;
 5. transitively, every blob named inside something kept (a manifest lists traces, a payload holds an
    input, a journal holds `ARCHIVE` cells, an unknown file may name anything); traces (blobs named by a
@@ -206,7 +210,7 @@ def decide(
     for item in items:
         if item.unit == "unknown":
             keep(item, UNKNOWN)
-        elif now - item.mtime < min_age_s:
+        elif now - item.age_mark < min_age_s:
             keep(item, YOUNG)
         elif item.unit in ("blob", "derived") and item.key in refs.blobs:
             keep(item, REFERENCED if item.unit == "blob" else DERIVED)
@@ -231,7 +235,7 @@ def decide(
     verdicts = []
     for item in items:
         if item.unit == "blob" and item.key in traces and item.kind == KIND_OTHER:
-            item = Item(item.path, item.unit, KIND_TRACE, item.size, item.mtime, item.key)
+            item = Item(item.path, item.unit, KIND_TRACE, item.size, item.mtime, item.key, item.changed)
         reason = why.get(item.path)
         verdicts.append(Verdict(item, reason is not None, reason or _removal_reason(item)))
     return Plan(tuple(verdicts))

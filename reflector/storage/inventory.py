@@ -60,6 +60,15 @@ class Item:
     size: int
     mtime: float  # newest modification time in the unit (a directory: of everything in it)
     key: str = ""  # blob: its sha256; derived: its source's sha256; journal/responses: the session key
+    # newest status-change time (ctime) in the unit: set by the kernel to "now" on every write, rename or
+    # utime, never to a time of the caller's choosing, so what `rr gc` judges an item's age by (None: the
+    # item was described without one, e.g. by a test; its mtime is used)
+    changed: float | None = None
+
+    @property
+    def age_mark(self) -> float:
+        """The time the item's age is counted from (`changed` when known)."""
+        return self.mtime if self.changed is None else self.changed
 
 
 @dataclass(frozen=True)
@@ -198,24 +207,30 @@ def _scandir(path: Path | str) -> list[os.DirEntry[str]]:
 
 def _measure(path: Path) -> tuple[int, float]:
     """(bytes, newest mtime) of a file, or of a directory and everything in it (symlinks not followed)."""
+    size, newest, _changed = _measure_all(path)
+    return size, newest
+
+
+def _measure_all(path: Path) -> tuple[int, float, float]:
+    """(bytes, newest mtime, newest ctime) of a file, or of a directory and everything in it."""
     st = os.lstat(path)
-    size, newest = (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime
+    size, newest, changed = (st.st_size if stat.S_ISREG(st.st_mode) else 0), st.st_mtime, st.st_ctime
     if stat.S_ISDIR(st.st_mode):
         for entry in _scandir(path):
             try:
-                s, m = _measure(Path(entry.path))
+                s, m, c = _measure_all(Path(entry.path))
             except FileNotFoundError:
                 continue
-            size, newest = size + s, max(newest, m)
-    return size, newest
+            size, newest, changed = size + s, max(newest, m), max(changed, c)
+    return size, newest, changed
 
 
 def _item(root: Path, path: Path, unit: ItemUnit, kind: str, key: str = "") -> Item | None:
     try:
-        size, mtime = _measure(path)
+        size, mtime, changed = _measure_all(path)
     except FileNotFoundError:  # removed while we looked
         return None
-    return Item(path.relative_to(root).as_posix(), unit, kind, size, mtime, key)
+    return Item(path.relative_to(root).as_posix(), unit, kind, size, mtime, key, changed)
 
 
 def _blob_item(root: Path, path: Path, sha256: str) -> Item | None:
@@ -302,7 +317,8 @@ def remove_item(root: Path, item: Item, *, min_age_s: float, clock: Callable[[],
 
     Rename it away first, then check that nothing touched it since the store was listed (a blob stored
     again has a fresh mtime): a store that comes after the rename finds no blob and writes it anew,
-    one that came before makes this check put it back.
+    one that came before makes this check put it back. (`min_age_s` and `clock` are no longer needed:
+    the item's age was judged at the listing, by its ctime; they stay for the callers.)
     """
     path = root / item.path
     trash = path.with_name(f"{TRASH_PREFIX}{os.getpid()}-{path.name}")
@@ -314,7 +330,9 @@ def remove_item(root: Path, item: Item, *, min_age_s: float, clock: Callable[[],
         _size, newest = _measure(trash)
     except FileNotFoundError:
         return "gone already"
-    if newest != item.mtime or clock() - newest < min_age_s:
+    # Changed since the listing (a store refreshes a blob's mtime to now): put back. Not "is its mtime
+    # recent": a forward-dated mtime (a breached host with the worker's uid) would make it immortal.
+    if newest != item.mtime:
         _put_back(trash, path)
         return "written again while gc ran"
     if os.path.isdir(trash) and not os.path.islink(trash):

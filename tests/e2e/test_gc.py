@@ -39,6 +39,9 @@ from tests.support.procs import REPO_ROOT, WorkerProcess
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 OLD = time.time() - 3 * 3600  # older than the default grace period (1 h)
+# gc counts an item's age from its ctime, which no utime moves back (a breached host could back-date an
+# mtime): the CLI test lets this much real time pass instead, and runs gc with it as the grace period
+GRACE_S = 10.0
 
 
 @dataclass
@@ -105,8 +108,8 @@ def plan(code: list[str], children: list[dict[str, object]] | None = None, after
     return {"code": code, "children": children or [], "after": after or [], **extra}
 
 
-def plant_orphans(root: Path) -> tuple[set[str], Path]:
-    """Old things nothing names (the set gc must remove), and a young orphan (returned separately)."""
+def plant_orphans(root: Path) -> set[str]:
+    """Things nothing names (the set gc must remove once they are older than its grace period)."""
     store = BlobStore(root)
     orphan = store.put_bytes(f"an orphan {uuid.uuid4()}".encode())
     payload = Payload(metadata={"encoding": b"json/plain"}, data=f'{{"o": "{uuid.uuid4()}"}}'.encode())
@@ -119,10 +122,9 @@ def plant_orphans(root: Path) -> tuple[set[str], Path]:
     (root / "responses" / ghost / "run.1.json").write_text("{}")
     (root / ".incoming-leftover").write_bytes(b"half an upload")
     (root / "notes.txt").write_text("not rr's: never removed")
-    young = store.path_for(store.put_bytes(f"a young orphan {uuid.uuid4()}".encode()))
     rel = {store.path_for(orphan), store.path_for(orphan_payload), store.derived_path(orphan, "index"),
            root / "sessions" / ghost, root / "responses" / ghost, root / ".incoming-leftover"}
-    return {p.relative_to(root).as_posix() for p in rel}, young
+    return {p.relative_to(root).as_posix() for p in rel}
 
 
 async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_need(env: Env, tmp_path: Path) -> None:
@@ -149,11 +151,14 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
     # the layout gc reads is the one the worker writes (journal, response cache)
     assert (root / SESSIONS_DIR / running.id).is_dir() and (root / RESPONSES_DIR / running.id).is_dir()
 
-    orphans, young = plant_orphans(root)
-    age_everything(root, but={young})
+    orphans = plant_orphans(root)
+    age_everything(root)
+    time.sleep(GRACE_S + 0.5)  # everything so far is past the grace period (by its ctime too)
+    young_data = f"a young orphan {uuid.uuid4()}".encode()
+    young = BlobStore(root).path_for(BlobStore(root).put_bytes(young_data))
     before = files(root)
 
-    dry = rr_gc(env, "--dry-run", "--json")
+    dry = rr_gc(env, "--dry-run", "--json", "--min-age", f"{GRACE_S:g}s")
     assert dry.returncode == 0, dry.stderr
     planned = json.loads(dry.stdout)
     listed = [e async for e in client.list_workflows()]
@@ -163,7 +168,8 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
     assert planned["removed"]["journal"] == {"count": 1, "bytes": len('{"seq": 1, "code": "x = 1"}')}
     assert planned["kept"]["payload"]["count"] >= 1 and planned["kept"]["journal"]["count"] == 2
 
-    real = rr_gc(env)  # the human-readable report, for real
+    BlobStore(root).put_bytes(young_data)  # stored again: young again (the dry run took a few seconds)
+    real = rr_gc(env, "--min-age", f"{GRACE_S:g}s")  # the human-readable report, for real
     assert real.returncode == 0, real.stderr
     assert "removed: 6 items" in real.stdout and "1 running" in real.stdout
     gone = {f for f in before if any(f == o or f.startswith(o + "/") for o in orphans)}
@@ -275,7 +281,7 @@ async def test_gc_keeps_what_every_run_of_a_continue_as_new_chain_needs(env: Env
     assert len(runs) == chain + 1 and len(archives) == out.raw["rr_trace"]["compactions"] >= 1
 
     age_everything(root)
-    report = await gc.run_gc(gc.TemporalSource(client), root)
+    report = await gc.run_gc(gc.TemporalSource(client), root, clock=lambda: time.time() + 3 * 3600)
     assert all(BlobStore(root).exists(a) for a in archives)  # only the first run's history names the first
     assert report.kept["archive"].count >= len(archives) and (root / SESSIONS_DIR / handle.id).is_dir()
     replayer = worker.make_replayer(root)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -491,3 +492,35 @@ async def test_the_blob_store_is_not_traversable_by_the_hosts_uid(trace_file: st
             await ex.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- point 9: `rr gc` trusts no time a host could set ---------------------------------------------------------------
+class _NoExecutions:
+    """A server with no executions: every blob is unreferenced, so only its age can keep it."""
+
+    namespace = "test"
+
+    async def executions(self) -> AsyncIterator[Any]:
+        for _ in ():
+            yield _
+
+    async def events(self, execution: Any) -> AsyncIterator[Any]:
+        for _ in ():
+            yield _
+
+
+async def test_gc_ages_blobs_by_a_time_no_host_can_set(tmp_path: Path) -> None:
+    """A breached host with the worker's uid back-dated (utime to 1970) a blob written a moment ago, before the
+    history names it: gc must not take it for old. And a forward-dated one (utime to 2100) must still age."""
+    from reflector import gc
+    from reflector.storage.blobs import BlobStore
+
+    store = BlobStore(tmp_path)
+    fresh = store.path_for(store.put_bytes(b"a payload stored before its history event"))
+    os.utime(fresh, (0, 0))  # what the host did (it held the worker's uid)
+    report = await gc.run_gc(_NoExecutions(), tmp_path)
+    assert fresh.exists() and report.removed_paths == [], report.removed_paths
+    future = store.path_for(store.put_bytes(b"an orphan that claims to be written in 2100"))
+    os.utime(future, (4102444800, 4102444800))
+    later = await gc.run_gc(_NoExecutions(), tmp_path, clock=lambda: time.time() + 2 * 3600)
+    assert not future.exists() and not fresh.exists(), later.removed_paths  # two hours on, both are garbage

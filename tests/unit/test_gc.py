@@ -306,6 +306,12 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return tmp_path, names
 
 
+def _later() -> float:
+    """gc's clock two hours on: the store's items, written just now, are past the 1 h grace period (their age
+    counts from their ctime, which no utime moves back: `_old` alone no longer makes them old)."""
+    return time.time() + 2 * HOUR
+
+
 def _history(names: dict[str, str]) -> list[HistoryEvent]:
     trace = TraceRef(uri=blob_uri(names["trace"]), sha256=names["trace"], size=1)
     return [_started(json.dumps({"trace": trace.model_dump()})), _marker(_reference(names["payload"]))]
@@ -314,14 +320,14 @@ def _history(names: dict[str, str]) -> list[HistoryEvent]:
 async def test_run_gc_removes_only_what_no_history_names(store: tuple[Path, dict[str, str]]) -> None:
     root, names = store
     source = FakeSource({"wf-1": _history(names)})
-    dry = await gc.run_gc(source, root, dry_run=True)
+    dry = await gc.run_gc(source, root, dry_run=True, clock=_later)
     assert dry.executions == 1 and dry.running == 1
     assert set(dry.removed_paths) == {f"sha256/{names[k][:2]}/{names[k]}" for k in ("orphan", "orphan2")}
     assert BlobStore(root).exists(names["orphan"])  # a dry run removes nothing
     assert dry.removed == {inv.KIND_OTHER: gc.Tally(2, len(b"nobody names me") + len(b"nor me"))}
     assert dry.kept[inv.KIND_PAYLOAD].count == 1 and dry.kept[inv.KIND_TRACE].count == 1
     assert dry.kept[inv.KIND_JOURNAL].count == 1 and dry.kept[inv.KIND_INIT].count == 1  # named inside the payload
-    report = await gc.run_gc(source, root)
+    report = await gc.run_gc(source, root, clock=_later)
     assert report.removed_paths == dry.removed_paths and source.listed == 4  # each run lists twice
     bs = BlobStore(root)
     assert not bs.exists(names["orphan"]) and not bs.exists(names["orphan2"])
@@ -358,7 +364,7 @@ async def test_an_execution_listed_only_the_second_time_is_read(store: tuple[Pat
             async for e in super().executions():
                 yield e
 
-    report = await gc.run_gc(Growing(histories), root)
+    report = await gc.run_gc(Growing(histories), root, clock=_later)
     assert report.executions == 2 and report.removed_paths == [f"sha256/{names['orphan2'][:2]}/{names['orphan2']}"]
 
 
