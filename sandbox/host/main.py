@@ -335,6 +335,7 @@ class Host:
             kind, error = "guard", str(exc)
         else:
             _arm_cpu_budget(int(self.limits.get("cpu_seconds_per_cell", 120)))
+            ns.normalise_recursion()  # the same recursion budget in a zygote's fork and a direct host
             sys.stdout = sys.stderr = ns.capture
             try:
                 exec(compiled, ns.ns)  # checked code, restricted builtins
