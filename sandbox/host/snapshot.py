@@ -605,6 +605,7 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
         self._resolve = resolve
         self._kinds = kinds
         self._numbers: dict[int, Any] = {}  # ("f", n, value): one object per n
+        self._external: set[int] = set()  # ids of the host's own objects (references): never filled
 
     def find_class(self, module: str, name: str) -> Any:
         obj = _GLOBALS.get((module, name))
@@ -624,7 +625,9 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
             if type(pid[2]) not in _NUMBERS:
                 raise pickle.UnpicklingError("malformed number reference in a snapshot")
             return self._numbers.setdefault(pid[1], pid[2])
-        return self._resolve(pid)
+        obj = self._resolve(pid)
+        self._external.add(id(obj))  # alive: the host holds it
+        return obj
 
     def load_reduce(self) -> None:
         args = self.stack.pop()
@@ -659,7 +662,7 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
 
     def _target(self, kinds: frozenset[type], where: int) -> Any:
         target = self.stack[where]
-        if type(target) not in kinds:
+        if type(target) not in kinds or id(target) in self._external:
             raise pickle.UnpicklingError(f"a snapshot may not fill {_describe_obj(target)}")
         return target
 
@@ -670,7 +673,7 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
 def _set_items(target: Any, items: list[Any]) -> None:
     for i in range(0, len(items), 2):
         key = items[i]
-        if type(key) not in _ATOMIC and type(key) not in (tuple, frozenset):
+        if type(key) not in _HASH_SAFE:
             raise pickle.UnpicklingError("a snapshot dict key must be plain data")
         target[key] = items[i + 1]
 
@@ -727,8 +730,8 @@ def _refs(ns: SandboxNamespace, index: DataIndex | None, data_unchanged: bool) -
         refs[id(fn)] = ("h", name)
     data_names = set(ns._data_names)
     for name, value in ns._scaffold.items():
-        if type(value) in _ATOMIC or name == _HISTORY or (name in data_names and not data_unchanged):
-            continue
+        if type(value) in _ATOMIC or name == _HISTORY or name.startswith("_") or (name in data_names and not data_unchanged):
+            continue  # `_`-names are the harness's own (`__builtins__`, the rewriter's hooks): never referenced
         refs[id(value)] = ("s", name)
     return refs
 
@@ -800,6 +803,8 @@ def _dump_state(buf: io.BytesIO, state: Any, refs: dict[int, tuple[Any, ...]], c
 def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any, ...]) -> Any:
     kind = pid[0]
     if kind == "s":
+        if pid[1].startswith("_"):
+            raise ValueError(f"a snapshot cannot refer to {pid[1]!r}")
         return ns._scaffold[pid[1]]
     if kind in ("d", "D"):
         if index is None:
@@ -858,8 +863,8 @@ def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes)
     state = _load(buf, lambda pid: _resolve_here(ns, index, pid), _SNAPSHOT_PIDS)
     if type(state) is not dict or type(state.get("vars")) is not dict or type(state.get("decimal")) is not decimal.Context:
         raise ValueError("malformed snapshot")
-    if not all(type(k) is str for k in state["vars"]):
-        raise ValueError("malformed snapshot")
+    if not all(type(k) is str and (not k.startswith("__") or k == "__annotations__") for k in state["vars"]):
+        raise ValueError("malformed snapshot (a variable name a cell cannot make)")
     data = state.get("data")
     if data is not None:
         if type(data) is not dict or set(data) != set(ns._data_names):
@@ -892,7 +897,7 @@ def _export_refs(ns: SandboxNamespace) -> dict[int, tuple[Any, ...]]:
     _proxy_refs(ns, refs)
     data_names = {*ns._data_names, _HISTORY}
     for name, value in ns._scaffold.items():
-        if name not in data_names and callable(value) and not _is_class(value):
+        if name not in data_names and not name.startswith("_") and callable(value) and not _is_class(value):
             refs[id(value)] = ("s", name)
     for name, (fn, _src) in ns._helpers.items():
         refs[id(fn)] = ("h", name)

@@ -160,15 +160,19 @@ def _ustr(text: str) -> bytes:
 
 def test_a_snapshot_cannot_build_on_or_call_host_objects() -> None:
     """BUILD on a persistent reference would set attributes of the host's own objects (a real stdlib
-    function here); REDUCE on one would call it at restore time. Both are refused."""
+    function here); REDUCE on one would call it at restore time; SETITEMS would fill the host's own
+    data or harness dicts. All are refused (a reference only ever names a whole object)."""
     ref = _ustr("a") + _ustr("json") + _ustr("dumps") + b"\x87Q"  # TUPLE3, BINPERSID
     build = _raw(ref, b"}" + _ustr("rr_marker") + b"K\x01s" + b"b")  # {rr_marker: 1}, BUILD
     call = _raw(ref, _ustr("x") + b"\x85R")  # ('x',), REDUCE
+    task = _ustr("s") + _ustr("task") + b"\x86Q"  # TUPLE2, BINPERSID: the child's own preloaded `task`
+    fill = _raw(task, b"(" + _ustr("id") + b"K\x02u")  # MARK, 'id', 2, SETITEMS
+    harness = _raw(_ustr("s") + _ustr("__builtins__") + b"\x86Q")  # the namespace's builtins dict
     ns, _ = _ns()
-    for blob in (build, call):
+    for blob in (build, call, fill, harness):
         with pytest.raises(pickle.UnpicklingError):
             restore_export(ns, EXPORT_META + blob)
-    assert not hasattr(json.dumps, "rr_marker")
+    assert not hasattr(json.dumps, "rr_marker") and ns.ns["task"] == {"id": 1}
 
 
 def test_claimed_sizes_allocate_nothing() -> None:
