@@ -222,6 +222,90 @@ def _map_ids(uid: int, gid: int) -> None:
     _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
 
 
+# A non-root worker's host must not keep the worker's uid: it would own the worker's files (chmod, utime,
+# xattrs are not Landlock's). The only unprivileged way to another uid is a subordinate id range
+# (`/etc/subuid`, `/etc/subgid`) and the setuid `newuidmap`/`newgidmap`: the spawned process's user
+# namespace then maps 0 to the worker (what it opens before the lockdown: the trace) and 1 to a
+# subordinate uid, which the host becomes at the lockdown (`_drop_uid`).
+_ID_MAPPERS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
+_subordinate: tuple[int, int] | None = None  # (uid, gid) this host becomes at the lockdown, when mapped
+
+
+def _subordinate_start(path: str, names: tuple[str, ...]) -> int | None:
+    """The first id of the range `path` (`/etc/subuid` format: name:start:count) gives one of `names`."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in names and parts[1].isdigit() and parts[2].isdigit() and int(parts[2]) >= 1:
+            return int(parts[1])
+    return None
+
+
+def subordinate_ids(uid: int) -> tuple[tuple[int, int, str, str] | None, str]:
+    """((subuid, subgid, newuidmap, newgidmap), "") for a worker that has them, else (None, why not)."""
+    import pwd
+
+    tools = []
+    for tool in ("newuidmap", "newgidmap"):
+        found = next((f"{d}/{tool}" for d in _ID_MAPPERS if os.access(f"{d}/{tool}", os.X_OK)), None)
+        if found is None:
+            return None, f"no {tool} (the uidmap package) to map a subordinate uid"
+        tools.append(found)
+    try:
+        names: tuple[str, ...] = (pwd.getpwuid(uid).pw_name, str(uid))
+    except KeyError:
+        names = (str(uid),)
+    sub_uid, sub_gid = _subordinate_start("/etc/subuid", names), _subordinate_start("/etc/subgid", names)
+    if sub_uid is None or sub_gid is None:
+        return None, f"no subordinate uid/gid range for uid {uid} in /etc/subuid and /etc/subgid"
+    return (sub_uid, sub_gid, tools[0], tools[1]), ""
+
+
+def _unshare_subordinate(uid: int, gid: int, sub: tuple[int, int, str, str]) -> str | None:
+    """A user namespace mapping 0 -> the worker and 1 -> its subordinate ids (written by a helper child:
+    `newuidmap` acts on another process). None on success; on failure, why (the namespace is then
+    mapped like `_map_ids`, if it still can be)."""
+    import subprocess
+
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    target = os.getpid()
+    helper = os.fork()
+    if helper == 0:  # the helper: waits for the unshare, maps, reports, exits
+        try:
+            os.close(ready_w)
+            os.close(done_r)
+            os.read(ready_r, 1)
+            result = b"ok"
+            for tool, own, first in ((sub[2], uid, sub[0]), (sub[3], gid, sub[1])):
+                run = subprocess.run([tool, str(target), "0", str(own), "1", "1", str(first), "1"],
+                                     stdin=subprocess.DEVNULL, capture_output=True, timeout=10, env={})
+                if run.returncode != 0:
+                    result = f"{os.path.basename(tool)}: {run.stderr.decode(errors='replace').strip()[:200]}".encode()
+                    break
+            os.write(done_w, result)
+        finally:
+            os._exit(0)
+    os.close(ready_r)
+    os.close(done_w)
+    why = _unshare(CLONE_NEWUSER)
+    os.write(ready_w, b"x")
+    os.close(ready_w)
+    answer = os.read(done_r, 300).decode(errors="replace") or "the id-mapping helper died"
+    os.close(done_r)
+    os.waitpid(helper, 0)
+    if why:
+        return why
+    if answer != "ok":
+        _map_ids(uid, gid)  # the uid map is still unwritten (newuidmap failed) or the gid map (then this raises)
+        return answer
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------
 # cgroup v2 (at host start, in the spawned process, before the namespaces)
 # ---------------------------------------------------------------------------------------------------
@@ -439,13 +523,8 @@ def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailabl
         flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
         if os.geteuid() != 0:
             # Unprivileged: a user namespace first, in which this process may create the others.
-            uid, gid = os.geteuid(), os.getegid()
-            why = _unshare(CLONE_NEWUSER)
-            if why:
-                report.missing["namespaces"] = why
+            if not _enter_user_namespace(report):
                 return
-            _map_ids(uid, gid)
-            report.layers.append("userns")
         why = _unshare(flags)
         if why:
             report.missing["namespaces"] = why
@@ -470,6 +549,34 @@ def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailabl
     report.layers.append("namespaces")
     if proc_note:
         report.missing["private /proc"] = proc_note
+
+
+def _enter_user_namespace(report: IsolationReport) -> bool:
+    """A non-root worker's user namespace: with a subordinate uid to become at the lockdown when the
+    worker has one (`subordinate_ids`), else mapping the worker's own uid (reported at the lockdown)."""
+    global _subordinate
+    uid, gid = os.geteuid(), os.getegid()
+    sub, why_not = subordinate_ids(uid)
+    if sub is not None:
+        failed = _unshare_subordinate(uid, gid, sub)
+        if failed is None:
+            _subordinate = (sub[0], sub[1])
+            report.layers.append("userns")
+            return True
+        report.missing["subordinate uid"] = failed
+        if "unshare" in failed:
+            report.missing["namespaces"] = failed
+            return False
+        report.layers.append("userns")
+        return True
+    why = _unshare(CLONE_NEWUSER)
+    if why:
+        report.missing["namespaces"] = why
+        return False
+    _map_ids(uid, gid)
+    report.missing["subordinate uid"] = why_not
+    report.layers.append("userns")
+    return True
 
 
 def _detach_stdio() -> None:
@@ -587,8 +694,24 @@ def lockdown(
 
 
 def _drop_uid(report: IsolationReport) -> None:
-    """Root worker: become nobody, then enter a user namespace of our own (best effort, reported)."""
+    """Root worker: become nobody, then enter a user namespace of our own (best effort, reported).
+
+    Non-root worker: become the subordinate uid its user namespace maps (`_enter_user_namespace`); without
+    one the host keeps the worker's uid, which is reported as the missing `uid` layer (`strict` refuses).
+    """
+    if _subordinate is not None:
+        try:
+            os.setgroups([])
+            os.setresgid(1, 1, 1)  # inside the host's user namespace: the worker's subordinate ids
+            os.setresuid(1, 1, 1)
+        except OSError as exc:
+            report.missing["uid"] = f"could not become the subordinate uid {_subordinate[0]}: {exc}"
+            return
+        report.layers.append(f"uid {_subordinate[0]}")
+        return
     if os.geteuid() != 0:
+        why = report.missing.pop("subordinate uid", "no user namespace")
+        report.missing["uid"] = f"the host keeps the worker's uid {os.geteuid()} (it owns the worker's files): {why}"
         return
     try:
         os.setgroups([])

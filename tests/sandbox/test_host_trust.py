@@ -307,6 +307,8 @@ async def main():
         out[name] = r.stdout if r.ok else r.error
     st = os.stat(log)
     out["log_after"] = [oct(st.st_mode), st.st_mtime_ns]
+    with open(f"/proc/{ex.host_pid}/status") as fh:  # the host's uid as the kernel (and the files) see it
+        out["host_uid"] = int(next(line for line in fh if line.startswith("Uid:")).split()[2])
     print(json.dumps(out))
     await ex.close()
 asyncio.run(main())
@@ -347,7 +349,13 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
         )
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert out["isolation"]["uid"] == 1000 and "seccomp" in out["isolation"]["layers"], out
+        assert "seccomp" in out["isolation"]["layers"], out
+        sub, why_not = isolation.subordinate_ids(1000)
+        if sub is not None:  # the first layer: the host is not the files' owner at all
+            assert out["host_uid"] == sub[0] and f"uid {sub[0]}" in out["isolation"]["layers"], out
+        else:  # said precisely (and refused in strict); seccomp is what holds
+            assert out["host_uid"] == 1000 and "keeps the worker's uid" in out["isolation"]["missing"]["uid"], out
+            assert why_not in out["isolation"]["missing"]["uid"]
         got_held, got_other = _results(out["held"]), _results(out["other"])
         assert not got_held["held"].startswith("0"), got_held  # its stderr log: through the fd it holds
         _assert_denied(got_held)
@@ -524,3 +532,15 @@ async def test_gc_ages_blobs_by_a_time_no_host_can_set(tmp_path: Path) -> None:
     os.utime(future, (4102444800, 4102444800))
     later = await gc.run_gc(_NoExecutions(), tmp_path, clock=lambda: time.time() + 2 * 3600)
     assert not future.exists() and not fresh.exists(), later.removed_paths  # two hours on, both are garbage
+
+
+def test_subordinate_ranges_are_read_by_name_or_number(tmp_path: Path) -> None:
+    """`/etc/subuid` lines are name:start:count; a worker without a range is told why (the host keeps its uid)."""
+    table = tmp_path / "subuid"
+    table.write_text("alice:100000:65536\n1001:200000:65536\nbroken\nbob:5:0\n")
+    assert isolation._subordinate_start(str(table), ("alice", "1000")) == 100000
+    assert isolation._subordinate_start(str(table), ("nobody-here", "1001")) == 200000
+    assert isolation._subordinate_start(str(table), ("bob", "7")) is None  # an empty range
+    assert isolation._subordinate_start(str(tmp_path / "missing"), ("alice",)) is None
+    found, why = isolation.subordinate_ids(4242)  # a uid no machine gives a range
+    assert found is None and ("no subordinate uid/gid range for uid 4242" in why or "uidmap" in why)
