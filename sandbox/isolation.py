@@ -10,8 +10,11 @@ before any model code, under layers that do not depend on Python at all:
     process create the others). The host is PID 2 of its own PID namespace under a tiny reaper (PID 1),
     so it cannot name the worker or another host; `/proc` is remounted for that namespace; the network
     namespace has no interface but a down loopback.
-  * **uid drop** (root workers only): the host becomes `nobody` (65534) with no supplementary groups,
-    then enters a user namespace of its own, so file permissions apply to it as to any other user.
+  * **uid drop**: a root worker's host becomes `nobody` (65534) with no supplementary groups, then
+    enters a user namespace of its own, so file permissions apply to it as to any other user. A non-root
+    worker's host becomes a subordinate uid of the worker's (`/etc/subuid` and `newuidmap`, see
+    `subordinate_ids`): a host with the worker's own uid would own the worker's files (chmod, utime and
+    xattrs are not Landlock's); without a range it keeps the worker's uid, reported as the missing `uid`.
   * **capabilities and no-new-privs**: every capability is dropped (also those a new user namespace
     grants) and `PR_SET_NO_NEW_PRIVS` is set, so nothing can be regained through exec.
   * **Landlock** (default deny): read-only access to the Python installation and this project's own

@@ -186,8 +186,9 @@ def test_cgroup_detection_says_why_not(tmp_path: Path) -> None:
     assert (found is None) == bool(why)
 
 
+@pytest.mark.parametrize("zygote", [False, True], ids=["started", "forked"])
 async def test_each_host_gets_a_cgroup_with_memory_and_pids_limits(
-    trace_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trace_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zygote: bool
 ) -> None:
     """The mechanism against a delegated cgroup: the host's own cgroup, its limits and its process.
 
@@ -197,7 +198,7 @@ async def test_each_host_gets_a_cgroup_with_memory_and_pids_limits(
     """
     base = _fake_cgroup(tmp_path)
     monkeypatch.setenv(isolation.CGROUP_ENV, str(base))
-    ex = SubprocessExecutor(TEST_LIMITS, isolation="strict", zygote=False)
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="strict", zygote=zygote)
     await ex.start(trace_file, "auto", {})
     try:
         assert "cgroup" in ex.isolation["layers"] and "cgroup" not in ex.isolation["missing"], ex.isolation
