@@ -13,9 +13,11 @@ worker reads it, see `sandbox.host`).
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -442,8 +444,10 @@ def _free_depth() -> int:
 # number instead, assigned in the order of first hash (cells are deterministic, so a replay assigns
 # the same numbers), and cell classes that would hash by address get that number as their
 # `__hash__`, so sets and dicts of their instances also iterate identically after a replay.
-# What remains address-based: the set/dict order of plain `object()`s, functions, classes and nan
-# themselves (their C-level hash cannot be replaced); cells that need a stable order sort.
+# Bound methods and builtin functions hash by the number of the object they are bound to, a quiet
+# Decimal NaN like nan. What remains address-based: the set/dict order of plain `object()`s,
+# functions, classes, methods and NaNs themselves, and of instances of classes made by `type(...)`
+# (their C-level hash cannot be replaced); cells that need a stable order sort.
 _OBJECT_HASH: Any = vars(object)["__hash__"]
 _TYPE_MRO: Any = vars(type)["__mro__"]
 _TYPE_DICT: Any = vars(type)["__dict__"]
@@ -578,6 +582,12 @@ def cell_hash(hashes: IdentityHashes) -> Callable[[Any], int]:
             return -2 if value == -1 else value
         if _resolved_hash(kind) is _OBJECT_HASH:
             return hashes.of(obj)
+        if kind is types.MethodType or kind is types.BuiltinFunctionType:
+            # By the identity of the object bound (as equality is), and the function / its name.
+            func = obj.__func__ if kind is types.MethodType else obj.__name__
+            return _signed(hashes.of(obj.__self__) ^ (hash(func) & _MASK)) or 1
+        if kind is decimal.Decimal and obj.is_qnan():
+            return 0  # a quiet NaN hashes by address (a signalling one raises, as before)
         return _REAL_HASH(obj)
 
     return hash

@@ -428,7 +428,8 @@ async def test_a_replaced_string_is_never_taken_for_the_original(tmp_path: Path,
 
 
 SET_CELLS = [
-    "class P:\n    def __init__(self, n):\n        self.n = n\nps = [P(i) for i in range(40)]\n"
+    "class P:\n    def __init__(self, n):\n        self.n = n\n    def m(self):\n        return self.n\n"
+    "ps = [P(i) for i in range(40)]\n"
     "print([p.n for p in set(ps)][:12], hash(ps[3]))",
     "class Q(Exception):\n    pass\nqs = {Q(i) for i in range(12)}\nprint([q.args[0] for q in qs])",
 ]
@@ -436,7 +437,10 @@ SET_CELLS = [
 
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "direct"])
 async def test_sets_of_cell_objects_iterate_alike_in_every_host(tmp_path: Path, trace_file: str, zygote: bool) -> None:
-    probe = "print([p.n for p in set(ps)], [q.args[0] for q in qs], hash(ps[0]), hash(P(0)))"
+    probe = (
+        "import decimal\nprint([p.n for p in set(ps)], [q.args[0] for q in qs], hash(ps[0]), hash(P(0)), hash(ps[1].m),"
+        " hash(len), hash(json), hash(P), hash(decimal.Decimal('NaN')), hash((ps[2], float('nan'))))"
+    )
     live, rebuilt, meta = await _live_then_rebuilt(
         tmp_path, trace_file, SET_CELLS, probe, every=1, zygote=zygote, rebuild_zygote=not zygote
     )
