@@ -445,3 +445,69 @@ async def test_sets_of_cell_objects_iterate_alike_in_every_host(tmp_path: Path, 
         tmp_path, trace_file, SET_CELLS, probe, every=1, zygote=zygote, rebuild_zygote=not zygote
     )
     assert rebuilt == live and meta["cells_replayed"] == 3, (live, rebuilt, meta)
+
+
+# -- the data list itself: fails closed for names and arguments not on it --------------------------
+def test_only_the_listed_globals_load() -> None:
+    """Every global of the modules an attacker would reach for (and of the stdlib modules a snapshot
+    does name) is refused unless it is on the data list; nothing on the list runs code by name."""
+    import codecs
+    import collections
+    import copyreg
+    import datetime
+    import fractions
+    import importlib
+    import itertools
+    import re
+    import sys
+    import types
+
+    from sandbox.host.snapshot import _GLOBALS, _DataUnpickler
+
+    unpickler = _DataUnpickler(io.BytesIO(b""), None)
+    modules = (builtins, os, operator, functools, copyreg, pickle, sys, types, importlib, codecs, io,
+               collections, datetime, decimal, fractions, itertools, re, json)
+    for module in modules:
+        for name in dir(module):
+            key = (module.__name__, name)
+            if key in _GLOBALS:
+                assert unpickler.find_class(*key) is _GLOBALS[key]
+                continue
+            with pytest.raises(pickle.UnpicklingError):
+                unpickler.find_class(*key)
+    dangerous = {eval, exec, getattr, setattr, delattr, __import__, open, compile, globals, vars, type, object,
+                 functools.partial, functools.reduce, operator.attrgetter, operator.methodcaller, copyreg._reconstructor}
+    assert not any(value is d for value in _GLOBALS.values() for d in dangerous)
+
+
+@pytest.mark.parametrize(
+    ("func", "args"),
+    [
+        ("defaultdict", (eval,)),  # a factory a later missing key would call
+        ("defaultdict", (functools.partial(eval, SET_MARK),)),
+        ("_compile", ("a", 128)),  # re.DEBUG prints while compiling
+        ("Fraction", ("1e1000000000",)),  # 10**1000000000 computed from 12 bytes
+        ("Counter", ([1, 2],)),
+        ("deque", ([1] * 3, 10)),
+        ("datetime", (b"\x00" * 10, "not a tz")),
+        ("Context", (28, "ROUND_HALF_EVEN", -9, 9, 1, 0, [eval], [])),
+        ("complex", ("1+2j", 0)),
+        ("count", (object(),)),
+    ],
+)
+def test_constructors_refuse_arguments_their_own_reduce_never_writes(func: str, args: tuple[Any, ...]) -> None:
+    import collections
+    import datetime
+    import fractions
+    import itertools
+
+    from sandbox.host.snapshot import _RE_COMPILE, _checked_call
+
+    target = {
+        "defaultdict": collections.defaultdict, "_compile": _RE_COMPILE, "Fraction": fractions.Fraction,
+        "Counter": collections.Counter, "deque": collections.deque, "datetime": datetime.datetime,
+        "Context": decimal.Context, "complex": complex, "count": itertools.count,
+    }[func]
+    with pytest.raises(pickle.UnpicklingError, match="unexpected arguments"):
+        _checked_call(target, args)
+    assert not hasattr(builtins, MARK)
