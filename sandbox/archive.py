@@ -43,7 +43,7 @@ ARCHIVE_MAX_BYTES = 256 * 1024**2
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 GRANT_PREFIX, GRANT_SUFFIX = "archive-", ".grant"  # `<journal dir>/archive-<sha256>.grant`
 GRANTS_SUFFIX = "grants"  # `<export blob>.grants`: the exporting session's grants, for its children
-SYNC_EVERY_S = 1.0  # a miss re-reads the journal's replica at most this often (a host may ask 64 times a cell)
+PULL_EVERY_S = 1.0  # a miss asks the journal's replica at most this often (a host may ask 64 times a cell)
 
 
 def check_archive_name(sha256_hex: Any) -> str:
@@ -110,12 +110,12 @@ def read_archive(archive_root: str | None, sha256_hex: Any, max_bytes: int = ARC
 class ArchiveGrants:
     """The archived transcripts one session may read: its own grant files plus its ancestors' list.
 
-    `session_dir`: the session's journal directory (`grant` writes there through `write`, the journal's
-    atomic, replicated write); `inherited`: the grants file beside the session's inherited export (None:
-    not a child, or an export given as bytes); `sync`: pulls the journal directory from the replica
-    (another worker may have granted it), at most every `SYNC_EVERY_S` on a miss; `fetch_inherited`
-    brings the inherited grants file from the shared store when it is not local. All of it runs only when
-    a cell calls `ARCHIVE`, never per cell.
+    `session_dir`: the session's journal directory (`SessionManager.grant_archive` writes the grant files
+    there with the journal's atomic, replicated write); `inherited`: the grants file beside the session's
+    inherited export (None: not a child, or an export given as bytes); `pull(path)`: downloads one grant
+    file from the journal's replica (another worker may have granted it), at most every `PULL_EVERY_S`
+    on a miss; `fetch_inherited` brings the inherited grants file from the shared store when it is not
+    local. All of it runs only when a cell calls `ARCHIVE`, never per cell.
     """
 
     def __init__(
@@ -123,14 +123,14 @@ class ArchiveGrants:
         session_dir: Path,
         *,
         inherited: Path | None = None,
-        sync: Callable[[], object] | None = None,
+        pull: Callable[[Path], object] | None = None,
         fetch_inherited: Callable[[Path], object] | None = None,
     ) -> None:
         self.session_dir = session_dir
         self.inherited = inherited
-        self._sync = sync
+        self._pull = pull
         self._fetch_inherited = fetch_inherited
-        self._synced_at = float("-inf")
+        self._pulled_at = float("-inf")
         self._ancestors: frozenset[str] | None = None
 
     @staticmethod
@@ -163,12 +163,16 @@ class ArchiveGrants:
     def allows(self, sha256_hex: str) -> bool:
         """May this session read `sha256_hex`? Local files first; on a miss, the replica (rate-limited)."""
         name = check_archive_name(sha256_hex)
-        if (self.session_dir / self.grant_name(name)).exists() or name in self.ancestors():
+        grant = self.session_dir / self.grant_name(name)
+        if grant.exists() or name in self.ancestors():
             return True
-        if self._sync is not None and time.monotonic() - self._synced_at >= SYNC_EVERY_S:
-            self._synced_at = time.monotonic()
-            self._sync()
-            return (self.session_dir / self.grant_name(name)).exists()
+        if self._pull is not None and time.monotonic() - self._pulled_at >= PULL_EVERY_S:
+            self._pulled_at = time.monotonic()
+            try:
+                self._pull(grant)
+            except Exception:  # the replica failed (S3Unavailable & co): not granted; a retry may find it
+                return False
+            return grant.exists()
         return False
 
 

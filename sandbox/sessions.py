@@ -346,11 +346,10 @@ class SessionManager:
         if inherit is not None and not isinstance(inherit, bytes | bytearray | memoryview):
             path = Path(inherit)
             inherited = path.with_name(f"{path.name}.{GRANTS_SUFFIX}")
-        replica = self.journal.replica
         return ArchiveGrants(
             self.journal.session_dir(session_id),
             inherited=inherited,
-            sync=functools.partial(self.journal.sync, session_id) if replica is not None else None,
+            pull=getattr(self.journal.replica, "pull", None),  # one grant file from S3 (another worker's)
             fetch_inherited=self.grants_fetch,
         )
 

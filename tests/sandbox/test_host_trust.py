@@ -545,3 +545,28 @@ def test_subordinate_ranges_are_read_by_name_or_number(tmp_path: Path) -> None:
     assert isolation._subordinate_start(str(tmp_path / "missing"), ("alice",)) is None
     found, why = isolation.subordinate_ids(4242)  # a uid no machine gives a range
     assert found is None and ("no subordinate uid/gid range for uid 4242" in why or "uidmap" in why)
+
+
+def test_a_grant_made_on_another_worker_is_pulled_from_the_replica_on_a_miss(tmp_path: Path) -> None:
+    """S3: the summarise activity may run on another worker; its grant file is fetched (one file, not the
+    journal), at most once a second however often a host asks for names it was not granted."""
+    from sandbox.archive import ArchiveGrants
+
+    granted, other = "a" * 64, "b" * 64
+    remote = {ArchiveGrants.grant_name(granted): b"{}"}
+    pulls: list[str] = []
+
+    def pull(path: Path) -> bool:
+        pulls.append(path.name)
+        data = remote.get(path.name)
+        if data is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return data is not None
+
+    grants = ArchiveGrants(tmp_path / "sessions" / "s", pull=pull)
+    assert grants.allows(granted) and pulls == [ArchiveGrants.grant_name(granted)]
+    assert grants.allows(granted) and len(pulls) == 1  # local now
+    assert not grants.allows(other) and not grants.allows(other) and len(pulls) == 1  # rate-limited
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        grants.allows("../" + "a" * 61)
