@@ -31,7 +31,7 @@ before any model code, under layers that do not depend on Python at all:
     other architectures and the x32 ABI are killed outright.
   * **fds and a cgroup**: RLIMIT_NOFILE is `HOST_MAX_FDS` (what fds pin stays small); where the
     worker has a delegated cgroup v2 (`RR_SANDBOX_CGROUP`, or the parent of its own cgroup), each host
-    runs in a cgroup of its own with `memory.max` (= its RLIMIT_AS) and `pids.max` (`enter_cgroup`).
+    runs in a cgroup of its own with `memory.max` (its RLIMIT_AS and a little) and `pids.max` (`enter_cgroup`).
 
 Required vs best effort (`IsolationPolicy`): in the default mode `auto`, no-new-privs, Landlock and
 seccomp are required (they need no privileges on any Linux >= 5.13): a host that cannot apply one of
@@ -89,6 +89,7 @@ HOST_MAX_FDS = 64
 """RLIMIT_NOFILE of a locked-down host. It holds about ten (stdio, its two protocol fds, the trace and its
 index, an import in flight); the cap bounds what fds pin outside RLIMIT_AS (pipe buffers, epoll, ...)."""
 HOST_PIDS_MAX = 8  # the supervisor, the reaper and the host (seccomp allows no fork): slack for the kernel's view
+CGROUP_MEMORY_SLACK = 64 * 1024**2  # memory.max over RLIMIT_AS: the supervisor, the reaper, kernel memory
 CGROUP_PREFIX = "rr-host-"
 
 # clone/unshare flags
@@ -471,7 +472,8 @@ def enter_cgroup(mode: IsolationMode, report: IsolationReport, *, unavailable: I
 
 
 def _cgroup_memory(report: IsolationReport) -> None:
-    """The host's cgroup gets `memory.max` = its RLIMIT_AS (a host's resident memory never needs more)."""
+    """The host's cgroup gets `memory.max` = its RLIMIT_AS (the host's resident memory never needs more)
+    plus `CGROUP_MEMORY_SLACK` for the two small processes above it and the kernel's own memory."""
     if _cgroup_dir is None:
         return
     import resource
@@ -479,7 +481,7 @@ def _cgroup_memory(report: IsolationReport) -> None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
     try:
         if soft != resource.RLIM_INFINITY:
-            _write_cgroup(_cgroup_dir, "memory.max", str(soft))
+            _write_cgroup(_cgroup_dir, "memory.max", str(soft + CGROUP_MEMORY_SLACK))
         with contextlib.suppress(OSError):
             _write_cgroup(_cgroup_dir, "memory.swap.max", "0")
     except OSError as exc:

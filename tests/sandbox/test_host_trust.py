@@ -205,7 +205,7 @@ async def test_each_host_gets_a_cgroup_with_memory_and_pids_limits(
         (mine,) = [p for p in base.iterdir() if p.name.startswith(isolation.CGROUP_PREFIX)]
         assert mine.name == f"{isolation.CGROUP_PREFIX}{ex.pid}"
         assert (mine / "pids.max").read_text() == str(isolation.HOST_PIDS_MAX)
-        assert (mine / "memory.max").read_text() == str(TEST_LIMITS.memory_bytes)
+        assert (mine / "memory.max").read_text() == str(TEST_LIMITS.memory_bytes + isolation.CGROUP_MEMORY_SLACK)
         assert (mine / "cgroup.procs").read_text() == str(ex.pid)
         r = await ex.run_cell("print(1+1)")
         assert r.ok and r.stdout == "2\n"
@@ -294,10 +294,10 @@ _NON_ROOT_SCRIPT = """
 import asyncio, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from sandbox.executor import SubprocessExecutor
-from sandbox.sessions import SessionManager
 from sandbox.protocol import SandboxLimits
-async def main():
-    ex = SubprocessExecutor(SandboxLimits(cell_timeout_s=10), python=sys.executable, unguarded_for_tests=True)
+async def breach(missing):
+    ex = SubprocessExecutor(SandboxLimits(cell_timeout_s=10), python=sys.executable, unguarded_for_tests=True,
+                            missing_for_tests=missing)
     await ex.start(sys.argv[2], "auto", {})
     prelude = "import os, ctypes, errno\\nlibc = ctypes.CDLL(None, use_errno=True)\\n"
     log = ex._stderr_path
@@ -310,17 +310,22 @@ async def main():
     out["log_after"] = [oct(st.st_mode), st.st_mtime_ns]
     with open(f"/proc/{ex.host_pid}/status") as fh:  # the host's uid as the kernel (and the files) see it
         out["host_uid"] = int(next(line for line in fh if line.startswith("Uid:")).split()[2])
-    print(json.dumps(out))
     await ex.close()
+    return out
+async def main():
+    # as configured, and with the uid layer simulated missing: seccomp alone must hold (the host owns the files)
+    print(json.dumps({"layered": await breach(()), "seccomp only": await breach(("uid",))}))
 asyncio.run(main())
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a worker as another user")
 def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
-    """A non-root worker's host keeps the worker's uid (no privilege to take another): it owns the worker's
-    files, and Landlock does not cover metadata. Through the fd it holds (its stderr log) and by the path
-    of another worker file, chmod / chown / utime (to 1970) / setxattr must all fail."""
+    """A non-root worker's host with the worker's uid owns the worker's files, and Landlock does not cover
+    metadata. It runs as a subordinate uid where the machine gives the worker a range (checked by the
+    host's kernel uid), and with the uid layer simulated missing (the host then owns the files) seccomp
+    alone holds: through the fd it holds (its stderr log) and by the path of another worker file,
+    chmod / chown / utime (to 1970) / setxattr / removexattr all fail, and nothing changed."""
     python, setpriv = "/usr/bin/python3", shutil.which("setpriv")
     if not (os.path.exists(python) and setpriv):
         pytest.skip("needs a system Python readable by an unprivileged user, and setpriv")
@@ -349,7 +354,8 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
             capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
         )
         assert proc.returncode == 0, proc.stderr
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        both = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = both["layered"]
         assert "seccomp" in out["isolation"]["layers"], out
         sub, why_not = isolation.subordinate_ids(1000)
         if sub is not None:  # the first layer: the host is not the files' owner at all
@@ -357,11 +363,14 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
         else:  # said precisely (and refused in strict); seccomp is what holds
             assert out["host_uid"] == 1000 and "keeps the worker's uid" in out["isolation"]["missing"]["uid"], out
             assert why_not in out["isolation"]["missing"]["uid"]
-        got_held, got_other = _results(out["held"]), _results(out["other"])
-        assert not got_held["held"].startswith("0"), got_held  # its stderr log: through the fd it holds
-        _assert_denied(got_held)
-        assert out["log_after"] == out["log"][1:], out
-        _assert_unchanged(other, before[other], got_other)  # another worker file, by its path
+        alone = both["seccomp only"]
+        assert alone["host_uid"] == 1000 and "uid" in alone["isolation"]["missing"], alone  # it owns them
+        for run in (out, alone):
+            got_held, got_other = _results(run["held"]), _results(run["other"])
+            assert not got_held["held"].startswith("0"), got_held  # its stderr log: through the fd it holds
+            _assert_denied(got_held)
+            assert run["log_after"] == run["log"][1:], run
+            _assert_unchanged(other, before[other], got_other)  # another worker file, by its path
         assert SECRET_VALUE not in proc.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
