@@ -324,7 +324,11 @@ class _Clock:
 
     def tick(self) -> None:
         self.count += 1
-        if not self.count % _CHECK_EVERY and time.monotonic() > self.deadline:
+        if not self.count % _CHECK_EVERY:
+            self.tick_now()
+
+    def tick_now(self) -> None:
+        if time.monotonic() > self.deadline:
             raise SnapshotRefused(f"the state took longer than {self.budget_s:g}s to serialise")
 
 
@@ -341,7 +345,6 @@ class DataIndex:
     def __init__(self, roots: list[Any]) -> None:
         self.objs, self.fingerprint, self.atoms = _walk(roots, keep_atoms=True)
         self.ids = {id(o): i for i, o in enumerate(self.objs)}
-        self.atom_ids = {id(a): i for i, a in enumerate(self.atoms)}
 
     def unchanged(self, roots: list[Any], clock: _Clock | None = None) -> bool:
         _, fp, _ = _walk(roots, clock=clock)
@@ -350,8 +353,7 @@ class DataIndex:
 
 def _walk(roots: list[Any], *, keep_atoms: bool = False, clock: _Clock | None = None) -> tuple[list[Any], int | None, list[Any]]:
     objs: list[Any] = []
-    atoms: list[Any] = []
-    atom_seen: set[int] = set()
+    atoms: list[Any] = []  # every item (keys too), in DFS order: keeps the originals alive
     seen: dict[int, int] = {}
     sig: list[int] = []
     stack = list(reversed(roots))
@@ -368,21 +370,21 @@ def _walk(roots: list[Any], *, keep_atoms: bool = False, clock: _Clock | None = 
         if idx is not None:
             sig.append(-1 - idx)
             continue
-        if clock is not None:
-            clock.tick()
+        if clock is not None and not len(objs) % _CHECK_EVERY:
+            clock.tick_now()
         seen[id(obj)] = len(objs)
         objs.append(obj)
-        items = [*obj, *obj.values()] if kind is dict else list(obj)
         if kind is dict:
             sig.append(hash((len(obj), tuple(map(id, obj)), tuple(map(id, obj.values())))))
+            children = [v for v in obj.values() if type(v) not in _ATOMIC]
         else:
             sig.append(hash((kind is list, len(obj), tuple(map(id, obj)))))
-        if keep_atoms:
-            for v in items:
-                if type(v) in _IDENTITY_ATOMS and id(v) not in atom_seen and not _singleton(v):
-                    atom_seen.add(id(v))
-                    atoms.append(v)
-        stack.extend(reversed([v for v in (obj.values() if kind is dict else obj) if type(v) not in _ATOMIC]))
+            children = [v for v in obj if type(v) not in _ATOMIC]
+        if keep_atoms:  # every item (a pointer each): what is not atomic is simply never looked up
+            atoms.extend(obj)
+            if kind is dict:
+                atoms.extend(obj.values())
+        stack.extend(reversed(children))
     return objs, (hash(tuple(sig)) if trackable else None), atoms
 
 
@@ -433,6 +435,7 @@ class _Pickler(pickle.Pickler):
         atom_objs: list[Any] | None = None,
         clock: _Clock | None = None,
         shared: set[int] | None = None,
+        record: bool = False,
     ) -> None:
         super().__init__(file, protocol=PROTOCOL)
         self.dispatch_table = _DISPATCH_TABLE
@@ -451,6 +454,8 @@ class _Pickler(pickle.Pickler):
         self._numbers: dict[int, Any] = {}
         self._number_refs: dict[int, int] = {}
         self.found_shared: set[int] = set()
+        # First pass (`record`): the atomic values met, by id, to look up in the preloaded data after.
+        self.candidates: dict[int, Any] | None = {} if record else None
 
     def persistent_id(self, obj: Any) -> Any:
         # Called for every object (reducer_override is skipped for exact builtin containers).
@@ -464,6 +469,8 @@ class _Pickler(pickle.Pickler):
                 pos = self._atoms.get(id(obj))
                 if pos is not None and self._atom_objs[pos] is obj:
                     return ("D", pos)  # the very object held in the preloaded data
+                if self.candidates is not None and not _singleton(obj):
+                    self.candidates[id(obj)] = obj
                 if kind is str and _maybe_interned(obj) and _interned(obj):
                     return self._ref(("i", obj))
                 if kind is not str and kind is not bytes and not _singleton(obj):
@@ -774,12 +781,11 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None, budget_s: float
         "history": ns._scaffold.get(_HISTORY),
         "decimal": decimal.getcontext(),
     }
-    atoms = index.atom_ids if data_unchanged and index is not None else None
-    atom_objs = index.atoms if data_unchanged and index is not None else None
     buf = io.BytesIO()
     pickle.dump(meta, buf, protocol=PROTOCOL)
     try:
-        _dump_state(buf, state, _refs(ns, index, data_unchanged), clock, atoms=atoms, atom_objs=atom_objs)
+        data_atoms = index.atoms if data_unchanged and index is not None else None
+        _dump_state(buf, state, _refs(ns, index, data_unchanged), clock, data_atoms=data_atoms)
     except SnapshotRefused:
         raise
     except RecursionError:
@@ -789,15 +795,23 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None, budget_s: float
     return buf.getvalue()
 
 
-def _dump_state(buf: io.BytesIO, state: Any, refs: dict[int, tuple[Any, ...]], clock: _Clock, **kw: Any) -> None:
-    """Pickle `state` after `buf`'s contents; again with number references if numbers are shared."""
+def _dump_state(
+    buf: io.BytesIO, state: Any, refs: dict[int, tuple[Any, ...]], clock: _Clock, *, data_atoms: list[Any] | None = None, **kw: Any
+) -> None:
+    """Pickle `state` after `buf`'s contents. Then, only if needed, once more: with references for
+    the numbers held in two places, and for the atomic values that are the very objects held in the
+    unmutated preloaded data (found by one pass over the data's items: no index of them is kept)."""
     start = buf.tell()
-    pickler = _Pickler(buf, refs, clock=clock, **kw)
+    pickler = _Pickler(buf, refs, clock=clock, record=data_atoms is not None, **kw)
     pickler.dump(state)
-    if pickler.found_shared:
+    hits: dict[int, int] = {}
+    if data_atoms is not None and pickler.candidates:
+        met = pickler.candidates
+        hits = {id(a): pos for pos, a in enumerate(data_atoms) if id(a) in met}
+    if pickler.found_shared or hits:
         buf.seek(start)
         buf.truncate()
-        _Pickler(buf, refs, clock=clock, shared=pickler.found_shared, **kw).dump(state)
+        _Pickler(buf, refs, clock=clock, shared=pickler.found_shared, atoms=hits, atom_objs=data_atoms, **kw).dump(state)
 
 
 def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any, ...]) -> Any:
