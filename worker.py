@@ -257,10 +257,10 @@ async def _serve(settings: Settings) -> None:
         f"rr worker pid={os.getpid()} on {settings.address} task queue {settings.task_queue!r}",
         flush=True,
     )
-    how = "set by RR_TASK_QUEUE" if settings.task_queue_setting else "derived from the store: rr-<store id>"
-    print(f"store id: {store_id(settings)} (the task queue is {how})", flush=True)
     print(f"sandbox: {isolation.summary()}", flush=True)
     print(f"blobs: {describe_store(settings)}", flush=True)
+    how = "set by RR_TASK_QUEUE" if settings.task_queue_setting else "derived from the store: rr-<store id>"
+    print(f"store id: {store_id(settings)} (the task queue is {how})", flush=True)
     if isolation.mode == "language-only":
         print(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}", file=sys.stderr, flush=True)
     try:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import shutil
 import time
@@ -81,6 +82,20 @@ DRAINING_ERROR = "WorkerDraining"
 DRAIN_RETRY_DELAY = timedelta(seconds=1)
 LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
 """Local-activity retries that wait longer than this wait on a workflow timer (the workflow task ends)."""
+
+
+
+class _QuietHandover(logging.Filter):
+    """Drops temporalio's "Completing activity as failed" warning (with its traceback) for a hand-over: a
+    stopping worker (an `rr reflect` that ends beside another of its home) giving a model request of someone
+    else's reflection to another worker is the designed path, not an error of the user's command."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, ApplicationError) and exc.type == DRAINING_ERROR)
+
+
+logging.getLogger("temporalio.activity").addFilter(_QuietHandover())
 
 STALE_AFTER_S = 7 * 24 * 3600.0
 _ADAPTER: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)

@@ -434,8 +434,12 @@ class Chaos:
 async def run_setup(
     label: str, root: Path, jobs: list[Job], *, workers: int, cells: int, latency_ms: int, timeout_s: float,
     spread_s: float, chaos: Chaos | None, say: Callable[[str], None], worker_env: dict[str, str] | None = None,
+    derived_queue: bool = False,
 ) -> RunStats:
-    """One setup from scratch (server, OpenAI server, workers), the jobs on it, everything stopped after."""
+    """One setup from scratch (server, OpenAI server, workers), the jobs on it, everything stopped after.
+
+    `derived_queue`: nothing but RR_HOME names the store and no RR_TASK_QUEUE is set: workers and client
+    derive the queue from the store's id, as a user's setup does (`reflector.storage.identity`)."""
     root.mkdir(parents=True, exist_ok=True)
     home = root / "home"
     stats = RunStats(label, len(jobs), root=root)
@@ -444,8 +448,9 @@ async def run_setup(
     server = DevServer(root / "temporal.sqlite", port=free_port(), ui=False, log_file=root / "server.log")
     oai = OpenAIServer(cells=cells, latency_s=latency_ms / 1000, nodelay=True).start()
     tq = f"chaos-{label}-{os.getpid()}"
+    placement = {} if derived_queue else {"RR_BLOB_DIR": str(home / "blobs"), "RR_TASK_QUEUE": tq}
     env = {
-        "RR_HOME": str(home), "RR_BLOB_DIR": str(home / "blobs"), "RR_TASK_QUEUE": tq,
+        "RR_HOME": str(home), **placement,
         "OPENAI_BASE_URL": oai.base_url, "OPENAI_API_KEY": API_KEY, "RR_STICKY_TIMEOUT_S": "1",
         **(worker_env or {}),
     }
@@ -459,7 +464,9 @@ async def run_setup(
             address = await server.astart(timeout=30)
             env["TEMPORAL_ADDRESS"] = address
             pool = WorkerPool(root, env, oai.base_url.removesuffix("/v1"), say)
-            settings = dataclasses.replace(Settings.from_env(), home=home, address=address, task_queue_setting=tq)
+            settings = dataclasses.replace(Settings.from_env(), home=home, address=address,
+                                           task_queue_setting="" if derived_queue else tq)
+            tq = settings.task_queue  # derived: rr-<store id>, the queue the workers derive from the same store
             client = await connect(address, settings=settings)
             trace_refs = {p: rr.upload_trace(p, settings) for p in {j.trace for j in jobs}}
             first = [pool.spawn() for _ in range(workers)]
@@ -635,9 +642,12 @@ async def run_chaos(
     reflections: int = 24, kills: int = 8, server_restarts: int = 1, seed: int = 0, workers: int = 2,
     cells: int = 16, latency_ms: int = 300, gap_s: tuple[float, float] = (2.0, 5.0), timeout_s: float = 300.0,
     workdir: Path | None = None, say: Callable[[str], None] | None = None, burst: bool = False,
-    worker_env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None, two_homes_at_once: bool = False,
 ) -> ChaosReport:
     """The uncrashed setup, then the chaos setup, then the comparison (see the module docstring).
+
+    `two_homes_at_once`: both setups run at the same time on this machine, each on its own home whose
+    queue is derived from its store (no RR_TASK_QUEUE, no RR_BLOB_DIR: issue 26).
 
     `burst`: the uncrashed setup starts every reflection at once (default: one after the other).
     `worker_env`: more environment for the workers (e.g. `RR_WORKER_MODELS`)."""
@@ -649,12 +659,19 @@ async def run_chaos(
     spread = plan.window_s / max(1, reflections)
     say(f"chaos: {reflections} reflections, {kills} kills, {server_restarts} server restart(s), seed {seed}; "
         f"logs in {root}")
-    base = await run_setup("uncrashed", root / "uncrashed", jobs, workers=workers, cells=cells,
-                           latency_ms=latency_ms, timeout_s=timeout_s, spread_s=0.0 if burst else spread,
-                           chaos=None, say=say, worker_env=worker_env)
-    say(f"uncrashed: {base.completed}/{base.reflections} in {base.wall_s:.1f} s")
-    wild = await run_setup("chaos", root / "chaos", jobs, workers=workers, cells=cells, latency_ms=latency_ms,
-                           timeout_s=timeout_s, spread_s=spread, chaos=plan, say=say, worker_env=worker_env)
+    common: dict[str, Any] = dict(workers=workers, cells=cells, latency_ms=latency_ms, timeout_s=timeout_s, say=say,
+                                  worker_env=worker_env, derived_queue=two_homes_at_once)
+    uncrashed = run_setup("uncrashed", root / "uncrashed", jobs, spread_s=0.0 if burst else spread, chaos=None,
+                          **common)
+    chaotic = run_setup("chaos", root / "chaos", jobs, spread_s=spread, chaos=plan, **common)
+    if two_homes_at_once:
+        base, wild = await asyncio.gather(uncrashed, chaotic)
+    else:
+        base = await uncrashed
+        say(f"uncrashed: {base.completed}/{base.reflections} in {base.wall_s:.1f} s")
+        wild = await chaotic
+    if two_homes_at_once:
+        say(f"uncrashed: {base.completed}/{base.reflections} in {base.wall_s:.1f} s")
     say(f"chaos: {wild.completed}/{wild.reflections} in {wild.wall_s:.1f} s")
     report = ChaosReport(wild, base, kills, server_restarts)
     for wid, out in wild.outputs.items():
@@ -735,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN_S", "MAX_S"),
                     help="seconds between two chaos events (uniform)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per setup, for everything")
+    ap.add_argument("--two-homes-at-once", action="store_true",
+                    help="run both setups at the same time, each on its own home, queues derived from the stores")
     ap.add_argument("--burst", action="store_true", help="start the uncrashed setup's reflections all at "
                     "once (default: on the chaos run's schedule)")
     ap.add_argument("--worker-models", default=None, metavar="SPEC",
@@ -746,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     root = a.keep or Path(tempfile.mkdtemp(prefix="rr-chaos-"))
     report = asyncio.run(run_chaos(a.reflections, a.kills, a.server_restarts, a.seed, a.workers, a.cells,
                                    a.latency_ms, (a.gap[0], a.gap[1]), a.timeout, root, burst=a.burst,
-                                   worker_env={"RR_WORKER_MODELS": a.worker_models} if a.worker_models else None))
+                                   worker_env={"RR_WORKER_MODELS": a.worker_models} if a.worker_models else None,
+                                   two_homes_at_once=a.two_homes_at_once))
     print(f"{a.reflections} reflections (half heuristic, half openai-chat with {a.cells} cells at "
           f"{a.latency_ms} ms), {a.workers} workers, {a.kills} kills, {a.server_restarts} server restart(s), "
           f"seed {a.seed}, uncrashed setup {'started at once' if a.burst else 'started one after the other'}"

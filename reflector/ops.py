@@ -74,6 +74,9 @@ class Row:
     parent: str | None = None
     batch_id: str | None = None
     run_id: str = ""
+    task_queue: str = ""
+    store_id: str = ""  # the blob store its trace was uploaded to (`reflector.storage.identity`; "" before ids)
+    store: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +146,9 @@ async def _row(wf: WorkflowExecution) -> Row:
         parent=_get(attrs, sa.PARENT) or wf.parent_id,
         batch_id=_get(attrs, sa.BATCH_ID),
         run_id=wf.run_id,
+        task_queue=wf.task_queue or "",
+        store_id=str(shown.get("store_id", "")),
+        store=str(shown.get("store", "")),
     )
 
 
@@ -220,7 +226,8 @@ def _count(n: int | None) -> str:
 
 def render_rows(rows: Sequence[Row]) -> str:
     """A plain table, one reflection or batch per line."""
-    header = ("ID", "STARTED", "DURATION", "STATUS", "STOP", "TRACE", "MODEL", "REQUESTS", "TOKENS", "CHILDREN")
+    header = ("ID", "STARTED", "DURATION", "STATUS", "STOP", "TRACE", "MODEL", "REQUESTS", "TOKENS", "CHILDREN",
+              "QUEUE", "STORE")
     table = [header]
     for r in rows:
         what = r.trace or ("(batch)" if r.kind == "batch" else "")
@@ -236,6 +243,8 @@ def render_rows(rows: Sequence[Row]) -> str:
             _count(r.requests),
             _count(r.tokens),
             _count(r.children),
+            r.task_queue or "-",
+            r.store_id or "-",
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table) + "\n"

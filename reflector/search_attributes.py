@@ -92,6 +92,8 @@ def memo(trace: TraceRef | None, name: str = "", *, runs: int | None = None) -> 
     shown: dict[str, Any] = {"trace": name}
     if trace is not None:
         shown.update(format=trace.format, size=trace.size)
+        if trace.store_id:  # the store the client uploaded to (`reflector.storage.identity`)
+            shown.update(store_id=trace.store_id, store=trace.store_url)
     if runs is not None:
         shown["runs"] = runs
     return {MEMO_KEY: shown}

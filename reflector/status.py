@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.service import RPCError, RPCStatusCode
 
 from reflector import client as c
+from reflector import search_attributes as sa
 from reflector.batch.render import render_batch_progress
 from reflector.contract import (
     BATCH_WORKFLOW_NAME,
@@ -62,6 +63,8 @@ class WorkflowStatus(BaseModel):
     elapsed_s: float | None = None
     parent_workflow_id: str | None = None
     task_queue: str = ""
+    store_id: str = ""  # the blob store its trace was uploaded to (`reflector.storage.identity`; "": not recorded)
+    store: str = ""
     waiting_for_worker: bool = False  # its next step waits for a worker no one runs: nothing was queried
     note: str = ""
     # a reflection: the live answer of its `progress` query, or its final numbers rebuilt from its result
@@ -221,6 +224,11 @@ async def fetch_status(client: Client, wf_id: str, *, depth: int = 0) -> Workflo
         elapsed_s=((desc.close_time or _now()) - started).total_seconds(), parent_workflow_id=desc.parent_id,
         task_queue=desc.task_queue,
     )
+    try:
+        shown = sa.memo_of(await desc.memo())
+    except Exception:  # a memo this client cannot decode is only display
+        shown = {}
+    st.store_id, st.store = str(shown.get("store_id", "")), str(shown.get("store", ""))
     if desc.status == WorkflowExecutionStatus.RUNNING:
         await _running(client, handle, st, depth)
     else:
@@ -313,6 +321,9 @@ def _child_line(ch: ChildProgress) -> str:
 def render_status(st: WorkflowStatus, indent: str = "") -> str:
     lines = [indent + _head(st)]
     pad = indent + "  "
+    if not indent and st.task_queue:
+        store = f"; store {st.store_id} ({st.store})" if st.store_id else ""
+        lines.append(f"{pad}task queue: {st.task_queue}{store}")
     if st.note:
         lines.append(f"{pad}{st.note}")
     if st.error:

@@ -1,7 +1,8 @@
 """The chaos run of `bench/chaos.py`, small: reflections survive SIGKILLed workers and a server restart.
 
 4 reflections (2 heuristic, 2 over the local OpenAI server), 2 worker SIGKILLs and 1 Temporal server
-restart, then the same 4 on an uncrashed setup. Asserted strictly: every reflection completes, every
+restart, and the same 4 on an uncrashed setup at the same time: two homes at once on this machine, each
+queue derived from its own store (no RR_TASK_QUEUE, issue 26). Asserted strictly: every reflection completes, every
 output equals the uncrashed one, the planned chaos happened while reflections ran, no TMPRL1101 /
 "Potential deadlock" / "slot may remain forever used" line in any worker log, and nothing at all is
 duplicated or warned about in the uncrashed setup.
@@ -39,7 +40,7 @@ async def test_chaos_small(tmp_path: Path) -> None:
     # (an unprepared family is imported inside workflow code; see BENCHMARKS.md, issue 10)
     report = await run_chaos(reflections=4, kills=2, server_restarts=1, seed=3, workers=2, cells=6,
                              latency_ms=300, gap_s=(1.0, 2.0), timeout_s=60, workdir=tmp_path,
-                             worker_env={"RR_WORKER_MODELS": "openai-chat"})
+                             worker_env={"RR_WORKER_MODELS": "openai-chat"}, two_homes_at_once=True)
     text = render(report)
     c, u = report.chaos, report.uncrashed
     assert time.monotonic() - t0 < 110, text

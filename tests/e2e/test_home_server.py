@@ -71,13 +71,40 @@ def _recorded_server_pid(home: Path, within: float = 60.0) -> int:
     raise AssertionError(f"no embedded server was recorded in {home}")
 
 
-@pytest.mark.timeout(ROUNDS * 60)
+@pytest.mark.timeout(600)
 def test_two_processes_of_one_home_and_a_second_home_at_once(tmp_path: Path) -> None:
-    """20 rounds of three `rr reflect` at once: two on home A, one on home B. Every one completes, each home's
-    reflections are in its own SQLite file, and no server outlives its last user."""
+    """Three processes at once, two of home A and one of home B, each making 20 `reflect()` calls in a row (each
+    call leases the home's server, so servers stop and start again between calls, racing the other process):
+    every call completes, each home's reflections are in its own SQLite file, no server outlives its users."""
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    homes = [home_a, home_a, home_b]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.api_rounds", str(ROUNDS)], cwd=REPO_ROOT,
+                              env=_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for home in homes]
+    try:
+        results = [p.communicate(timeout=540) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for home, p, (out, err) in zip(homes, procs, results, strict=True):
+        where = f"{home.name} (exit {p.returncode}):\n{out[-1500:]}\n{err[-3000:]}"
+        assert p.returncode == 0, where
+        assert out.count(": completed") == ROUNDS, where
+        for bad in ("Traceback", "database is locked", "address already in use", "Task was destroyed"):
+            assert bad not in err, where
+    _no_server_left(home_a, None)
+    _no_server_left(home_b, None)
+    _count_reflections(home_a, 2 * ROUNDS)
+    _count_reflections(home_b, ROUNDS)
+
+
+def test_rr_reflect_twice_on_one_home_and_once_on_another_at_once(tmp_path: Path) -> None:
+    """The same through the CLI: three `rr reflect` at once (two on home A, one on home B), twice."""
     home_a, home_b = tmp_path / "a", tmp_path / "b"
     with ThreadPoolExecutor(3) as pool:
-        for i in range(ROUNDS):
+        for i in range(2):
             runs = list(pool.map(lambda h: _reflect(h), [home_a, home_a, home_b]))
             for home, p in zip([home_a, home_a, home_b], runs, strict=True):
                 where = f"round {i + 1}, {home.name} (exit {p.returncode}):\n{p.stderr[-3000:]}"
@@ -86,14 +113,18 @@ def test_two_processes_of_one_home_and_a_second_home_at_once(tmp_path: Path) -> 
                 assert "step 1: reasoning error" in p.stdout, where
             _no_server_left(home_a, None)
             _no_server_left(home_b, None)
-    # every reflection ran on its own home's server: 40 on A, 20 on B (rr list reads each home's SQLite file)
-    for home, expected in ((home_a, 2 * ROUNDS), (home_b, ROUNDS)):
-        p = subprocess.run([*RR, "list", "--json", "--limit", "1000"], cwd=REPO_ROOT, env=_env(home),
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        assert p.returncode == 0, p.stderr
-        rows = json.loads(p.stdout)
-        assert len(rows) == expected, (home.name, len(rows))
-    _no_server_left(home_a, None)
+    _count_reflections(home_a, 4)
+    _count_reflections(home_b, 2)
+
+
+def _count_reflections(home: Path, expected: int) -> None:
+    """`rr list` of `home` (its own SQLite file, through its embedded server) lists exactly `expected`."""
+    p = subprocess.run([*RR, "list", "--json", "--limit", "1000"], cwd=REPO_ROOT, env=_env(home),
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert len(rows) == expected, (home.name, len(rows))
+    assert all(r["task_queue"] == rows[0]["task_queue"] and r["store_id"] for r in rows), rows[:2]
 
 
 def _start_reflect(home: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
@@ -217,3 +248,17 @@ def _wait_address(home: Path) -> str:
             return state.address
         time.sleep(0.05)
     raise AssertionError(f"no server for {home}")
+
+
+def test_two_areflect_calls_at_once_on_the_embedded_default(tmp_path: Path) -> None:
+    """`asyncio.gather` of two `areflect` calls (ACE's `Pipeline.run(workers=2)` does the same), three times:
+    both complete every time, and the home's server is gone after the script."""
+    for i in range(3):
+        home = tmp_path / f"home-{i}"
+        p = subprocess.run([sys.executable, "-m", "tests.support.api_gather"], cwd=REPO_ROOT, env=_env(home),
+                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        where = f"run {i + 1} (exit {p.returncode}):\n{p.stderr[-3000:]}"
+        assert p.returncode == 0, where
+        assert "stop reasons: completed completed" in p.stdout, where
+        assert "Task was destroyed" not in p.stderr and "Traceback" not in p.stderr, where
+        _no_server_left(home, None)

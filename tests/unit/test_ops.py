@@ -28,7 +28,7 @@ def test_rows_render_as_a_table_children_indented() -> None:
                     closed=None, duration_s=3.25, parent="rr-1")
     header, first, second = ops.render_rows([root, child]).splitlines()
     assert header.split() == ["ID", "STARTED", "DURATION", "STATUS", "STOP", "TRACE", "MODEL", "REQUESTS",
-                              "TOKENS", "CHILDREN"]
+                              "TOKENS", "CHILDREN", "QUEUE", "STORE"]
     assert first.startswith("rr-1 ") and "2026-01-02 03:04:05" in first and "1m30s" in first
     assert "t.json (ace, 2.0 KB)" in first and "12,345" in first
     assert second.startswith("  rr-1.r1") and "3.2s" in second and second.split()[-3:] == ["-", "-", "-"]
