@@ -29,6 +29,7 @@ from reflector.contract import (
     PREFILL_CODE,
     PREPARE_ACTIVITY,
     RUN_CELL_ACTIVITY,
+    SKILL_LOOKUP_ACTIVITY,
     CellInput,
     CellOutcome,
     CloseSessionInput,
@@ -37,12 +38,16 @@ from reflector.contract import (
     LimitsInput,
     PrepareSessionInput,
     PrepareSessionResult,
+    SkillbookRef,
+    SkillLookupInput,
     TraceFacts,
     TraceRef,
     session_key,
 )
 from reflector.diagnosis import from_divergence
+from reflector.limits import SKILL_IDS_SHOWN, InputTooLarge
 from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
+from reflector.skillbook import Skill, check_skillbook, look_up, parse_skillbook
 from reflector.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
 from reflector.storage.stores import blocking, open_store
 from reflector.traces.budget import host_memory_bytes
@@ -59,6 +64,7 @@ __all__ = [
     "run_cell",
     "export_session",
     "close_session",
+    "look_up_skill",
     "grant_archive",
     "configure",
     "runtime_for",
@@ -287,10 +293,14 @@ def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimit
 async def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
     rt = _rt()
     trace_path = await rt.io(rt.store.path_for_uri, trace.uri)
+    extra_vars = json.loads(await rt.io(rt.store.get_bytes, init_ref))
+    if SKILLBOOK_BLOB_KEY in extra_vars:  # the init names the skillbook blob: the host gets its text
+        book = await _skillbook(SkillbookRef.model_validate(extra_vars.pop(SKILLBOOK_BLOB_KEY)))
+        extra_vars["skillbook"] = book.text
     return {
         "trace_path": str(trace_path),
         "trace_format": trace.format,
-        "extra_vars": json.loads(await rt.io(rt.store.get_bytes, init_ref)),
+        "extra_vars": extra_vars,
         "limits": _limits(limits, trace, trace_path),
         "inherit": await rt.io(rt.store.fetch, inherit_ref) if inherit_ref else None,
     }
@@ -386,15 +396,62 @@ def _facts(outcome: CellOutcome) -> TraceFacts:
     return TraceFacts()
 
 
+SKILLBOOK_BLOB_KEY = "rr_skillbook_blob"
+"""In a session's init blob: the `SkillbookRef` whose text is the sandbox variable `skillbook` (the init stays
+small; a session's hosts, a rebuilt one too, read the skillbook blob)."""
+_SKILLBOOKS_KEPT = 2  # parsed skillbooks kept in memory per worker process (a batch's runs share one)
+
+
+@dataclass(frozen=True)
+class _Skillbook:
+    text: str
+    skills: tuple[Skill, ...]
+    error: str | None  # over a cap (`reflector.skillbook.check_skillbook`)
+
+
+_skillbooks: dict[str, _Skillbook] = {}
+
+
+async def _skillbook(ref: SkillbookRef) -> _Skillbook:
+    """A skillbook blob's text and skills, parsed once per process (in a thread: it may be 100 MB)."""
+    book = _skillbooks.pop(ref.sha256, None)
+    if book is None:
+        rt = _rt()
+        path = await rt.io(rt.store.path_for_uri, ref.uri)
+
+        def load() -> _Skillbook:
+            text = Path(path).read_bytes().decode("utf-8", "surrogatepass")
+            try:
+                check_skillbook(text)
+            except InputTooLarge as e:
+                return _Skillbook(text="", skills=(), error=str(e))
+            return _Skillbook(text=text, skills=tuple(parse_skillbook(text)), error=None)
+
+        book = await asyncio.to_thread(load)
+    _skillbooks[ref.sha256] = book  # the most recently used last
+    while len(_skillbooks) > _SKILLBOOKS_KEPT:
+        del _skillbooks[next(iter(_skillbooks))]
+    return book
+
+
 @activity.defn(name=PREPARE_ACTIVITY)
 async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
     """Start the session's sandbox: initial variables (by content hash), the trace-shape prefill cell,
-    the facts cell, and for a child session the parent's inherited namespace and its `context_code`."""
+    the facts cell, and for a child session the parent's inherited namespace and its `context_code`.
+    With a skillbook blob: also the first ids of the skillbook and its count (the task prompt lists them)."""
     rt = _rt()
-    init = {
+    init: dict[str, Any] = {
         "task": {"question": inp.question, "ground_truth": inp.ground_truth, "feedback": inp.feedback},
         "skillbook": inp.skillbook,
     }
+    ids: list[str] = []
+    if inp.skillbook_ref is not None:
+        book = await _skillbook(inp.skillbook_ref)
+        if book.error is not None:
+            return PrepareSessionResult(init_ref="", preview="", preview_ok=False, skillbook_error=book.error)
+        ids = [skill.id for skill in book.skills]
+        del init["skillbook"]
+        init[SKILLBOOK_BLOB_KEY] = inp.skillbook_ref.model_dump()
     init_ref = await rt.io(rt.store.put_bytes, json.dumps(init, sort_keys=True).encode())
 
     async def cell(seq: int, code: str) -> CellOutcome:
@@ -410,8 +467,17 @@ async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
             context_error = ctx.output[-4_000:]
     return PrepareSessionResult(
         init_ref=init_ref, preview=preview.output, preview_ok=preview.ok, facts=facts,
-        context_error=context_error, next_seq=next_seq,
+        context_error=context_error, next_seq=next_seq, skill_ids=ids[:SKILL_IDS_SHOWN], skill_count=len(ids),
     )
+
+
+@activity.defn(name=SKILL_LOOKUP_ACTIVITY)
+async def look_up_skill(inp: SkillLookupInput) -> str:
+    """A skill tool's answer from the session's skillbook blob (bounded: `reflector.skillbook.look_up`)."""
+    book = await _skillbook(inp.skillbook)
+    if book.error is not None:
+        return f"ERROR: {book.error}"
+    return await asyncio.to_thread(look_up, book.skills, inp.tool, inp.arg)
 
 
 @activity.defn(name=RUN_CELL_ACTIVITY)
@@ -458,4 +524,4 @@ async def close_session(inp: CloseSessionInput) -> None:
     await _rt().sessions.close_session(session_key(inp.session_id))
 
 
-ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, export_session, close_session]
+ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, export_session, close_session, look_up_skill]

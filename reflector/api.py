@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import inspect
 import json
@@ -458,6 +459,8 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     rconf = cfg.to_reflection_config(settings)
+    c.check_id(workflow_id)  # the caps (`reflector.limits`) before anything is stored
+    c.check_task_texts(question=question, ground_truth=ground_truth, feedback=feedback)
     answer = _answer(agent_output)
     with _trace_file(traces, answer, question, ground_truth, feedback, settings) as (path, name):
         try:
@@ -466,8 +469,10 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
             if name != IN_MEMORY or str(path) not in str(e):
                 raise
             raise type(e)(str(e).replace(str(path), IN_MEMORY)) from None
-    inp = c.build_input(trace, question=question, ground_truth=ground_truth, feedback=feedback,
-                        skillbook=_skillbook_text(skillbook), mode=mode, config=rconf)
+    # in a thread: a skillbook is checked and stored in the blob store (it may be 100 MB)
+    inp = await asyncio.to_thread(functools.partial(
+        c.build_input, trace, question=question, ground_truth=ground_truth, feedback=feedback,
+        skillbook=_skillbook_text(skillbook), mode=mode, config=rconf, settings=settings))
     out = await _run(inp, settings, name, workflow_id, timeout)
     if cfg.usage_callback is not None:
         cfg.usage_callback(UsageSummary.model_validate(out.raw.get("usage") or {}))

@@ -310,12 +310,13 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         overrides["max_tokens"] = args.max_tokens
     if args.recursion is not None:
         overrides["recursion"] = args.recursion
-    skillbook = ""
+    c.check_id(args.id)  # before anything is uploaded or started
+    c.check_task_texts(question=args.question, ground_truth=args.ground_truth, feedback=args.feedback)
+    skillbook: Path | None = None  # uploaded to the blob store by build_input (`reflector.client.upload_skillbook`)
     if args.skillbook:
-        sb = Path(args.skillbook)
-        if not sb.is_file():
-            raise c.ReflectError(f"skillbook file not found: {sb}")
-        skillbook = sb.read_text(encoding="utf-8", errors="replace")
+        skillbook = Path(args.skillbook)
+        if not skillbook.is_file():
+            raise c.ReflectError(f"skillbook file not found: {skillbook}")
     if args.batch or len(args.trace) > 1 or Path(args.trace[0]).is_dir():
         return await _reflect_batch(args, settings, ReflectionConfig(**overrides), skillbook)
     if args.concurrency is not None:
@@ -338,6 +339,7 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         skillbook=skillbook,
         mode=args.mode,
         config=ReflectionConfig(**overrides),
+        settings=settings,
     )
     if not is_llm(model):
         _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
@@ -412,7 +414,7 @@ async def _rerun(args: argparse.Namespace, settings: Settings) -> int:
     return _finished(out)
 
 
-async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: object, skillbook: str) -> int:
+async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: object, skillbook: Path | None) -> int:
     from reflector import client as c
     from reflector.batch.render import render_batch, render_batch_progress
     from reflector.contract import ReflectionConfig
@@ -424,7 +426,7 @@ async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: o
                              "carries its own")
     manifest = c.upload_batch(args.trace, settings, split=args.batch)
     inp = c.build_batch_input(manifest, config=config, skillbook=skillbook, mode=args.mode,
-                              concurrency=args.concurrency)
+                              concurrency=args.concurrency, settings=settings)
     if not is_llm(config.model):
         _say(f"model: {config.model} — a deterministic rule-based driver of the real tools, not an LLM")
     f = _Follower("batch", render_batch_progress, settings)

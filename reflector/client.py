@@ -42,6 +42,7 @@ from reflector.contract import (
     ReflectionInput,
     ReflectorOutput,
     RunRecord,
+    SkillbookRef,
     TraceRef,
 )
 from reflector.models import (
@@ -57,6 +58,7 @@ from reflector.traces.index import INDEX_SUFFIX, write_index
 __all__ = [
     "ReflectError",
     "upload_trace",
+    "upload_skillbook",
     "build_input",
     "start_reflection",
     "wait_for_result",
@@ -199,30 +201,87 @@ def _refuse(size: int, index_size: int | None, settings: Settings, fmt: str) -> 
         raise ReflectError(msg)
 
 
+def upload_skillbook(skillbook: str | Path | SkillbookRef | None, settings: Settings | None = None) -> SkillbookRef | None:
+    """Check a skillbook against its caps (`reflector.limits`) and put it in the blob store; the workflow only
+    gets the reference (the prepare activity reads it into the sandbox, the skill tools look skills up in it).
+
+    `skillbook`: its text, or a `Path` to a text file (read as UTF-8, undecodable bytes replaced); a blank one
+    is None. Over a cap: a `ReflectError` with the one-line reason."""
+    from reflector.limits import InputTooLarge
+    from reflector.skillbook import check_skillbook
+
+    if skillbook is None or isinstance(skillbook, SkillbookRef):
+        return skillbook
+    if isinstance(skillbook, Path):
+        if not skillbook.is_file():
+            raise ReflectError(f"skillbook file not found: {skillbook}")
+        text = skillbook.read_text(encoding="utf-8", errors="replace")
+    else:
+        text = skillbook
+    if not text.strip():
+        return None
+    try:
+        skills = check_skillbook(text)
+    except InputTooLarge as e:
+        raise ReflectError(str(e)) from None
+    settings = settings or Settings.from_env()
+    store = _open_store(settings)
+    data = text.encode("utf-8", "surrogatepass")
+    try:
+        digest = store.put_bytes(data)
+    except OSError as e:
+        raise ReflectError(f"cannot store the skillbook in the blob store {store.where}: {e.strerror or e}") from None
+    return SkillbookRef(uri=blob_uri(digest), sha256=digest, size=len(data), chars=len(text), skills=skills)
+
+
+def check_task_texts(**texts: str | None) -> None:
+    from reflector.limits import InputTooLarge, check_task_text
+
+    try:
+        for name, value in texts.items():
+            check_task_text(name, value)
+    except InputTooLarge as e:
+        raise ReflectError(str(e)) from None
+
+
 def build_input(
     trace: TraceRef,
     *,
     question: str = "",
     ground_truth: str | None = None,
     feedback: str | None = None,
-    skillbook: str = "",
+    skillbook: str | Path | SkillbookRef | None = "",
     mode: str = "offline",
     config: ReflectionConfig | None = None,
+    settings: Settings | None = None,
 ) -> ReflectionInput:
+    """The workflow's input. Every user-sized value is checked against its cap (`reflector.limits`: a
+    `ReflectError` with one line); a skillbook goes to the blob store (`upload_skillbook`, into the store of
+    `settings`, default: the environment's)."""
     config = config or ReflectionConfig()
     try:
         check_model_name(config.model)
     except ValueError as e:
         raise ReflectError(str(e)) from e
+    check_task_texts(question=question, ground_truth=ground_truth, feedback=feedback)
     return ReflectionInput(
         trace=trace,
         question=question,
         ground_truth=ground_truth,
         feedback=feedback,
-        skillbook=skillbook,
+        skillbook_ref=upload_skillbook(skillbook, settings),
         mode=mode,
         config=config,
     )
+
+
+def check_id(workflow_id: str | None) -> None:
+    from reflector.limits import InputTooLarge, check_workflow_id
+
+    try:
+        check_workflow_id(workflow_id)
+    except InputTooLarge as e:
+        raise ReflectError(str(e)) from None
 
 
 def new_workflow_id(trace: TraceRef) -> str:
@@ -236,6 +295,7 @@ async def start_reflection(
     (`reflector.search_attributes`), and a memo naming the trace (`trace_name`: its file name) for `rr list`."""
     from reflector import search_attributes as sa
 
+    check_id(workflow_id)
     wf_id = workflow_id or new_workflow_id(inp.trace)
     attrs = None
     if not await sa.missing(client):
@@ -585,13 +645,17 @@ def build_batch_input(
     manifest: ManifestRef,
     *,
     config: ReflectionConfig | None = None,
-    skillbook: str = "",
+    skillbook: str | Path | SkillbookRef | None = "",
     mode: str = "offline",
     concurrency: int | None = None,
     children_per_run: int | None = None,
     page_size: int | None = None,
     llm_synthesis: bool | None = None,
+    settings: Settings | None = None,
 ) -> BatchInput:
+    """The batch's input (caps and the skillbook as `build_input`; at most `reflector.limits.MAX_BATCH_RUNS` runs)."""
+    from reflector.limits import MAX_BATCH_RUNS
+
     config = config or ReflectionConfig()
     try:
         check_model_name(config.model)
@@ -599,13 +663,16 @@ def build_batch_input(
         raise ReflectError(str(e)) from e
     if concurrency is not None and concurrency < 1:
         raise ReflectError("--concurrency must be at least 1")
+    if manifest.n_runs > MAX_BATCH_RUNS:
+        raise ReflectError(f"the batch has {manifest.n_runs:,} runs, over the limit of {MAX_BATCH_RUNS:,} "
+                           "(reflector.limits.MAX_BATCH_RUNS): split it into several batches")
     extra: dict[str, Any] = {}
     if children_per_run is not None:
         extra["children_per_run"] = children_per_run
     if page_size is not None:
         extra["page_size"] = page_size
     return BatchInput(
-        manifest=manifest, config=config, skillbook=skillbook, mode=mode,
+        manifest=manifest, config=config, skillbook_ref=upload_skillbook(skillbook, settings), mode=mode,
         concurrency=concurrency or default_concurrency(config.model), llm_synthesis=llm_synthesis, **extra,
     )
 
@@ -616,6 +683,7 @@ async def start_batch(
     """Start `BatchReflectionWorkflow` (search attributes and memo as `start_reflection`; `name`: what it reads)."""
     from reflector import search_attributes as sa
 
+    check_id(workflow_id)
     wf_id = workflow_id or f"rr-batch-{inp.manifest.sha256[:8]}-{uuid.uuid4().hex[:8]}"
     attrs = None
     if not await sa.missing(client):
@@ -673,7 +741,7 @@ async def reflect_batch(
     split: bool = False,
     task_queue: str | None = None,
     config: ReflectionConfig | None = None,
-    skillbook: str = "",
+    skillbook: str | Path | SkillbookRef | None = "",
     mode: str = "offline",
     concurrency: int | None = None,
     children_per_run: int | None = None,
@@ -688,7 +756,7 @@ async def reflect_batch(
     """
     manifest = upload_batch(paths, settings, split=split)
     inp = build_batch_input(manifest, config=config, skillbook=skillbook, mode=mode, concurrency=concurrency,
-                            children_per_run=children_per_run)
+                            children_per_run=children_per_run, settings=settings)
     handle = await start_batch(client, inp, task_queue or settings.task_queue, batch_id)
     return batch_result(await wait_for_batch(handle, on_progress), settings)
 

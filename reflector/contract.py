@@ -45,6 +45,7 @@ RERUN_RESPONSE_ACTIVITY = "rr.rerun.reused_response"
 RERUN_CELL_ACTIVITY = "rr.rerun.reused_cell"
 RERUN_CHILD_ACTIVITY = "rr.rerun.reused_child"
 RERUN_SUMMARY_ACTIVITY = "rr.rerun.reused_summary"
+SKILL_LOOKUP_ACTIVITY = "rr.skillbook.look_up"  # a skill tool's answer from a skillbook blob (`SkillbookRef`)
 
 LOCAL_MODEL_PATCH = "rr-local-model-requests"
 """Workflows recorded before this change keep replaying their model requests as regular activities."""
@@ -79,6 +80,12 @@ SEARCH_ATTRIBUTES_PATCH = "rr-search-attributes"
 RECURSE_BY_STRATEGY_PATCH = "rr-recurse-by-strategy"
 """`recurse` is offered only where the strategy allows children (`ReflectionConfig.recursion`); recorded before
 this change: below max_depth, as then (a recorded response may call it)."""
+TOOL_ARG_CAPS_PATCH = "rr-tool-argument-caps"
+"""`recurse` refuses a `prompt` or `context_code` over its cap (`reflector.limits`) with a tool error; recorded
+before this change: the child was started with whatever the model wrote."""
+INLINE_SKILLBOOK_PATCH = "rr-inline-skillbook-cap"
+"""An inline `ReflectionInput.skillbook` over `reflector.limits.MAX_INLINE_SKILLBOOK_CHARS` ends the session with
+an error before it starts (parsing it in workflow code blocked every workflow task); recorded before: parsed."""
 MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 _SAFE_SESSION = re.compile(SESSION_ID_PATTERN)
@@ -159,6 +166,20 @@ class Continuation(Counters):
     cell_outputs: dict[int, str] = Field(default_factory=dict)  # what each cell showed the model, by cell id
 
 
+class SkillbookRef(_Frozen):
+    """A skillbook in the blob store (`reflector.client.upload_skillbook`); never the text itself.
+
+    The prepare activity reads it into the sandbox variable `skillbook` and returns the ids the task
+    prompt lists; the skill tools answer from it in a local activity (`SKILL_LOOKUP_ACTIVITY`).
+    """
+
+    uri: str
+    sha256: str
+    size: int  # bytes (UTF-8)
+    chars: int = 0  # characters (the task prompt says how long it is)
+    skills: int = 0  # skill ids in it (at most `reflector.limits.MAX_SKILL_IDS`)
+
+
 class RerunOf(_Frozen):
     """`rr rerun`: this reflection reuses the recorded results of its origin's steps before `from_step`.
 
@@ -187,7 +208,7 @@ class ReflectionInput(_Frozen):
     question: str = ""
     ground_truth: str | None = None
     feedback: str | None = None
-    skillbook: str = ""
+    skillbook: str = ""  # inline text: inputs recorded before `skillbook_ref` (the client never sends it now)
     mode: Literal["online", "offline"] = "offline"
     config: ReflectionConfig = ReflectionConfig()
     depth: int = 0
@@ -197,6 +218,7 @@ class ReflectionInput(_Frozen):
     continuation: Continuation | None = None
     rerun: RerunOf | None = None  # `rr rerun` (root sessions only; never handed to a child)
     search_attributes: bool = False  # the namespace has rr's search attributes: set them on children, upsert at the end
+    skillbook_ref: SkillbookRef | None = None  # the skillbook, in the blob store (takes the place of `skillbook`)
 
 
 # The field descriptions below are the output tool's JSON schema: they are what a model reads about each
@@ -438,6 +460,7 @@ class PrepareSessionInput(_Frozen):
     limits: LimitsInput = LimitsInput()
     inherit_ref: str | None = None
     context_code: str = ""
+    skillbook_ref: SkillbookRef | None = None  # read by the activity into the sandbox variable `skillbook`
 
 
 class TraceFacts(BaseModel):
@@ -465,6 +488,19 @@ class PrepareSessionResult(BaseModel):
     facts: TraceFacts = TraceFacts()
     context_error: str | None = None
     next_seq: int = 2
+    # `skillbook_ref`: the first ids of the skillbook (at most `reflector.limits.SKILL_IDS_SHOWN`) and how many
+    # it has, for the task prompt; a skillbook over its caps is refused (the session ends with this error)
+    skill_ids: list[str] = Field(default_factory=list)
+    skill_count: int = 0
+    skillbook_error: str | None = None
+
+
+class SkillLookupInput(_Frozen):
+    """A skill tool's call on a skillbook blob: `tool` is one of `SKILL_TOOLS`, `arg` its id or query."""
+
+    skillbook: SkillbookRef
+    tool: str
+    arg: str = ""
 
 
 class _SessionAt(_Frozen):
@@ -617,7 +653,7 @@ class BatchInput(_Frozen):
 
     manifest: ManifestRef
     config: ReflectionConfig = ReflectionConfig()
-    skillbook: str = ""
+    skillbook: str = ""  # inline text: inputs recorded before `skillbook_ref`
     mode: Literal["online", "offline"] = "offline"
     concurrency: int = Field(default=8, ge=1, le=1_000)
     children_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many children
@@ -625,6 +661,7 @@ class BatchInput(_Frozen):
     llm_synthesis: bool | None = None  # None: one reflection session over the records when the model is an LLM
     cursor: BatchCursor | None = None
     search_attributes: bool = False  # as `ReflectionInput.search_attributes` (handed to every child)
+    skillbook_ref: SkillbookRef | None = None  # handed to every child
 
 
 class BatchProgress(BaseModel):

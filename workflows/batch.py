@@ -165,7 +165,8 @@ class BatchReflectionWorkflow:
             if error is None and run.trace is not None:
                 wf_id = child_id(batch_id, run.index)
                 child = ReflectionInput(trace=run.trace, skillbook=inp.skillbook, mode=inp.mode, config=inp.config,
-                                        parent_workflow_id=batch_id, search_attributes=inp.search_attributes)
+                                        parent_workflow_id=batch_id, search_attributes=inp.search_attributes,
+                                        skillbook_ref=inp.skillbook_ref)
                 try:
                     out = await workflow.execute_child_workflow(
                         WORKFLOW_NAME, child, id=wf_id, result_type=ReflectorOutput,

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         CLOSE_ACTIVITY,
         EXECUTE_CODE_TOOL,
         FORGET_ACTIVITY,
+        INLINE_SKILLBOOK_PATCH,
         PREPARE_ACTIVITY,
         PROGRESS_QUERY,
         RECURSE_BY_STRATEGY_PATCH,
@@ -48,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         RunTrace,
         StopReason,
     )
+    from reflector.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
     from reflector.provider_errors import describe as describe_error
     from reflector.skillbook import IDS_LINE, parse_skillbook
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
@@ -94,6 +96,12 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         prompt: str | None = None
         if inp.continuation is not None:
             messages_in = ModelMessagesTypeAdapter.validate_json(inp.continuation.messages_json)
+        elif len(inp.skillbook) > MAX_INLINE_SKILLBOOK_CHARS and workflow.patched(INLINE_SKILLBOOK_PATCH):
+            # parsed here it would block the workflow task past the deadlock detector (every attempt)
+            return self._ended(self._output(None, [], "error", (
+                f"the inline skillbook is {len(inp.skillbook):,} characters, over the limit of "
+                f"{MAX_INLINE_SKILLBOOK_CHARS:,} for `ReflectionInput.skillbook`: pass it as `skillbook_ref` "
+                "(reflector.client.upload_skillbook, which build_input uses)")))
         else:
             try:
                 prep = await self._prepare(inp)
@@ -105,6 +113,8 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 await self._close()
                 state.phase = "done"
                 return self._ended(self._output(None, [], "cancelled", CANCELLED_DETAIL))
+            if prep.skillbook_error is not None:
+                return self._ended(self._output(None, [], "error", f"skillbook refused: {prep.skillbook_error}"))
             if prep.context_error is not None:
                 return self._ended(self._output(None, [], "error", f"context_code failed: {prep.context_error}",
                                                 context_error=prep.context_error))
@@ -116,7 +126,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             max_depth=inp.config.max_depth,
             max_tokens=inp.config.max_tokens,
             max_requests=inp.config.max_requests,
-            has_skillbook=bool(inp.skillbook.strip()),
+            has_skillbook=bool(inp.skillbook.strip()) or inp.skillbook_ref is not None,
             may_recurse=_may_recurse(inp),
         )
         draft: ReflectionDraft | None = None
@@ -176,6 +186,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 limits=state.limits,
                 inherit_ref=inp.inherit_ref,
                 context_code=inp.context_code,
+                skillbook_ref=inp.skillbook_ref,
             ),
             result_type=PrepareSessionResult,
             start_to_close_timeout=timedelta(seconds=inp.config.cell_timeout_s * 2 + REBUILD_ALLOWANCE_S),
@@ -259,7 +270,14 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         inp = self.state.inp
         preview = _shown_preview(prep.preview)
         skillbook_line = ""
-        if inp.skillbook.strip():
+        if inp.skillbook_ref is not None:  # the prepare activity read the blob: the first ids and the count
+            skillbook_line = f"A skillbook ({inp.skillbook_ref.chars} chars) is in the variable `skillbook`.\n"
+            if inp.mode == "online":
+                listed = ", ".join(f"[{sid}]" for sid in prep.skill_ids[:SKILL_IDS_SHOWN])
+                more = prep.skill_count - min(len(prep.skill_ids), SKILL_IDS_SHOWN)
+                shown = listed + (f" (+{more} more)" if more > 0 else "")
+                skillbook_line += prompts.ONLINE + f"{IDS_LINE} {shown or '(none found)'}\n"
+        elif inp.skillbook.strip():
             skillbook_line = f"A skillbook ({len(inp.skillbook)} chars) is in the variable `skillbook`.\n"
             if inp.mode == "online":
                 ids = [f"[{skill.id}]" for skill in parse_skillbook(inp.skillbook)]

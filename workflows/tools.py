@@ -8,6 +8,7 @@ model request and response.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,17 +23,22 @@ from reflector.citations import cell_header
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     RECURSE_TOOL,
+    SKILL_LOOKUP_ACTIVITY,
     SKILL_TOOLS,
     THINK_TOOL,
+    TOOL_ARG_CAPS_PATCH,
     TOOLSET_ID,
     WORKFLOW_NAME,
     ReflectionDraft,
     ReflectionInput,
     ReflectorDeps,
     ReflectorOutput,
+    SkillLookupInput,
 )
 from reflector.ledger import UsageRecord
+from reflector.limits import MAX_CONTEXT_CODE_CHARS, MAX_SKILL_QUERY_CHARS, MAX_TASK_TEXT_CHARS
 from reflector.skillbook import parse_skillbook
+from workflows.activity_options import CELL_RETRY
 from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
@@ -133,8 +139,22 @@ async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str
         context_code: Python run in the child's sandbox before its first turn.
     """
     state = current_state()
+    too_big = _over_cap(prompt, context_code)
+    if too_big is not None and workflow.patched(TOOL_ARG_CAPS_PATCH):
+        raise ModelRetry(too_big)
     async with state.recurse_lock:  # one child at a time: at most one request of the tree in flight
         return await _run_child(state, prompt, context_code)
+
+
+def _over_cap(prompt: str, context_code: str) -> str | None:
+    """Why `recurse`'s arguments cannot become a child's input (`reflector.limits`), or None."""
+    if len(prompt) > MAX_TASK_TEXT_CHARS:
+        return (f"`prompt` is {len(prompt):,} characters, over the limit of {MAX_TASK_TEXT_CHARS:,}: ask a short "
+                "sub-question (the child sees your variables; put data there, or slice it in `context_code`)")
+    if len(context_code) > MAX_CONTEXT_CODE_CHARS:
+        return (f"`context_code` is {len(context_code):,} characters, over the limit of {MAX_CONTEXT_CODE_CHARS:,}: "
+                "compute the data in a cell first (the child inherits your variables) and keep `context_code` short")
+    return None
 
 
 async def _run_child(state: SessionState, prompt: str, context_code: str) -> str:
@@ -251,9 +271,33 @@ async def _has_skillbook(ctx: RunContext[ReflectorDeps], tool_def: ToolDefinitio
     return tool_def if ctx.deps.has_skillbook else None
 
 
+async def _look_up(tool: str, arg: str = "") -> str | None:
+    """A skillbook blob's answer (`SkillbookRef`: a local activity parses it, never workflow code); None for an
+    inline skillbook (inputs recorded before the blob: the tools parse it here, as they did)."""
+    state = current_state()
+    ref = state.inp.skillbook_ref
+    if ref is None:
+        return None
+    if len(arg) > MAX_SKILL_QUERY_CHARS:
+        raise ModelRetry(f"the argument is {len(arg):,} characters, over the limit of {MAX_SKILL_QUERY_CHARS:,}: "
+                         "pass one skill id or a few words")
+    answer: str = await await_cancel_safe(workflow.start_local_activity(
+        SKILL_LOOKUP_ACTIVITY,
+        SkillLookupInput(skillbook=ref, tool=tool, arg=arg),
+        result_type=str,
+        start_to_close_timeout=timedelta(seconds=120),
+        retry_policy=CELL_RETRY,
+        summary=tool,
+    ))
+    return answer
+
+
 @toolset.tool(name=SKILL_TOOLS[0], metadata={"temporal": False}, prepare=_has_skillbook)
 async def list_skill_sections(ctx: RunContext[ReflectorDeps]) -> str:
     """List the skillbook's sections with their skill ids."""
+    answer = await _look_up(SKILL_TOOLS[0])
+    if answer is not None:
+        return answer
     sections: dict[str, list[str]] = {}
     for skill in parse_skillbook(current_state().inp.skillbook):
         sections.setdefault(skill.section or "(no section)", []).append(skill.id)
@@ -267,6 +311,9 @@ async def get_skill(ctx: RunContext[ReflectorDeps], skill_id: str) -> str:
     Args:
         skill_id: The exact skill id.
     """
+    answer = await _look_up(SKILL_TOOLS[1], skill_id)
+    if answer is not None:
+        return answer
     wanted = skill_id.strip().strip("[]")
     for skill in parse_skillbook(current_state().inp.skillbook):
         if skill.id == wanted:
@@ -281,6 +328,9 @@ async def search_skills(ctx: RunContext[ReflectorDeps], query: str) -> str:
     Args:
         query: Words to look for.
     """
+    answer = await _look_up(SKILL_TOOLS[2], query)
+    if answer is not None:
+        return answer
     words = query.lower().split()
     hits = [
         f"[{s.id}] {s.text}"
