@@ -11,9 +11,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # and the `s3` extra (boto3) for RR_BLOB_URL=s3://...; the source tree is removed afterwards.
 WORKDIR /src
 COPY . /src
-RUN pip install ".[s3]" \
+# `uidmap` (newuidmap/newgidmap) and a subordinate id range for `rr`: its sandbox hosts then run as a
+# subordinate uid that owns none of the worker's files (sandbox/isolation.py; without it the `uid` layer is
+# reported missing and seccomp's denial of metadata calls is what holds).
+RUN apt-get update && apt-get install -y --no-install-recommends uidmap && rm -rf /var/lib/apt/lists/* \
+    && pip install ".[s3]" \
     && cd / && rm -rf /src \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rr
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin rr \
+    && echo "rr:100000:65536" >> /etc/subuid && echo "rr:100000:65536" >> /etc/subgid
 
 # Non-root: the worker executes model-written code in its sandbox processes (Landlock, seccomp and
 # no-new-privs need no privileges; see the README, Using a real cluster).
