@@ -3,7 +3,7 @@
 Who, when, how (written before any root-cause rule of the diagnosis existed, and committed first):
 
 - labeller: an engineer of the team, who is an AI agent (Claude, working on issue 28), not a human annotator;
-- date: 2026-12-04, 19:35-20:00 UTC;
+- date: 2026-12-04, finished 19:35 UTC (commit e9ba103 and this one precede every root-cause rule);
 - runs: the failed runs (reward < 1) of the team's tau-bench airline file (`tau-bench-airline-gpt-4o.json`,
   120 GPT-4o trajectories, 84 failed) in file order, every 4th one from the first: 20 runs;
 - method: each trajectory read message by message (user, assistant, tool outputs, the task's instruction
