@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from reflector.answers import answers_match, compare_actions
 from reflector.contract import (
@@ -434,12 +435,24 @@ async def _skillbook(ref: SkillbookRef) -> _Skillbook:
     return book
 
 
+def _check_store(store: BlobStore, trace: TraceRef) -> None:
+    """A reflection whose trace was uploaded to another blob store than this worker's fails now, for good,
+    naming both stores (same task queue, different stores: an explicit RR_TASK_QUEUE shared by two setups)."""
+    from reflector.storage.identity import StoreMismatch, check_same_store
+
+    try:
+        check_same_store(store, trace.store_id, trace.store_url)
+    except StoreMismatch as e:
+        raise ApplicationError(str(e), type="StoreMismatch", non_retryable=True) from None
+
+
 @activity.defn(name=PREPARE_ACTIVITY)
 async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
     """Start the session's sandbox: initial variables (by content hash), the trace-shape prefill cell,
     the facts cell, and for a child session the parent's inherited namespace and its `context_code`.
     With a skillbook blob: also the first ids of the skillbook and its count (the task prompt lists them)."""
     rt = _rt()
+    _check_store(rt.store, inp.trace)
     init: dict[str, Any] = {
         "task": {"question": inp.question, "ground_truth": inp.ground_truth, "feedback": inp.feedback},
         "skillbook": inp.skillbook,

@@ -420,7 +420,7 @@ async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workfl
             try:
                 return await asyncio.wait_for(waiting, timeout)
             except TimeoutError:
-                where = ("the embedded server stops with this call; `rr result` (same RR_HOME) follows it"
+                where = (f"it is saved on this RR_HOME's embedded server: `rr result {wf_id}` (same RR_HOME) follows it"
                          if rt.embedded_server else f"it goes on durably on {rt.address}: `rr result {wf_id}`")
                 raise TimeoutError(f"reflection {wf_id} did not finish within {timeout:g} s; {where}") from None
     except (WorkflowFailureError, RPCError) as e:

@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 from reflector.settings import SettingError, Settings
@@ -157,6 +160,8 @@ def run() -> NoReturn:
     written, stop any embedded server this process started, and `os._exit`.
     """
     code = main()
+    if code == 130 and _TERMINATED:  # SIGTERM / SIGHUP, ended like Ctrl-C: the shell's code for that signal
+        code = 128 + _TERMINATED[0]
     from reflector.devserver import stop_live_servers
 
     stop_live_servers()
@@ -171,8 +176,30 @@ def run() -> NoReturn:
     os._exit(code)
 
 
+_TERMINATED: list[int] = []  # the SIGTERM / SIGHUP that ended this process
+
+
+def _end_like_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM / SIGHUP (`timeout`, `kill`, a CI job's cancellation, a closed terminal) end a command the way
+    Ctrl-C does: the running reflection is left to go on durably, its id is printed, and the lease on the
+    home's embedded server is released."""
+    _TERMINATED.append(signum)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):  # a background job that ignores Ctrl-C
+        raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGINT)  # asyncio.run's handler cancels the command's task, as for Ctrl-C
+
+
+def _on_termination_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _end_like_ctrl_c)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _on_termination_signals()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
@@ -181,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from reflector.settings import usable_dir
 
             usable_dir(settings.home, "RR_HOME")
-            return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port)
+            return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port, home=settings.home)
         if args.cmd == "worker":
             from reflector.supervisor import run_supervisor, worker_processes
 
@@ -571,8 +598,8 @@ def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool, noun: st
         _say(f"  this process ran its only worker: the {noun} continues when a worker runs (`rr worker` "
              f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})")
     if rt.embedded_server:
-        _say(f"  the embedded server stopped with this process; the {noun} is saved in {settings.db_file}: "
-             "run `rr server` (same RR_HOME) for the commands above")
+        _say(f"  the embedded server of this RR_HOME stops when no rr process of it runs; the {noun} is saved in "
+             f"{settings.db_file}: the commands above (same RR_HOME) start it again")
     return 130
 
 
@@ -753,7 +780,6 @@ async def _gc(args: argparse.Namespace, settings: Settings) -> int:
 
     from reflector import client as c
     from reflector import gc
-    from reflector.devserver import is_reachable
 
     if settings.s3_url is not None:
         raise c.ReflectError(f"rr gc manages a file blob store; RR_BLOB_URL is {settings.s3_url}: expire its objects "
@@ -762,10 +788,10 @@ async def _gc(args: argparse.Namespace, settings: Settings) -> int:
         min_age = gc.parse_duration(args.min_age)
     except ValueError as e:
         raise c.ReflectError(f"--min-age: {e}") from None
-    if not settings.address_explicit and not settings.db_file.exists() and not is_reachable(settings.address):
+    if not settings.address_explicit and not settings.db_file.exists():
         # an embedded server started on a new database would list no workflow: everything would look unused
-        raise c.ReflectError(f"no Temporal server at {settings.address} and no embedded server database "
-                             f"{settings.db_file}: nothing can say which blobs are in use (set TEMPORAL_ADDRESS)")
+        raise c.ReflectError(f"no embedded server database {settings.db_file} and no TEMPORAL_ADDRESS: nothing "
+                             "can say which blobs are in use (set TEMPORAL_ADDRESS)")
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
         try:
             report = await gc.run_gc(gc.TemporalSource(rt.client), settings.blob_dir, min_age_s=min_age,

@@ -45,10 +45,11 @@ from reflector.contract import (
     SkillbookRef,
     TraceRef,
 )
+from reflector.homeserver import HomeServer
 from reflector.models import (
     check_model_name,
 )
-from reflector.settings import SettingError, Settings, usable_dir
+from reflector.settings import SettingError, Settings, env_number, usable_dir
 from reflector.storage.blobs import BlobStore, blob_uri
 from reflector.storage.payloads import data_converter
 from reflector.traces import TraceFormat, check_trace_file, detect_format, read_trace_file
@@ -179,9 +180,13 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
                     store.adopt_beside(digest, INDEX_SUFFIX, index_tmp)
             finally:
                 index_tmp.unlink(missing_ok=True)
+        from reflector.storage.identity import store_id_of
+
+        sid = store_id_of(store)
     except OSError as e:
         raise ReflectError(f"cannot store the trace in the blob store {store.where}: {e.strerror or e}") from None
-    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt))
+    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt),
+                    store_id=sid, store_url=store.where)
 
 
 def _open_store(settings: Settings) -> BlobStore:
@@ -530,6 +535,32 @@ class Runtime:
         await self._start_worker()
 
 
+async def lease_home_server(
+    settings: Settings, stack: AsyncExitStack, announce: Callable[[str], None] = lambda _msg: None
+) -> tuple[HomeServer, bool]:
+    """Lease the embedded server of `settings.home` (`reflector.homeserver`), starting it if none runs; the
+    lease is released when `stack` closes (or by the kernel when this process dies). Returns (the server,
+    whether this call started it)."""
+    from reflector import homeserver
+
+    usable_dir(settings.home, "RR_HOME")
+    port = int(env_number("RR_EMBEDDED_PORT", 7233, maximum=65535))
+    try:
+        server, lease, started = await asyncio.to_thread(homeserver.acquire, settings.home, port=port)
+    except homeserver.HomeServerError as e:
+        raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
+    stack.callback(lease.release)
+    if started:
+        announce(f"started the embedded Temporal server of {settings.home} on {server.address} (SQLite "
+                 f"{settings.db_file}, Web UI {server.ui_url}); it stops when no rr process of this home uses it")
+    else:
+        announce(f"using the embedded Temporal server of {settings.home} on {server.address}")
+    if settings.temporal.tls is not None or settings.temporal.api_key:
+        announce("the TLS / API key settings are for a configured server (TEMPORAL_ADDRESS or a profile's "
+                 "address), not for the embedded one")
+    return server, started
+
+
 @asynccontextmanager
 async def runtime(
     settings: Settings,
@@ -548,43 +579,32 @@ async def runtime(
       with `want_worker=None` (auto) the caller calls `Runtime.ensure_worker` once it has started its
       reflection, which runs one when no live worker takes it (otherwise it would wait forever).
     """
-    from reflector.devserver import DevServer, DevServerError, free_port, is_reachable
+    from reflector.devserver import is_reachable
 
     async with AsyncExitStack() as stack:
-        server: DevServer | None = None
+        home_server: HomeServer | None = None
+        started = False
         address = settings.address
-        if not is_reachable(address):
-            if settings.address_explicit:  # TEMPORAL_ADDRESS or a config profile's address
+        if settings.address_explicit:  # TEMPORAL_ADDRESS or a config profile's address: never replaced
+            if not is_reachable(address):
                 raise ReflectError(f"Temporal server at {describe_target(settings)} is not reachable")
-            usable_dir(settings.home, "RR_HOME")
-            host, _, port_s = address.rpartition(":")
-            port = int(port_s) if host in ("localhost", "127.0.0.1") and port_s.isdigit() else free_port()
-            ui_port = port + 1000 if port + 1000 < 65536 else free_port()
-            server = DevServer(db_file=settings.db_file, port=port, ui_port=ui_port, ui=True)
-            announce(f"no Temporal server at {address}: starting the embedded dev server (SQLite {settings.db_file})")
-            try:
-                address = await server.astart()
-            except DevServerError as e:
-                raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
-            stack.push_async_callback(server.astop)
-            announce(f"embedded server on {address}, Web UI {server.ui_url}")
-            if settings.temporal.tls is not None or settings.temporal.api_key:
-                announce("the TLS / API key settings are for a configured server (TEMPORAL_ADDRESS or a profile's "
-                         "address), not for the embedded one")
+        else:
+            home_server, started = await lease_home_server(settings, stack, announce)
+            address = home_server.address
         converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
         plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
         try:
-            client = await open_client(settings, address=address, embedded=server is not None,
+            client = await open_client(settings, address=address, embedded=home_server is not None,
                                        data_converter=converter, plugins=plugins)
         except Exception as e:
             raise ReflectError(f"cannot connect to Temporal at {describe_target(settings, address)}: {e}") from e
         await check_namespace(client, address)
-        if server is not None:  # an embedded server on a database older than rr's search attributes
+        if started:  # an embedded server on a database older than rr's search attributes
             from reflector import search_attributes as sa
 
             with contextlib.suppress(Exception):  # best effort: without them, rr works and `rr list` says so
                 await sa.register(client)
-        rt = Runtime(client, address, server is not None, False, server.ui_url if server else None,
+        rt = Runtime(client, address, home_server is not None, False, home_server.ui_url if home_server else None,
                      task_queue=settings.task_queue, _announce=announce)
 
         async def start_worker() -> None:
@@ -596,7 +616,9 @@ async def runtime(
             rt.local_worker = True
 
         rt._start_worker = start_worker
-        if want_worker or (want_worker is None and server is not None):
+        # On the home's embedded server every `rr reflect` runs its own worker: another process's in-process
+        # worker may exit at any time (its half-done tasks then move here, never the other way round).
+        if want_worker or (want_worker is None and home_server is not None):
             await start_worker()
         elif want_worker is False or in_process_worker is None:
             rt._start_worker = None

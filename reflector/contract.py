@@ -109,6 +109,10 @@ class TraceRef(_Frozen):
     sha256: str
     size: int
     format: TraceFormat = "unknown"
+    # the id and location of the store the client uploaded to (`reflector.storage.identity`): a worker of
+    # another store refuses the reflection at its first activity, naming both ("": not recorded, unchecked)
+    store_id: str = ""
+    store_url: str = ""
 
 
 class ReflectionConfig(_Frozen):
