@@ -178,12 +178,12 @@ def test_the_server_lives_while_any_process_of_its_home_uses_it(tmp_path: Path) 
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         server_pid = _recorded_server_pid(home)
-        address = live_server(home).address  # type: ignore[union-attr]
+        address = live_server(home).address
         p = _reflect(home)
         assert p.returncode == 0, p.stderr[-3000:]
         assert f"using the embedded Temporal server of {home} on {address}" in p.stderr, p.stderr
         time.sleep(1.0)  # longer than the keeper's poll: the reflect's end must not have stopped it
-        assert live_server(home) is not None and live_server(home).server_pid == server_pid  # type: ignore[union-attr]
+        assert live_server(home) is not None and live_server(home).server_pid == server_pid
         assert is_reachable(address)
         worker.kill()
         worker.wait(30)

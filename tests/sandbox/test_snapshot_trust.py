@@ -118,7 +118,7 @@ def _real_meta(blob: bytes) -> dict[str, Any]:
 
 
 def _evil_snapshot(meta: dict[str, Any], payload: Any, *, in_meta: bool) -> bytes:
-    state = {"vars": {"a": payload}, "data": None, "history": [], "decimal": decimal.Context()}
+    state: dict[str, Any] = {"vars": {"a": payload}, "data": None, "history": [], "decimal": decimal.Context()}
     return pickle.dumps(payload if in_meta else meta, protocol=5) + pickle.dumps(state, protocol=5)
 
 
@@ -194,7 +194,7 @@ def test_globals_outside_the_data_list_are_refused_cleanly() -> None:
     parent, index = _ns()
     meta = _real_meta(take_snapshot(parent, index))
     for value in (len, getattr, print, os.system):
-        state = {"vars": {"f": value}, "data": None, "history": [], "decimal": decimal.Context()}
+        state: dict[str, Any] = {"vars": {"f": value}, "data": None, "history": [], "decimal": decimal.Context()}
         fresh, fresh_index = _ns()
         with pytest.raises(pickle.UnpicklingError, match="not allowed"):
             restore_snapshot(fresh, fresh_index, pickle.dumps(meta, protocol=5) + pickle.dumps(state, protocol=5))
@@ -476,7 +476,7 @@ def test_only_the_listed_globals_load() -> None:
             with pytest.raises(pickle.UnpicklingError):
                 unpickler.find_class(*key)
     dangerous = {eval, exec, getattr, setattr, delattr, __import__, open, compile, globals, vars, type, object,
-                 functools.partial, functools.reduce, operator.attrgetter, operator.methodcaller, copyreg._reconstructor}
+                 functools.partial, functools.reduce, operator.attrgetter, operator.methodcaller, vars(copyreg)["_reconstructor"]}
     assert not any(value is d for value in _GLOBALS.values() for d in dangerous)
 
 
