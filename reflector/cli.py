@@ -199,7 +199,8 @@ def _on_termination_signals() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _on_termination_signals()
+    if args.cmd not in ("worker", "server"):  # those stop on SIGTERM their own way (graceful drain, forwarding)
+        _on_termination_signals()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
