@@ -17,6 +17,7 @@ returns. The default restored is the one found before the first call (an idle ru
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -28,6 +29,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -38,6 +40,9 @@ from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.ledger import UsageSummary
 
 if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+    from pydantic_ai.usage import UsageLimits
+
     from reflector.contract import ReflectionInput
     from reflector.settings import Settings
 
@@ -45,9 +50,10 @@ __all__ = ["RRConfig", "RRStep", "ReflectorOutput", "UsageSummary", "reflect", "
 
 log = logging.getLogger("rr.api")
 
-Traces = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | BaseModel | None
+Traces = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | BaseModel | object | None
 """A trace for `reflect`: a file path; a dict or list (e.g. a list of messages or steps); a str holding the
-trace's JSON or JSON-lines text (a str naming an existing file is that file); or None (a trace is built
+trace's JSON or JSON-lines text (a str naming an existing file is that file), or plain text (a one-step
+trace); a pydantic model, a dataclass or any object with attributes (its data); or None (a trace is built
 from `question`, `agent_output`, `ground_truth`, `feedback`)."""
 
 IN_MEMORY = "<in-memory trace>"  # how an in-memory trace is named in messages and `rr list`
@@ -60,13 +66,19 @@ _RR_NAMES = {"cell_timeout_s": "timeout"}
 class RRConfig(BaseModel):
     """The seed's reflector settings, mapped onto `reflector.contract.ReflectionConfig` (the durable config).
 
-    Invalid values raise a pydantic `ValidationError` (a `ValueError`) naming the field, when the
-    config is built. `usage_callback` is called once per reflection, when it has finished, with its
-    `reflector.ledger.UsageSummary` (`input_tokens`, `output_tokens`, `total_tokens`, `requests`: the
-    whole tree's, children included; what `ReflectorOutput.raw["usage"]` holds).
+    Mutable like ACE's `RRConfig` dataclass: an assignment is validated as the constructor is. Invalid
+    values raise a pydantic `ValidationError` (a `ValueError`) naming the field. `model` may be a
+    LiteLLM spelling (`gpt-4o-mini`, `bedrock/...`: `reflector.model_names`). `usage_callback`: as ACE's,
+    `callback(usage, model_id)` once per completed model request of the tree (children and compaction
+    summaries included; `usage` a pydantic-ai `RequestUsage`), read from the reflection's histories when
+    it has finished; a callback that takes one argument gets the `reflector.ledger.UsageSummary` once
+    instead (`input_tokens`, `output_tokens`, `total_tokens`, `requests`: what
+    `ReflectorOutput.raw["usage"]` holds). Its exceptions are logged, never raised (as ACE's).
+    `cache_prompts` / `cache_ttl` turn on pydantic-ai's prompt caching (`cache` model setting) for the
+    providers that have it (`CACHING_FAMILIES`); elsewhere they do nothing.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(validate_assignment=True, extra="forbid", arbitrary_types_allowed=True)
 
     model: str | None = None  # None: the settings' RR_MODEL, else "heuristic"
     model_settings: dict[str, Any] | None = None
@@ -79,12 +91,20 @@ class RRConfig(BaseModel):
     microcompact_keep_recent: int = 3
     timeout: float = 60.0  # seconds per sandbox cell (ReflectionConfig.cell_timeout_s)
     max_output_chars: int = 50_000
-    usage_callback: Callable[[UsageSummary], object] | None = None
+    usage_callback: Callable[..., object] | None = None
+    cache_prompts: bool = True  # ACE's default
+    cache_ttl: Literal["5m", "1h"] = "5m"
 
     @model_validator(mode="after")
     def _valid_for_the_workflow(self) -> RRConfig:
         self._build(self.model or "heuristic")
         return self
+
+    def build_usage_limits(self, remaining_tokens: int | None = None) -> UsageLimits:
+        """ACE's: pydantic-ai `UsageLimits` of this budget (rr's workflow enforces the budget itself)."""
+        from pydantic_ai.usage import UsageLimits
+
+        return UsageLimits(total_tokens_limit=remaining_tokens or self.max_tokens, request_limit=self.max_requests)
 
     def to_reflection_config(self, settings: Settings | None = None) -> ReflectionConfig:
         """The durable config; `model` None resolves to `settings.model` (RR_MODEL; default: the
@@ -97,7 +117,11 @@ class RRConfig(BaseModel):
         return self._build(model or "heuristic")
 
     def _build(self, model: str) -> ReflectionConfig:
-        fields = self.model_dump(exclude={"usage_callback", "timeout", "model"})
+        from reflector.model_names import from_litellm
+
+        fields = self.model_dump(exclude={"usage_callback", "timeout", "model", "cache_prompts", "cache_ttl"})
+        model = from_litellm(model)
+        fields["model_settings"] = _cache_settings(model, self.model_settings, self.cache_prompts, self.cache_ttl)
         try:
             return ReflectionConfig(**fields, model=model, cell_timeout_s=self.timeout)
         except ValidationError as e:  # ReflectionConfig's rules, told with RRConfig's names
@@ -105,6 +129,21 @@ class RRConfig(BaseModel):
                 f"{_RR_NAMES.get(str(err['loc'][0]), str(err['loc'][0])) if err['loc'] else 'config'}: "
                 f"{err['msg']} (got {err.get('input')!r})" for err in e.errors()
             )) from None
+
+
+CACHING_FAMILIES = ("anthropic", "bedrock", "openai", "openai-chat", "openai-responses", "google", "google-cloud",
+                    "openrouter")
+"""Providers whose pydantic-ai models honour the `cache` model setting (`cache_prompts` maps onto it)."""
+
+
+def _cache_settings(model: str, given: dict[str, Any] | None, cache: bool, ttl: str) -> dict[str, Any] | None:
+    """The model settings with ACE's `cache_prompts` / `cache_ttl` as pydantic-ai's `cache` setting, for a
+    provider that has it; the settings unchanged otherwise (a `cache` the caller set wins). Settings are
+    added to the workflow's default (temperature 0) only when there were none."""
+    family = model.split(":", 1)[0] if ":" in model else ""
+    if family not in CACHING_FAMILIES or (given and "cache" in given):
+        return given
+    return {**(given or {"temperature": 0.0}), "cache": ttl if cache else False}
 
 
 # --------------------------------------------------------------------------------- the answer and the trace
@@ -215,7 +254,58 @@ def _jsonable(value: object) -> Any:
         return os.fspath(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    public = _public_vars(value)
+    if public is not None:  # an object the agent produced (ACE passes whatever it got): its attributes
+        return public
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable (not a dict, list, str, "
+                    "number, dataclass, pydantic model or object with attributes)")
+
+
+def _public_vars(value: object) -> dict[str, Any] | None:
+    """An object's public attributes (`__dict__`, else `__slots__`), None when it has neither."""
+    if callable(value) or inspect.ismodule(value) or inspect.isgenerator(value) or inspect.iscoroutine(value):
+        return None  # code, not data
+    names: list[str] | None = None
+    if hasattr(value, "__dict__") and isinstance(vars(value), dict):
+        names = list(vars(value))
+    elif (slots := getattr(type(value), "__slots__", None)) is not None:
+        names = [slots] if isinstance(slots, str) else list(slots)
+    if names is None:
+        return None
+    return {n: getattr(value, n) for n in names if not n.startswith("_") and hasattr(value, n)}
+
+
+def _plain_trace(value: object) -> Any:
+    """A trace of another shape than dict / list / str / path / pydantic model, as JSON-able data: a dataclass
+    or an object (its attributes), a tuple (a list), a number or bool (text). None: not representable."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, bool | int | float):
+        return _text_trace(json.dumps(value))
+    if isinstance(value, (bytes, bytearray)):
+        return _text_trace(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return _public_vars(value)
+
+
+def _text_trace(text: str) -> dict[str, Any]:
+    """Plain text (not JSON, not a file): a one-step trace, the text as the agent's step."""
+    return {"steps": [{"role": "assistant", "content": text}]}
+
+
+def _looks_like_path(s: str) -> bool:
+    """A one-line str with no blanks that names a file (a separator or a trace extension): a mistyped path is
+    an error ("trace file not found"), not a trace of that text."""
+    text = s.strip()
+    return ("\n" not in text and " " not in text and len(text) < 4096
+            and (os.sep in text or text.endswith((".json", ".jsonl", ".ndjson", ".txt", ".log"))))
 
 
 def _dump(data: Any) -> str:
@@ -254,12 +344,14 @@ def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_tr
             yield path, path.name
             return
         text = _dump(placed)
-    elif isinstance(traces, str):
-        if not traces.lstrip().startswith(_TEXT_START):
+    elif isinstance(traces, str) and not traces.lstrip().startswith(_TEXT_START):
+        if _looks_like_path(traces) or not traces.strip():
             from reflector.traces import TraceError
 
-            raise TraceError(f"trace file not found: {traces[:200]} (a str trace is a file path, or the trace's "
-                             "JSON / JSON-lines text)")
+            raise TraceError(f"trace file not found: {traces[:200]} (a str trace is a file path, the trace's "
+                             "JSON / JSON-lines text, or plain text with blanks in it)")
+        text = _dump(_place_answer(_text_trace(traces), answer))
+    elif isinstance(traces, str):
         text = traces
         if answer is not None:
             data, _fmt = parse_trace_bytes(traces.encode("utf-8"), IN_MEMORY)
@@ -267,10 +359,15 @@ def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_tr
             text = traces if placed is data else _dump(placed)
     elif isinstance(traces, (Mapping, list, tuple, BaseModel)):
         data = traces.model_dump(mode="json") if isinstance(traces, BaseModel) else traces
-        text = _dump(_place_answer(list(data) if isinstance(data, tuple) else data, answer))
+        text = _dump(_place_answer(list(data) if isinstance(data, tuple) else dict(data) if isinstance(
+            data, Mapping) else data, answer))
     else:
-        raise ValueError(f"traces must be a path, a dict, a list, the trace's JSON text or None; got "
-                         f"{type(traces).__name__}")
+        plain = _plain_trace(traces)
+        if plain is None:
+            raise ValueError(f"traces must be a path, a dict, a list, JSON or plain text, a dataclass, a pydantic "
+                             f"model, an object with attributes, or None; got {type(traces).__name__}, which has "
+                             "none of those shapes")
+        text = _dump(_place_answer(plain, answer))
     from reflector.settings import usable_dir
 
     tmp_dir = usable_dir(settings.home / "tmp", "RR_HOME")
@@ -395,7 +492,7 @@ def _api_error(exc: BaseException) -> BaseException:
 
 
 async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workflow_id: str | None,
-               timeout: float | None) -> ReflectorOutput:
+               timeout: float | None, per_request: Callable[[Any, str], object] | None = None) -> ReflectorOutput:
     from temporalio.client import WorkflowFailureError
     from temporalio.service import RPCError
 
@@ -418,7 +515,10 @@ async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workfl
             await rt.ensure_worker(handle)
             waiting = c.wait_for_result(handle, on_no_worker=no_worker, no_worker_after_s=settings.no_worker_warn_s)
             try:
-                return await asyncio.wait_for(waiting, timeout)
+                out = await asyncio.wait_for(waiting, timeout)
+                if per_request is not None:
+                    await _report_requests(rt.client, wf_id, settings, inp.config.model, per_request)
+                return out
             except TimeoutError:
                 where = (f"it is saved on this RR_HOME's embedded server: `rr result {wf_id}` (same RR_HOME) follows it"
                          if rt.embedded_server else f"it goes on durably on {rt.address}: `rr result {wf_id}`")
@@ -440,17 +540,28 @@ async def areflect(
     workflow_id: str | None = None,
     settings: Settings | None = None,
     timeout: float | None = None,
+    trace: object = None,
+    injected_skill_ids: Sequence[str] = (),
 ) -> ReflectorOutput:
     """`reflect` for async code (the same arguments; runs on the caller's event loop)."""
     with _call_core_runtime():
         return await _reflect(question=question, agent_output=agent_output, skillbook=skillbook,
-                              ground_truth=ground_truth, feedback=feedback, traces=traces, config=config, mode=mode,
-                              workflow_id=workflow_id, settings=settings, timeout=timeout)
+                              ground_truth=ground_truth, feedback=feedback, traces=_traces_arg(traces, trace),
+                              config=config, mode=mode, workflow_id=workflow_id, settings=settings, timeout=timeout,
+                              injected_skill_ids=tuple(injected_skill_ids))
+
+
+def _traces_arg(traces: Traces, trace: object) -> Any:
+    """`traces` (rr's name) or `trace` (the keyword ACE's ReflectStep passes a raw trace with), not both."""
+    if trace is not None and traces is not None:
+        raise ValueError("pass the trace once: traces= or trace= (ACE's name for it), not both")
+    return traces if trace is None else trace
 
 
 async def _reflect(*, question: str, agent_output: object, skillbook: object, ground_truth: str | None,
-                   feedback: str | None, traces: Traces, config: RRConfig | None, mode: Literal["online", "offline"],
-                   workflow_id: str | None, settings: Settings | None, timeout: float | None) -> ReflectorOutput:
+                   feedback: str | None, traces: Any, config: RRConfig | None, mode: Literal["online", "offline"],
+                   workflow_id: str | None, settings: Settings | None, timeout: float | None,
+                   injected_skill_ids: tuple[str, ...] = ()) -> ReflectorOutput:
     from reflector import client as c
     from reflector.settings import Settings
 
@@ -458,10 +569,17 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
     settings = settings or Settings.from_env()
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if mode not in ("online", "offline"):
+        raise ValueError(f"mode must be 'online' or 'offline', got {mode!r}")
     rconf = cfg.to_reflection_config(settings)
+    _check_model(rconf.model)
     c.check_id(workflow_id)  # the caps (`reflector.limits`) before anything is stored
     c.check_task_texts(question=question, ground_truth=ground_truth, feedback=feedback)
     answer = _answer(agent_output)
+    if traces is not None and answer is not None and not answer.final_answer.strip() and not answer.reasoning:
+        answer = None  # ACE's ReflectStep passes AgentOutput(reasoning="", final_answer="") with a raw trace
+    if injected_skill_ids:
+        traces = _with_injected(traces, injected_skill_ids, question, answer, ground_truth, feedback)
     with _trace_file(traces, answer, question, ground_truth, feedback, settings) as (path, name):
         try:
             trace = await asyncio.to_thread(c.upload_trace, path, settings)
@@ -473,10 +591,104 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
     inp = await asyncio.to_thread(functools.partial(
         c.build_input, trace, question=question, ground_truth=ground_truth, feedback=feedback,
         skillbook=_skillbook_text(skillbook), mode=mode, config=rconf, settings=settings))
-    out = await _run(inp, settings, name, workflow_id, timeout)
-    if cfg.usage_callback is not None:
-        cfg.usage_callback(UsageSummary.model_validate(out.raw.get("usage") or {}))
-    return out
+    per_request = _per_request_callback(cfg.usage_callback)
+    out = await _run(inp, settings, name, workflow_id, timeout, per_request)
+    if cfg.usage_callback is not None and per_request is None:
+        try:
+            cfg.usage_callback(UsageSummary.model_validate(out.raw.get("usage") or {}))
+        except Exception:  # ACE's rule: a broken meter never loses the reflection
+            log.exception("usage_callback failed")
+    return _with_ace_raw(out)
+
+
+def _check_model(name: str) -> None:
+    """A model name no worker could build, refused before anything is stored, naming the accepted forms."""
+    from reflector.model_names import ACCEPTED_FORMS
+    from reflector.models import UnknownModelError, check_model_name
+
+    try:
+        check_model_name(name)
+    except UnknownModelError as e:
+        if ":" in name:
+            raise
+        raise UnknownModelError(f"model {name!r} is not a registered name nor a model spelling rr knows; "
+                                f"accepted: {ACCEPTED_FORMS}") from e
+
+
+def _with_injected(traces: Any, ids: tuple[str, ...], question: str, answer: _Answer | None,
+                   ground_truth: str | None, feedback: str | None) -> Any:
+    """ACE's `injected_skill_ids` (the skills rendered into the agent's prompt: the attribution scope) in
+    the trace, as ACE's reflector puts them (`traces["injected_skill_ids"]`); a trace that is not a dict
+    (a path, JSON text, a list) is left as it is."""
+    if traces is None:
+        return {**_minimal_trace(question, answer, ground_truth, feedback), "injected_skill_ids": list(ids)}
+    if isinstance(traces, Mapping) and "injected_skill_ids" not in traces:
+        return {**traces, "injected_skill_ids": list(ids)}
+    return traces
+
+
+def _with_ace_raw(out: ReflectorOutput) -> ReflectorOutput:
+    """`out` with the top-level `raw` keys ACE's reflector writes (`iterations`, `compactions`, `depth`,
+    `timed_out`, and `timeout` when the budget stopped it), from rr's `raw["rr_trace"]`; keys there are kept."""
+    found = out.raw.get("rr_trace")
+    run: dict[str, Any] = found if isinstance(found, dict) else {}
+    stopped = str(run.get("stop_reason") or "completed")
+    budget = stopped in ("token_budget", "request_budget", "max_compactions")
+    ace = {"iterations": run.get("total_iterations", 0), "compactions": run.get("compactions", 0),
+           "depth": run.get("depth", 0), "timed_out": bool(run.get("timed_out")) or budget}
+    if budget:
+        ace["timeout"] = True
+    return out.model_copy(update={"raw": {**ace, **out.raw}})
+
+
+def _per_request_callback(callback: Callable[..., object] | None) -> Callable[[Any, str], object] | None:
+    """ACE's `usage_callback(usage, model_id)` form (two positional arguments, or `*args`), else None (rr's
+    one-argument form gets the `UsageSummary` once)."""
+    if callback is None:
+        return None
+    try:
+        params = list(inspect.signature(callback).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: call it ACE's way
+        return callback
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params) or len(positional) >= 2:
+        return callback
+    return None
+
+
+async def _report_requests(client: Any, workflow_id: str, settings: Settings, model: str,
+                           callback: Callable[[Any, str], object]) -> None:
+    """Call ACE's per-request `usage_callback` for every completed model request of the reflection's tree
+    (its histories: each session's requests and compaction summaries in order, a child's where it started);
+    the callback's exceptions are logged and swallowed (ACE's `MeteredModel` does the same)."""
+    from pydantic_ai.usage import RequestUsage
+
+    from reflector.audit.build import build_audit
+    from reflector.audit.capture import ReplayCapture
+    from reflector.audit.histories import collect
+    from reflector.audit.timeline import ChildItem, CompactionItem, ModelRequestItem, Session
+
+    try:
+        bundle = await collect(client, workflow_id, settings.blob_dir)
+        audit = build_audit(bundle, ReplayCapture(), settings.blob_dir, "server")
+    except Exception:  # the reflection is done; a meter that cannot be read does not lose it
+        log.exception("usage_callback: the histories of %s could not be read", workflow_id)
+        return
+
+    def walk(session: Session) -> Iterator[tuple[int, int, str]]:
+        for item in session.items:
+            if isinstance(item, ModelRequestItem) and item.failed is None and item.path != "reused":
+                yield item.input_tokens, item.output_tokens, item.model
+            elif isinstance(item, CompactionItem) and not item.reused:
+                yield item.input_tokens, item.output_tokens, item.model
+            elif isinstance(item, ChildItem) and item.session is not None:
+                yield from walk(item.session)
+
+    for input_tokens, output_tokens, used in walk(audit.session):
+        try:
+            callback(RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens), used or model)
+        except Exception:
+            log.exception("usage_callback failed")
 
 
 def reflect(
@@ -492,12 +704,16 @@ def reflect(
     workflow_id: str | None = None,
     settings: Settings | None = None,
     timeout: float | None = None,
+    trace: object = None,
+    injected_skill_ids: Sequence[str] = (),
 ) -> ReflectorOutput:
     """Reflect on an agent's run and return the `ReflectorOutput` (synchronous; `areflect` is the async twin).
 
     - `traces`: a file path (str or Path); a dict or a list (e.g. messages or steps); a str holding the
-      trace's JSON / JSON-lines text (a str naming an existing file is that file; any other str must start
-      with `{` or `[`); or None, to reflect on `agent_output` alone (an ACE trace is built from `question`,
+      trace's JSON / JSON-lines text (a str naming an existing file is that file; one starting with `{` or
+      `[` is JSON; a one-word str that looks like a path is "trace file not found"; any other str is plain
+      text, a one-step trace); a pydantic model, a dataclass or an object with attributes (their data), a
+      number; or None, to reflect on `agent_output` alone (an ACE trace is built from `question`,
       `agent_output`, `ground_truth` and `feedback`). In-memory traces are stored like a file.
     - `agent_output`: the agent's answer, a str or ACE's `AgentOutput` (`final_answer`, `reasoning`,
       `skill_ids`). It is put where the trace readers find the final answer (see `_place_answer`): a dict
@@ -511,25 +727,32 @@ def reflect(
       `timeout`: seconds to wait for the result (`TimeoutError`; on a server the reflection goes on).
 
     Runs on the configured Temporal server, else on the embedded dev server with an in-process worker
-    (both stopped before this returns). Called where an event loop runs (a Jupyter cell, async code), it
-    raises `RuntimeError`: use `await areflect(...)` there. Errors: a bad trace or argument is a
+    (both stopped before this returns). Called where an event loop runs (a Jupyter cell, async code, ACE's
+    pipeline), it runs on a thread of its own and blocks until done, as ACE's reflector does (`await
+    areflect(...)` does not block the loop). ACE's keywords: `trace=` (the same as `traces=`),
+    `injected_skill_ids=` (the skills rendered into the agent's prompt, put in a dict trace as
+    `injected_skill_ids`). Errors: a bad trace or argument is a
     `ValueError` (`reflector.traces.TraceError`, `reflector.settings.SettingError`, pydantic's
     `ValidationError`); a refused trace, an unreachable server or a failed reflection is a
     `reflector.client.ReflectError`; messages are the CLI's one-liners.
     """
+    def run() -> ReflectorOutput:
+        with _call_core_runtime():  # released once the event loop is closed: nothing of it holds the runtime
+            return asyncio.run(_reflect(
+                question=question, agent_output=agent_output, skillbook=skillbook, ground_truth=ground_truth,
+                feedback=feedback, traces=_traces_arg(traces, trace), config=config, mode=mode,
+                workflow_id=workflow_id, settings=settings, timeout=timeout,
+                injected_skill_ids=tuple(injected_skill_ids),
+            ))
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("reflect() is synchronous and an event loop is running in this thread (e.g. Jupyter, "
-                           "async code): use `await areflect(...)` instead")
-    with _call_core_runtime():  # released once the event loop is closed: nothing of it holds the runtime
-        return asyncio.run(_reflect(
-            question=question, agent_output=agent_output, skillbook=skillbook, ground_truth=ground_truth,
-            feedback=feedback, traces=traces, config=config, mode=mode, workflow_id=workflow_id, settings=settings,
-            timeout=timeout,
-        ))
+        return run()
+    # an event loop runs in this thread (Jupyter, async code, ACE's pipeline): run on a thread of its own,
+    # as ACE's reflector does (this blocks the loop until the reflection ends; `await areflect` does not)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rr-reflect") as pool:
+        return pool.submit(run).result()
 
 
 # --------------------------------------------------------------------------------- the pipeline step
@@ -542,34 +765,62 @@ def _field(ctx: object, name: str) -> Any:
 
 
 class RRStep:
-    """The reflector as an ACE pipeline step and as a drop-in reflector.
+    """The reflector as an ACE pipeline step and as a drop-in for ACE's `RRStep`.
 
-    `RRStep(config=RRConfig(...), **defaults)`: `defaults` are default arguments of every reflection
-    (those of `reflect` but `traces`/`config`, e.g. `mode`, `settings`, `timeout`; `mode` defaults to
-    "online" for a step: the skills of the skillbook the trace cites are tagged, as ACE's reflector does).
+    `RRStep(model=None, config=None, prompt_template=None, model_settings=None, **defaults)`, as ACE builds
+    it (`RRStep("gpt-4o-mini", config=RRConfig(...))`): `model` a name (pydantic-ai's `provider:model`, a
+    LiteLLM spelling, a registered name) or a pydantic-ai `Model` instance (registered in this process under
+    a generated name: the in-process worker resolves it; a worker elsewhere cannot); None: `config.model`.
+    An `RRConfig` as the first argument is taken as the config (rr's older form), and ACE's own
+    `RecursiveConfig` dataclass is read field by field. `model_settings` overrides the config's.
+    `prompt_template` is accepted and ignored, with a warning: rr's prompts are its own (each reflection's
+    history records them). `defaults` are default arguments of every reflection (those of `reflect` but
+    `traces`/`config`, e.g. `mode`, `settings`, `timeout`); `mode` defaults to "online" for a step.
 
-    As a step (`requires` trace and skillbook, `provides` reflections): `step(ctx)` reflects on
-    `ctx.trace` (a dict, list, JSON text, path, or a pydantic model) with `ctx.skillbook`, and
-    returns the context with `reflections` set to a tuple of one `ReflectorOutput`. `ctx` may be a mapping
-    (a copy with the key set is returned; the input is not changed) or an object: one with `replace(**kw)`
-    (ACE's frozen `ACEStepContext`), a dataclass (`dataclasses.replace`), a pydantic model
-    (`model_copy`), else the object itself with the attribute set. A context without a trace reflects on
-    `ctx.agent_output`, with `ctx.sample.question` / `ground_truth` when it has a sample.
+    As a step (`requires` trace and skillbook, `provides` reflections): `step(ctx)` reflects on `ctx.trace`
+    (anything `reflect` takes) with `ctx.skillbook`, in `ctx.mode`, with `ctx.injected_skill_ids`, and returns
+    the context with `reflections` set to a tuple of one `ReflectorOutput`. `ctx` may be a mapping (a copy
+    with the key set is returned) or an object: one with `replace(**kw)` (ACE's frozen `ACEStepContext`), a
+    dataclass (`dataclasses.replace`), a pydantic model (`model_copy`), else the object itself with the
+    attribute set. Without a trace it reflects on `ctx.agent_output` (with `ctx.sample.question` /
+    `ground_truth`), and with neither on an empty trace `{}` (as ACE does). ACE's `Pipeline` awaits
+    `__call_async__` (`acall`) on its event loop.
 
     As a reflector: `step.reflect(...)` / `await step.areflect(...)` are `reflect` / `areflect` with the
-    step's config and defaults.
+    step's config and defaults, and ACE's keywords (`trace=`, `injected_skill_ids=`, `mode=`). As ACE's
+    reflector, a reflection that fails once started (the workflow failed, the server went away, `timeout`)
+    is not raised: its output says why in `raw["error"]`. Bad input (a `ValueError`, `TypeError`) is raised.
     """
 
     requires: ClassVar[frozenset[str]] = frozenset({"trace", "skillbook"})
     provides: ClassVar[frozenset[str]] = frozenset({"reflections"})
-    _OWN = ("traces", "config")
+    _OWN = ("traces", "trace", "config")
 
-    def __init__(self, config: RRConfig | None = None, **defaults: Any) -> None:
+    def __init__(self, model: str | Model | RRConfig | None = None, config: RRConfig | Any = None,
+                 prompt_template: str | None = None, model_settings: Mapping[str, Any] | None = None,
+                 handoff: bool = True, **defaults: Any) -> None:
         known = set(inspect.signature(areflect).parameters) - set(self._OWN)
         unknown = sorted(set(defaults) - known)
         if unknown:
             raise TypeError(f"RRStep got unknown default(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        self.config = config or RRConfig()
+        if isinstance(model, RRConfig):
+            if config is not None:
+                raise TypeError("RRStep got two configs: RRStep(model, config=RRConfig(...)) takes the model first")
+            model, config = None, model
+        cfg = _as_rrconfig(config)
+        changes: dict[str, Any] = {}
+        if model is not None:
+            changes["model"] = _model_name(model)
+        if model_settings is not None:
+            changes["model_settings"] = dict(model_settings)
+        if changes:
+            cfg = RRConfig.model_validate({**{k: getattr(cfg, k) for k in RRConfig.model_fields}, **changes})
+        if prompt_template is not None:
+            warnings.warn("RRStep: prompt_template is ignored: rr's prompts are its own (each reflection's history "
+                          "records the prompts it was given)", stacklevel=2)
+        self.prompt_template = prompt_template
+        self.handoff = handoff
+        self.config = cfg
         self.defaults: dict[str, Any] = {"mode": "online", **defaults}
 
     def __repr__(self) -> str:
@@ -579,25 +830,46 @@ class RRStep:
         return {**self.defaults, **given, "config": given.get("config") or self.config}
 
     def reflect(self, **kwargs: Any) -> ReflectorOutput:
-        """`reflector.reflect` with this step's config and defaults."""
-        return reflect(**self._kwargs(kwargs))
+        """`reflector.reflect` with this step's config and defaults (ACE's `reflect`: a failed run's output
+        has `raw["error"]`)."""
+        try:
+            out = reflect(**self._kwargs(kwargs))
+        except Exception as e:
+            if not isinstance(e, _run_failures()):
+                raise
+            return _failed_output(e)
+        return _handed_off(out) if self.handoff else out
 
     async def areflect(self, **kwargs: Any) -> ReflectorOutput:
         """`reflector.areflect` with this step's config and defaults."""
-        return await areflect(**self._kwargs(kwargs))
+        try:
+            out = await areflect(**self._kwargs(kwargs))
+        except Exception as e:
+            if not isinstance(e, _run_failures()):
+                raise
+            return _failed_output(e)
+        return _handed_off(out) if self.handoff else out
 
     def _from_ctx(self, ctx: object) -> dict[str, Any]:
         trace = _field(ctx, "trace")
         kwargs: dict[str, Any] = {"skillbook": _field(ctx, "skillbook")}
+        mode = _field(ctx, "mode")
+        if mode is not None:
+            kwargs["mode"] = mode
+        injected = _field(ctx, "injected_skill_ids")
+        if isinstance(injected, (list, tuple)) and injected:
+            kwargs["injected_skill_ids"] = tuple(str(i) for i in injected)
         if trace is None:
-            kwargs["agent_output"] = _field(ctx, "agent_output")
+            agent_output = _field(ctx, "agent_output")
+            if agent_output is None:
+                kwargs["traces"] = {}  # ACE's RRStep reflects on `ctx.trace or {}`
+                return kwargs
+            kwargs["agent_output"] = agent_output
             sample = _field(ctx, "sample")
             for name in ("question", "ground_truth"):
                 value = _field(sample, name) if sample is not None else None
                 if isinstance(value, str):
                     kwargs[name] = value
-            if kwargs["agent_output"] is None:
-                raise ValueError("RRStep: the context has no trace and no agent_output to reflect on")
         else:
             kwargs["traces"] = trace
         return kwargs
@@ -610,6 +882,78 @@ class RRStep:
         """`step(ctx)` for async pipelines."""
         out = await self.areflect(**self._from_ctx(ctx))
         return _with_reflections(ctx, (out,))
+
+    __call_async__ = acall  # what ACE's Pipeline awaits on its event loop
+
+
+def _run_failures() -> tuple[type[BaseException], ...]:
+    """The failures of a reflection once asked for (not of its input): a failed workflow, an unreachable or
+    failing server (`ReflectError`), `timeout` (`TimeoutError`), a dropped connection."""
+    from reflector.client import ReflectError
+
+    return (ReflectError, TimeoutError, ConnectionError)
+
+
+HANDOFF_TAGS = "Skill tags (rr, from the trace's evidence):"
+
+
+def _handed_off(out: ReflectorOutput) -> ReflectorOutput:
+    """`out` with its skill tags and learnings also written at the end of `reasoning`: ACE's SkillManager
+    (0.12, 0.13) reads only the five text fields of a reflection (`reasoning`, `error_identification`,
+    `root_cause_analysis`, `correct_approach`, `key_insight`), so this is how rr's tags and learnings reach
+    it. The structured fields stay as they are. `RRStep(handoff=False)`: the output untouched."""
+    lines = []
+    if out.skill_tags:
+        lines.append(f"{HANDOFF_TAGS} " + "; ".join(f"[{t.id}] {t.tag}" for t in out.skill_tags))
+    for i, learning in enumerate(out.extracted_learnings, 1):
+        lines.append(f"Learning {i}: {learning.learning}" + (f" (evidence: {learning.evidence})" if learning.evidence
+                                                            else ""))
+    if not lines or HANDOFF_TAGS in out.reasoning:
+        return out
+    return out.model_copy(update={"reasoning": out.reasoning.rstrip() + "\n\n" + "\n".join(lines)})
+
+
+def _failed_output(exc: BaseException) -> ReflectorOutput:
+    """ACE's output of a failed run (its reflector never raises one): the reason in `raw["error"]`."""
+    log.error("reflection failed: %s", exc)
+    return ReflectorOutput(reasoning=f"Recursive analysis failed: {exc}", correct_approach="", key_insight="",
+                           raw={"error": str(exc), "error_type": type(exc).__name__})
+
+
+def _as_rrconfig(config: object) -> RRConfig:
+    """An `RRConfig`, None (the defaults), or ACE's `RecursiveConfig` / `AgenticConfig` dataclass (its fields
+    rr has, by name; `usage_callback` included). Anything else is a `TypeError`."""
+    if config is None:
+        return RRConfig()
+    if isinstance(config, RRConfig):
+        return config
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in RRConfig.model_fields}
+        return RRConfig.model_validate(values)
+    raise TypeError(f"RRStep: config must be an RRConfig (or ACE's RecursiveConfig), got {type(config).__name__}")
+
+
+_instances: dict[int, tuple[object, str]] = {}  # id -> (the model, kept alive so that its id is not reused; name)
+
+
+def _model_name(model: object) -> str:
+    """A model name for `RRConfig.model`: a str as is; a pydantic-ai `Model` registered under a generated name
+    (`instance:<system>:<model name>:<n>`; once per object)."""
+    if isinstance(model, str):
+        return model
+    from pydantic_ai.models import Model
+
+    from reflector.models import register_model
+
+    if not isinstance(model, Model):
+        raise TypeError(f"RRStep: model must be a model name or a pydantic-ai Model, got {type(model).__name__}")
+    known = _instances.get(id(model))
+    if known is not None:
+        return known[1]
+    name = f"instance:{model.system}:{model.model_name}:{len(_instances) + 1}"
+    register_model(name, model)
+    _instances[id(model)] = (model, name)
+    return name
 
 
 def _with_reflections(ctx: Any, reflections: tuple[ReflectorOutput, ...]) -> Any:

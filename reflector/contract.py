@@ -376,6 +376,9 @@ class ReflectorOutput(ReflectionDraft):
     says whether each citation holds (the cell ran, the quoted text is in its output).
     """
 
+    # ACE's ReflectorOutput defaults these two to "" (the draft the model writes still requires them)
+    error_identification: str = ""
+    root_cause_analysis: str = ""
     raw: dict[str, Any] = Field(default_factory=dict)
     citations: list[CellCitation] = Field(default_factory=list)
 

@@ -114,12 +114,16 @@ def test_rrconfig_has_the_seed_defaults_and_maps_onto_the_durable_config(monkeyp
     mine = RRConfig(model="openai:gpt-4o", model_settings={"temperature": 0}, max_requests=7, timeout=5,
                     max_depth=0).to_reflection_config()
     assert (mine.model, mine.model_settings, mine.max_requests, mine.cell_timeout_s, mine.max_depth) == (
-        "openai:gpt-4o", {"temperature": 0}, 7, 5.0, 0)
+        "openai:gpt-4o", {"temperature": 0, "cache": "5m"}, 7, 5.0, 0)  # cache_prompts: pydantic-ai's `cache`
+    assert RRConfig(model="openai:gpt-4o", cache_prompts=False).to_reflection_config().model_settings == {
+        "temperature": 0.0, "cache": False}
     monkeypatch.setenv("RR_MODEL", "test")  # model None: the settings' RR_MODEL
     assert RRConfig().to_reflection_config().model == "test"
     assert RRConfig().to_reflection_config(Settings.from_env()).model == "test"
-    with pytest.raises(ValidationError, match="frozen"):
-        cfg.max_tokens = 1  # type: ignore[misc]
+    cfg.max_tokens = 1  # mutable like ACE's RRConfig dataclass, each assignment validated
+    assert cfg.to_reflection_config().max_tokens == 1
+    with pytest.raises(ValidationError, match="max_requests"):
+        cfg.max_requests = 0
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
@@ -229,12 +233,17 @@ def test_skillbooks_become_the_text_the_workflow_takes() -> None:
         "", "text", "[s-1] confirm dates", "[s-2] plain"]
 
 
-def test_reflect_in_a_running_event_loop_says_to_await_areflect() -> None:
+def test_reflect_in_a_running_event_loop_runs_on_a_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """As ACE's reflector: a sync call where an event loop runs (Jupyter, ACE's pipeline) runs on a thread of
+    its own (here it gets as far as the configured server being down: the call did run, with no deadlock)."""
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")
+
     async def in_a_loop() -> None:
         reflect(traces=ACE_TRACE)
 
-    with pytest.raises(RuntimeError, match=r"await areflect\(\.\.\.\)"):
-        asyncio.run(asyncio.wait_for(in_a_loop(), 10))  # raised at once: no deadlock
+    with pytest.raises(ReflectError, match="is not reachable"):
+        asyncio.run(asyncio.wait_for(in_a_loop(), 60))
 
 
 @pytest.mark.parametrize(("traces", "error", "needle"), [
@@ -242,7 +251,8 @@ def test_reflect_in_a_running_event_loop_says_to_await_areflect() -> None:
     (Path("no-such-trace.json"), TraceError, "trace file not found: no-such-trace.json"),
     ('{"question": "q", ', TraceError, f"invalid JSON in {IN_MEMORY}"),
     ({"question": "q", "when": object()}, ValueError, "the trace cannot be stored as JSON"),
-    (42, ValueError, "traces must be a path, a dict, a list"),
+    (object(), ValueError, "traces must be a path, a dict, a list"),
+    ("no-such-dir/trace", TraceError, "trace file not found: no-such-dir/trace"),
     (None, ValueError, "nothing to reflect on"),
 ])
 def test_a_bad_trace_is_a_one_line_error(traces: Any, error: type[Exception], needle: str, tmp_path: Path,

@@ -42,8 +42,12 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
         steps.append(_step(len(steps), "assistant", _text(reasoning)))
     if isinstance(out, str) and out.strip():
         steps.append(_step(len(steps), "assistant", out))
-    final = d.get("final_answer") or out_d.get("final_answer") or (out if isinstance(out, str) else None)
-    skill_ids = d.get("skill_ids") or out_d.get("skill_ids") or []
+    answer = d.get("answer")  # ACE's EvaluateStep trace: {"question", "reasoning", "answer", "skill_ids", ...}
+    if isinstance(answer, str) and answer.strip():
+        steps.append(_step(len(steps), "assistant", answer))
+    final = (d.get("final_answer") or out_d.get("final_answer") or (out if isinstance(out, str) else None)
+             or (answer if isinstance(answer, str) else None) or _agent_steps_answer(d))
+    skill_ids = d.get("skill_ids") or out_d.get("skill_ids") or _agent_steps_skill_ids(d)
     meta: dict[str, Any] = {
         k: v
         for k, v in d.items()
@@ -51,6 +55,9 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
     }
     if skill_ids:
         meta["skill_ids"] = list(skill_ids)
+    injected = d.get("injected_skill_ids")  # ACE: the skills rendered into the agent's prompt (its scope)
+    if isinstance(injected, list) and injected:
+        meta["injected_skill_ids"] = [str(i) for i in injected]
     prompted = _system_prompt_names(d.get("system_prompt"))
     if prompted:
         meta["system_prompts"] = prompted
@@ -65,6 +72,33 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
         reward=_opt_float(d.get("reward")),
         metadata=meta,
     )
+
+
+def _is_agent_step(raw: dict[str, Any]) -> bool:
+    """ACE's own step shape (`{"role": "agent", "reasoning", "answer", "skill_ids"}`, as its RR builds it from an
+    `AgentOutput`): a structured record, not a chat message (no `content`, no tool calls)."""
+    return ("content" not in raw and "tool_calls" not in raw
+            and bool({"reasoning", "answer", "final_answer", "skill_ids"} & raw.keys()))
+
+
+def _agent_steps(d: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = d.get("steps")
+    return [s for s in steps if isinstance(s, dict) and _is_agent_step(s)] if isinstance(steps, list) else []
+
+
+def _agent_steps_answer(d: dict[str, Any]) -> str | None:
+    """The answer of the last ACE agent step that has one."""
+    for s in reversed(_agent_steps(d)):
+        value = s.get("answer") or s.get("final_answer")
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _agent_steps_skill_ids(d: dict[str, Any]) -> list[str]:
+    """The skill ids ACE agent steps cite, in order, once each."""
+    ids = [str(i) for s in _agent_steps(d) if isinstance(s.get("skill_ids"), list) for i in s["skill_ids"]]
+    return list(dict.fromkeys(ids))
 
 
 def _ace_base_steps(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -134,7 +168,7 @@ def _ace_step(index: int, raw: Any) -> dict[str, Any]:
     """A free-form ACE step: a string, or a dict with thought/action/observation-like keys."""
     if not isinstance(raw, dict):
         return _step(index, "assistant", _text(raw))
-    if "role" in raw:
+    if "role" in raw and not _is_agent_step(raw):
         sub = _messages_steps([raw])
         base = sub[0] if sub else _step(index, str(raw["role"]), "")
         return {**base, "index": index}
