@@ -98,6 +98,17 @@ def _lock(path: Path, flags: int) -> int | None:
     return fd
 
 
+def _take_keeper_lock(home: Path, patience_s: float = 2.0) -> int | None:
+    """The keeper's exclusive lock, or None if another keeper holds it. A reader's probe (`_keeper_alive`
+    takes a shared lock for an instant, without `server.lock`) is waited out rather than taken for a keeper."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        fd = _lock(home / KEEPER_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is not None or time.monotonic() >= deadline:
+            return fd
+        time.sleep(0.01)
+
+
 def _keeper_alive(home: Path) -> bool:
     fd = _lock(home / KEEPER_FILE, fcntl.LOCK_SH | fcntl.LOCK_NB)
     if fd is None:
@@ -192,7 +203,7 @@ def register_foreground(home: Path, address: str, ui_url: str | None, server_pid
     guard = _lock(home / LOCK_FILE, fcntl.LOCK_EX)
     assert guard is not None
     try:
-        keeper = _lock(home / KEEPER_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        keeper = _take_keeper_lock(home)
         if keeper is None:
             return None
         _write_state(home, HomeServer(address, ui_url, os.getpid(), server_pid, managed=False))
@@ -214,7 +225,7 @@ def _keep(home: Path, port: int) -> int:
 
     from reflector.devserver import DevServer, DevServerError, free_port, is_reachable
 
-    keeper_fd = _lock(home / KEEPER_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    keeper_fd = _take_keeper_lock(home)
     if keeper_fd is None:
         print("rr keeper: this home's server already has a keeper", flush=True)
         return 3
