@@ -26,6 +26,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -120,7 +121,9 @@ class RRConfig(BaseModel):
         from reflector.model_names import from_litellm
 
         fields = self.model_dump(exclude={"usage_callback", "timeout", "model", "cache_prompts", "cache_ttl"})
-        model = from_litellm(model)
+        models = sys.modules.get("reflector.models")  # imported by whoever registered a model
+        if models is None or model not in models._factories:  # a registered name is never remapped
+            model = from_litellm(model)
         fields["model_settings"] = _cache_settings(model, self.model_settings, self.cache_prompts, self.cache_ttl)
         try:
             return ReflectionConfig(**fields, model=model, cell_timeout_s=self.timeout)

@@ -60,7 +60,7 @@ def test_evaluate_steps_trace_keeps_its_answer() -> None:
     ("gemini-2.0-flash", "google:gemini-2.0-flash"),
     ("openai/gpt-4o", "openai:gpt-4o"),
     ("anthropic/claude-3-5-haiku-latest", "anthropic:claude-3-5-haiku-latest"),
-    ("bedrock/us.anthropic.claude-haiku-4-5-20251001-v1:0", "bedrock:us.anthropic.claude-haiku-4-5-20251001-v1:0"),
+    ("bedrock/us.anthropic.claude-3-5-haiku-20241022-v1:0", "bedrock:us.anthropic.claude-3-5-haiku-20241022-v1:0"),
     ("openrouter/openai/gpt-4o", "openrouter:openai/gpt-4o"),
     ("gemini/gemini-1.5-pro", "google:gemini-1.5-pro"),
     ("vertex_ai/gemini-1.5-pro", "google-cloud:gemini-1.5-pro"),
@@ -230,3 +230,22 @@ def test_what_cannot_be_a_trace_is_a_one_line_error(trace: Any, needle: str, tmp
     with pytest.raises((ValueError, TraceError)) as e, _trace_file(trace, None, "", None, None, Settings.from_env()):
         pass
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACE's `TraceSandbox` API (inject, execute -> ExecutionResult) on rr's guarded host."""
+    from reflector import ExecutionResult, ExecutionTimeoutError, TraceSandbox
+
+    monkeypatch.setenv("RR_HOME", str(tmp_path))
+    with TraceSandbox(trace={"question": "2+2?", "steps": [{"role": "agent", "answer": "5"}]}) as sandbox:
+        sandbox.inject("skillbook", "[s-1] add carefully")
+        first = sandbox.execute("print(traces['final_answer'], skillbook); x = 3", timeout=5)
+        assert isinstance(first, ExecutionResult) and first.success and first.stdout == "5 [s-1] add carefully\n"
+        sandbox.inject("extra", {"a": [1, 2]})  # after the start: set by a cell
+        assert sandbox.execute("print(x + extra['a'][1])").stdout == "5\n"
+        refused = sandbox.execute("import os")
+        assert isinstance(refused.exception, RuntimeError) and "not available in the sandbox" in str(refused.exception)
+        slow = sandbox.execute("while True: pass")
+        assert isinstance(slow.exception, ExecutionTimeoutError) and not slow.success
+    with pytest.raises(TypeError, match="llm_query_fn"):
+        TraceSandbox(trace={}, llm_query_fn=print)
