@@ -605,17 +605,11 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
 
 
 def _check_model(name: str) -> None:
-    """A model name no worker could build, refused before anything is stored, naming the accepted forms."""
-    from reflector.model_names import ACCEPTED_FORMS
-    from reflector.models import UnknownModelError, check_model_name
+    """A model name no worker could build, refused before anything is stored (the CLI's one line, which
+    names the accepted forms for a name that is not provider:model)."""
+    from reflector.models import check_model_name
 
-    try:
-        check_model_name(name)
-    except UnknownModelError as e:
-        if ":" in name:
-            raise
-        raise UnknownModelError(f"model {name!r} is not a registered name nor a model spelling rr knows; "
-                                f"accepted: {ACCEPTED_FORMS}") from e
+    check_model_name(name)
 
 
 def _with_injected(traces: Any, ids: tuple[str, ...], question: str, answer: _Answer | None,

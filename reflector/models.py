@@ -137,7 +137,14 @@ def check_model_name(name: str) -> None:
             _placeholder_provider(fam)
         except Exception:  # e.g. OLLAMA_BASE_URL, AZURE_OPENAI_ENDPOINT, an AWS region: the workers' settings
             return
-    _build_workflow_side(name)
+    try:
+        _build_workflow_side(name)
+    except UnknownModelError as e:
+        if colon:
+            raise
+        from reflector.model_names import ACCEPTED_FORMS  # the CLI's and the API's one line (issue 27)
+
+        raise UnknownModelError(f"{e}; accepted: {ACCEPTED_FORMS}") from e
 
 
 def is_llm(name: str) -> bool:

@@ -249,3 +249,16 @@ def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(tmp_path: Path, monkeypatc
         assert isinstance(slow.exception, ExecutionTimeoutError) and not slow.success
     with pytest.raises(TypeError, match="llm_query_fn"):
         TraceSandbox(trace={}, llm_query_fn=print)
+
+
+def test_a_name_that_is_not_provider_model_says_which_forms_are_accepted(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from reflector import reflect
+    from reflector.models import UnknownModelError
+
+    monkeypatch.setenv("RR_HOME", str(tmp_path))
+    with pytest.raises(UnknownModelError) as e:
+        reflect(traces={"question": "q"}, config=RRConfig(model="my-finetune"))
+    message = str(e.value)
+    assert "Unknown model: my-finetune" in message and "accepted: a registered name" in message and "\n" not in message
+    assert not list(tmp_path.rglob("api-*.json"))  # refused before anything is stored
