@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -46,6 +48,7 @@ from bench.quality_labels import (
     tau_hit,
     tau_label,
 )
+from bench.tau_critical_labels import CRITICAL, LABEL_DATE, LABELLER
 from reflector import client as rr
 from reflector.contract import ReflectionConfig
 from reflector.devserver import DevServer
@@ -150,7 +153,12 @@ def check_tau_diagnosis(raw: dict[str, Any], diag: dict[str, Any] | None) -> lis
         return []
     false: list[str] = []
     traj = raw.get("traj") or []
-    step, tool, kind = diag.get("step"), diag.get("tool"), diag.get("kind")
+    root = diag.get("step")
+    if root is not None and not (isinstance(root, int) and 0 <= root < len(traj)):
+        return [f"step {root} is not a step of the run"]
+    # the tool, the actual and the expected value are the symptom's (the divergence); `step` is the root cause
+    step = diag.get("symptom_step") if diag.get("symptom_step") is not None else root
+    tool, kind = diag.get("tool"), diag.get("kind")
     if step is not None and not (isinstance(step, int) and 0 <= step < len(traj)):
         false.append(f"step {step} is not a step of the run")
         return false
@@ -202,7 +210,9 @@ def score_tau(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], 
         diag = out.get("diagnosis") or {}
         c["hit"] += tau_hit(label, text)
         c["echo_free"] += tau_hit(label, blanked)
-        c["step"] += step_ok(label, diag.get("step"))
+        symptom = diag.get("symptom_step") if diag.get("symptom_step") is not None else diag.get("step")
+        c["step"] += step_ok(label, symptom)
+        c["root_differs"] += diag.get("step") is not None and diag.get("step") != symptom
         c["kind"] += diag.get("kind") == label.kind
         c["has_diagnosis"] += bool(out.get("diagnosis"))
         false = check_tau_diagnosis(raw, out.get("diagnosis"))
@@ -225,8 +235,9 @@ def score_tau(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], 
     rows.append(_row("ALL (labelled)", total))
     exact = by_kind["wrong_arguments"] + by_kind["extra_action"]
     rows.append(_row("exact-step kinds", exact))
-    out_lines = [table(["label kind", "runs", "hit", "hit, echo-free", "step", "kind", "with diagnosis",
-                        "false statements"], rows)]
+    out_lines = [table(["label kind", "runs", "hit", "hit, echo-free", "symptom step", "kind", "with diagnosis",
+                        "false statements", "root != symptom"], rows)]
+    out_lines += _critical_lines(runs, outs)
     if windows:
         out_lines.append(f"missing/wrong-information steps are windows: median {statistics.median(windows):.0%} of "
                          f"the run (a step inside counts), so their step column is generous")
@@ -241,7 +252,32 @@ def _row(kind: str, c: Counter[str]) -> list[object]:
     def pct(k: str) -> str:
         return f"{c[k] / n:.0%}" if n and kind != "unlabelled" else "-"
     return [kind, n, pct("hit"), pct("echo_free"), pct("step"), pct("kind"), pct("has_diagnosis"),
-            c["false"] if kind != "unlabelled" else "-"]
+            c["false"] if kind != "unlabelled" else "-", pct("root_differs")]
+
+
+def _critical_lines(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], float]]) -> list[str]:
+    """Step accuracy against the hand labels of the critical step (`bench/tau_critical_labels.py`):
+    `diagnosis.step` (the root cause) beside `symptom_step`, exact and within two steps."""
+    got: Counter[str] = Counter()
+    for raw in runs:
+        key = (int(raw.get("task_id") or 0), int(raw.get("trial") or 0))
+        name = _tau_name(raw)
+        if key not in CRITICAL or name not in outs:
+            continue
+        want = CRITICAL[key][0]
+        diag = outs[name][0].get("diagnosis") or {}
+        got["n"] += 1
+        for col, value in (("root", diag.get("step")), ("symptom", diag.get("symptom_step", diag.get("step")))):
+            got[f"{col}_exact"] += value == want
+            got[f"{col}_near"] += isinstance(value, int) and abs(value - want) <= 2
+    n = got["n"]
+    if not n:
+        return []
+    rows: list[list[object]] = [[name, n, f"{got[f'{col}_exact'] / n:.0%}", f"{got[f'{col}_near'] / n:.0%}"]
+                                for name, col in (("diagnosis.step (the root cause)", "root"),
+                                                  ("diagnosis.symptom_step", "symptom"))]
+    return ["", f"hand labels of the critical step ({n} runs; {LABELLER}, {LABEL_DATE}):",
+            table(["against the critical step", "runs", "exact", "within 2 steps"], rows)]
 
 
 def _shown(name: str, label: TauLabel, out: dict[str, Any]) -> list[str]:
@@ -257,32 +293,78 @@ def _shown(name: str, label: TauLabel, out: dict[str, Any]) -> list[str]:
     ]
 
 
-def score_whowhen(runs: list[tuple[str, dict[str, Any]]], outs: dict[str, tuple[dict[str, Any], float]]) -> list[str]:
-    n = agent_ok = step_ok_n = with_diag = 0
+def _digits26(i: int) -> list[int]:
+    out = [i % 26]
+    while i >= 26:
+        i = i // 26 - 1
+        out.insert(0, i % 26)
+    return out
+
+
+def renamed_whowhen(data: dict[str, Any]) -> dict[str, Any]:
+    """A Who&When run with its agents renamed `Agent_A`, `Agent_B`, ... in an order that has nothing to do
+    with the original names or their order (sorted by a hash of the name), everywhere the name occurs: the
+    messages' `name`, the text, `system_prompt`'s keys, and the label `mistake_agent`."""
+    names = {str(m.get("name")) for m in data.get("history") or [] if isinstance(m, dict) and m.get("name")}
+    names |= {str(k) for k in (data.get("system_prompt") or {})} if isinstance(data.get("system_prompt"), dict) else set()
+    order = sorted(names, key=lambda x: hashlib.sha256(x.encode()).hexdigest())
+    # letters, not numbers: a name with digits would read as an id (a value) to the toolkit's tracing
+    mapping = {x: "Agent_" + "".join(chr(65 + d) for d in _digits26(i)) for i, x in enumerate(order)}
+    if not mapping:
+        return data
+    alts = "|".join(re.escape(x) for x in sorted(mapping, key=len, reverse=True))
+    rx = re.compile(r"(?<![\w])(" + alts + r")(?![\w])")
+
+    def sub(value: Any) -> Any:
+        if isinstance(value, str):
+            return rx.sub(lambda m: mapping[m.group(1)], value)
+        if isinstance(value, list):
+            return [sub(v) for v in value]
+        if isinstance(value, dict):
+            return {sub(k) if isinstance(k, str) else k: sub(v) for k, v in value.items()}
+        return value
+
+    out = {k: sub(v) if k in ("history", "system_prompt", "mistake_agent", "mistake_reason") else v
+           for k, v in data.items()}
+    return out
+
+
+def score_whowhen(runs: list[tuple[str, dict[str, Any]]], outs: dict[str, tuple[dict[str, Any], float]],
+                  prefix: str = "ww-", title: str = "Who&When") -> list[str]:
+    """Agent- and step-level accuracy, for each half (odd / even file numbers: the rules of issue 15 were
+    designed on the odd half) and in all."""
+    halves: dict[str, Counter[str]] = {"odd": Counter(), "even": Counter(), "all": Counter()}
     for name, data in runs:
-        key = f"ww-{name}"
+        key = f"{prefix}{name}"
         if key not in outs:
             continue
         out, _t = outs[key]
-        n += 1
         diag = out.get("diagnosis") or {}
-        with_diag += bool(diag)
         actor = str(diag.get("actor") or "").strip().lower()
-        agent_ok += bool(actor) and actor == str(data.get("mistake_agent") or "").strip().lower()
         try:
             want = int(str(data.get("mistake_step")))
         except ValueError:
             want = -1
-        step_ok_n += diag.get("step") == want
-    if not n:
+        number = int("".join(ch for ch in name if ch.isdigit()) or 0)
+        for half in ("all", "odd" if number % 2 else "even"):
+            h = halves[half]
+            h["n"] += 1
+            h["with_diag"] += bool(diag)
+            h["agent"] += bool(actor) and actor == str(data.get("mistake_agent") or "").strip().lower()
+            h["step"] += diag.get("step") == want
+    if not halves["all"]["n"]:
         return []
     rows: list[list[object]] = [
-        ["this model (diagnosis)", n, f"{agent_ok / n:.1%}", f"{step_ok_n / n:.1%}", f"{with_diag / n:.0%}"],
+        [f"this model: {half} ({'design half of issue 15' if half == 'odd' else 'held out' if half == 'even' else 'all'})",
+         h["n"], f"{h['agent'] / h['n']:.1%}", f"{h['step'] / h['n']:.1%}", f"{h['with_diag'] / h['n']:.0%}"]
+        for half, h in halves.items() if h["n"]
+    ]
+    rows += [
         ["random choice (published)", "", f"{WHOWHEN_RANDOM['agent']:.1%}", f"{WHOWHEN_RANDOM['step']:.1%}", ""],
         [f"GPT-4o best (published: {WHOWHEN_PUBLISHED['agent'][1]} / {WHOWHEN_PUBLISHED['step'][1]})", "",
          f"{WHOWHEN_PUBLISHED['agent'][0]:.1%}", f"{WHOWHEN_PUBLISHED['step'][0]:.1%}", ""],
     ]
-    return [table(["Who&When", "runs", "agent-level", "step-level", "with diagnosis"], rows)]
+    return [table([title, "runs", "agent-level", "step-level", "with diagnosis"], rows)]
 
 
 def _tau_name(raw: dict[str, Any]) -> str:
@@ -303,6 +385,8 @@ async def run(args: argparse.Namespace) -> None:
     if not tau and not ww:
         raise SystemExit(f"no labelled traces found (looked for {tau_path} and {ww_dir})")
     jobs = [(_tau_name(r), r) for r in tau] + [(f"ww-{n}", _unlabelled(d)) for n, d in ww]
+    renamed = [(n, renamed_whowhen(d)) for n, d in ww] if not args.no_rename else []
+    jobs += [(f"wwr-{n}", _unlabelled(d)) for n, d in renamed]
     home = bench_home()
     settings = Settings.from_env()
     server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
@@ -327,6 +411,9 @@ async def run(args: argparse.Namespace) -> None:
     if ww:
         print(f"Who&When: {len(ww)} labelled runs of {ww_dir.name}")
         print("\n".join(score_whowhen(ww, outs)))
+        if renamed:
+            print("\nthe same runs with every agent renamed Agent_A, Agent_B, ... (in an order unrelated to the names):")
+            print("\n".join(score_whowhen(renamed, outs, "wwr-", "Who&When, agents renamed")))
     if args.json:
         Path(args.json).write_text(json.dumps({k: v[0] for k, v in outs.items()}, indent=1), encoding="utf-8")
 
@@ -340,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--whowhen", help="a folder of Who&When json files")
     p.add_argument("--skip-tau", action="store_true")
     p.add_argument("--skip-whowhen", action="store_true")
+    p.add_argument("--no-rename", action="store_true", help="skip the Who&When runs with the agents renamed")
     p.add_argument("--limit", type=int, default=None, help="at most N runs of each set")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--show", type=int, default=0, help="print N tau-bench reflections beside their labels")
@@ -350,4 +438,4 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["main", "check_tau_diagnosis", "score_tau", "score_whowhen", "leaf_differences"]
+__all__ = ["main", "check_tau_diagnosis", "score_tau", "score_whowhen", "renamed_whowhen", "leaf_differences"]

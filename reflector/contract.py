@@ -272,7 +272,8 @@ DIAGNOSIS_KINDS: tuple[str, ...] = DiagnosisKind.__args__  # type: ignore[attr-d
 
 
 class Diagnosis(BaseModel):
-    """The decisive failure of the run: the first step where the agent went wrong, and how."""
+    """The decisive failure of the run: the root cause (`step`, the earliest step from which the run never
+    recovered) and where it became visible (`symptom_step`), and how."""
 
     kind: DiagnosisKind = Field(
         description=(
@@ -285,7 +286,14 @@ class Diagnosis(BaseModel):
     )
     step: int | None = Field(
         default=None,
-        description="Index of the decisive step in the normalised trace (`traces['steps'][i]['index']`); null if unknown.",
+        description="The root cause: index (`traces['steps'][i]['index']`) of the earliest step from which the run "
+        "never recovered (the misread output, the skipped check, the misunderstood request, the made-up value), "
+        "traced back from the symptom; null if unknown.",
+    )
+    symptom_step: int | None = Field(
+        default=None,
+        description="Where the failure became visible (the wrong write, the wrong final answer); the same as `step` "
+        "when nothing earlier caused it; null if unknown.",
     )
     actor: str | None = Field(
         default=None, description="The agent or role that took that step (for multi-agent traces: its name)."
@@ -335,8 +343,8 @@ class ReflectionDraft(BaseModel):
     )
     diagnosis: Diagnosis | None = Field(
         default=None,
-        description="The decisive failure: the first step where the agent went wrong. Null only when the run did not "
-        "fail or no step could be identified.",
+        description="The decisive failure: its root cause (`step`) and its symptom (`symptom_step`). Null only when "
+        "the run did not fail or no step could be identified.",
     )
 
 

@@ -1,4 +1,4 @@
-from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, search_steps, suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py
+from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, root_cause, search_steps, suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py
 import json, re, collections, collections.abc
 
 # The heuristic's inspection cell. Every finding is computed here, over the trace, with the sandbox's
@@ -214,6 +214,17 @@ def run_findings(run, task_info, deep=True):
         # a multi-agent conversation without tool-call structure: the toolkit's rule-based guess
         suspect, err = safely("suspect_mistake", suspect_mistake, run)
         errors += [err] if err else []
+    root = None
+    if not (is_lazy(steps) and len(steps) > LAZY_DEEP_STEPS):
+        # the symptom, and the root cause traced back from it (the rule that placed it, verbatim quotes)
+        found, err = safely("root_cause", root_cause, run)
+        errors += [err] if err else []
+        if isinstance(found, dict):
+            root = {"symptom": {k: found["symptom"].get(k) for k in ("step", "kind", "what")},
+                    "root": {k: found["root"].get(k) for k in ("step", "actor", "rule", "reason", "kind")},
+                    "same": found.get("same"), "confidence": found.get("confidence"),
+                    "candidates": [{k: c.get(k) for k in ("step", "rule")} for c in found.get("candidates") or []]}
+            root["root"]["reason"] = short(root["root"]["reason"], 400)
     wrong_value = None
     if matches is False and suspect is None:
         wrong_value, err = first_wrong_value(run, final)
@@ -239,6 +250,7 @@ def run_findings(run, task_info, deep=True):
         "divergence": divergence,
         "failing_calls": failing,
         "suspect": suspect,
+        "root": root,
         "wrong_value": wrong_value,
         "last_assistant_step": last_step,
         "reward": run.get("reward"),

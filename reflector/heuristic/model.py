@@ -67,8 +67,8 @@ _FINAL_CALL_ID = "rr-heuristic-final"
 # payload threshold (16 KiB) so that the call stays inline in the history.
 _CELL_FILE = "findings_cell.py"
 _SANDBOX_LINE = (
-    "from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, search_steps, "
-    "suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py\n"
+    "from SANDBOX_VARIABLES import compare_answer, diff_values, failing_calls, first_divergence, root_cause, "
+    "search_steps, suspect_mistake, task, traces  # stand-in lines: see reflector/heuristic/model.py\n"
 )
 
 

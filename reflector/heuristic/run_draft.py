@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reflector.contract import Diagnosis, ExtractedLearning, ReflectionDraft, SkillTag
+from reflector.contract import DIAGNOSIS_KINDS, Diagnosis, ExtractedLearning, ReflectionDraft, SkillTag
 from reflector.diagnosis import from_divergence, value_text
 
 __all__ = ["run_draft", "diagnosis_of", "value_text"]
@@ -61,21 +61,60 @@ def _unrecovered(f: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in f.get("failing_calls") or [] if isinstance(g, dict) and g.get("recovered") is False]
 
 
+def _root(f: dict[str, Any]) -> dict[str, Any] | None:
+    r = f.get("root")
+    ok = isinstance(r, dict) and isinstance(r.get("root"), dict) and isinstance(r.get("symptom"), dict)
+    return r if ok else None
+
+
+def _with_root(diag: Diagnosis, r: dict[str, Any] | None) -> Diagnosis:
+    """`diag` (placed at the symptom) with its root cause, traced back by the cell's `root_cause` (the rule
+    that placed it and what it rests on): `step` becomes the root, `symptom_step` keeps the symptom."""
+    diag.symptom_step = diag.step
+    if r is None or not isinstance(r["root"].get("step"), int) or r["symptom"].get("step") != diag.step:
+        return diag
+    root = r["root"]
+    if root.get("rule") == "symptom":
+        diag.confidence = round(min(diag.confidence, 0.6), 2)
+        diag.summary += (f" Root cause: {root.get('reason')} (rule symptom: the trace shows no earlier step that "
+                         "caused it).")
+        return diag
+    diag.step = root["step"]
+    diag.actor = root.get("actor") if isinstance(root.get("actor"), str) else None
+    diag.confidence = float(r.get("confidence") or 0.5)
+    diag.summary = (f"Root cause at step {root['step']} (rule {root.get('rule')}): {root.get('reason')}. "
+                    f"Symptom at step {diag.symptom_step}: {diag.summary}")
+    return diag
+
+
 def diagnosis_of(f: dict[str, Any], cell: int | None) -> Diagnosis | None:
     """The decisive failure, from the findings: the first divergence from the expected actions/outputs,
-    else an unrecovered tool failure, else the toolkit's rule-based suspect, else a wrong final answer."""
+    else an unrecovered tool failure, else the root cause traced in a conversation, else a wrong final
+    answer; each with the root cause the cell traced back from it (`_with_root`)."""
     evidence = [cell] if cell is not None else []
+    r = _root(f)
     divergence = from_divergence(f.get("divergence"), evidence)
     if divergence is not None:
-        return divergence
+        return _with_root(divergence, r)
     unrecovered = _unrecovered(f)
     if unrecovered:
         g = unrecovered[0]
         steps = g.get("steps") or []
-        return Diagnosis(
+        return _with_root(Diagnosis(
             kind="tool_error_mishandled", step=steps[0] if steps else None, tool=g.get("tool"),
             actual=value_text(g.get("first_error")) if g.get("first_error") else None,
             evidence=evidence, confidence=0.5, summary=_failure_text(g) + ".",
+        ), r)
+    if r is not None and r["root"].get("rule") != "symptom" and isinstance(r["root"].get("step"), int) \
+            and f.get("format") != "tau-bench" and r["root"].get("kind") in DIAGNOSIS_KINDS:
+        root, symptom = r["root"], r["symptom"]
+        return Diagnosis(
+            kind=root["kind"], step=root["step"], symptom_step=symptom.get("step"), actor=root.get("actor"),
+            actual=value_text(f.get("final_answer")) if f.get("final_answer") else None,
+            expected=value_text(f.get("ground_truth")) if f.get("ground_truth") else None,
+            evidence=evidence, confidence=float(r.get("confidence") or 0.3),
+            summary=(f"Root cause at step {root['step']} (rule {root.get('rule')}): {root.get('reason')}. Symptom at "
+                     f"step {symptom.get('step')}: {symptom.get('what')}."),
         )
     s = f.get("suspect")
     if isinstance(s, dict) and s.get("kind"):
@@ -92,6 +131,16 @@ def diagnosis_of(f: dict[str, Any], cell: int | None) -> Diagnosis | None:
             evidence=evidence, confidence=0.4,
             summary=(f"The final answer's wrong value {w.get('value')} first appears at step {w['step']} (verbatim: "
                      f"{_q(w.get('snippet'), 160)}): the error was made there or before."),
+        )
+    if f.get("answer_matches") is False and r is not None and isinstance(r["symptom"].get("step"), int):
+        symptom = r["symptom"]
+        return Diagnosis(
+            kind="reasoning_error", step=symptom["step"], symptom_step=symptom["step"], actor=r["root"].get("actor"),
+            actual=value_text(f.get("final_answer")) if f.get("final_answer") else None,
+            expected=value_text(f.get("ground_truth")) if f.get("ground_truth") else None,
+            evidence=evidence, confidence=0.2,
+            summary=(f"The final answer (step {symptom['step']}) contradicts the ground truth; {_CANNOT_TELL} which "
+                     "earlier step introduced the error: no rule traced it further back, so the step is the symptom."),
         )
     if f.get("answer_matches") is False:
         last = f.get("last_assistant_step") or {}
@@ -287,6 +336,10 @@ def run_draft(f: dict[str, Any], skillbook_ids: list[str], cell: int | None) -> 
         err, cause, approach, insight, learnings = _BY_KIND[str(d["kind"])](f, d)
         err += _others(d) + "".join(f" Tool errors on the way: {_failure_text(g)}." for g in
                                      (f.get("failing_calls") or [])[:3] if g.get("tool") != d.get("tool"))
+        if diagnosis is not None and diagnosis.symptom_step is not None and diagnosis.step != diagnosis.symptom_step:
+            r = _root(f) or {}
+            cause = (f"Traced back from the symptom at step {diagnosis.symptom_step}: the root cause is step "
+                     f"{diagnosis.step} ({(r.get('root') or {}).get('reason')}). " + cause)
     elif diagnosis is not None and _unrecovered(f):
         g = _unrecovered(f)[0]
         err = _failure_text(g) + "."

@@ -16,6 +16,8 @@ Every function takes one run's view first (`traces`, or `traces['runs'][i]` of a
 - `failing`: `failing_calls` (failures by tool: identical or changed retries, recovery);
 - `search`: `search_steps`;
 - `actors` (multi-agent traces): `actors`, `timeline`, `suspect_mistake`;
+- `trace_back` (from the symptom to the root cause): `provenance`, `contradictions`, `requirements`;
+- `root` : `root_cause` (the symptom, and the root cause those tools trace back to, with the rule that placed it);
 - `answer`: `compare_answer` (a final answer against a text ground truth).
 """
 
@@ -30,7 +32,9 @@ from reflector.toolkit.calls import expected_actions, is_write, tool_calls
 from reflector.toolkit.diff import diff_values
 from reflector.toolkit.divergence import diff_actions, first_divergence
 from reflector.toolkit.failing import failing_calls
+from reflector.toolkit.root import root_cause
 from reflector.toolkit.search import search_steps
+from reflector.toolkit.trace_back import contradictions, provenance, requirements
 
 __all__ = [
     "tool_calls",
@@ -45,6 +49,10 @@ __all__ = [
     "timeline",
     "suspect_mistake",
     "compare_answer",
+    "provenance",
+    "contradictions",
+    "requirements",
+    "root_cause",
     "SANDBOX_HELPERS",
     "TOOLKIT_DOC",
 ]
@@ -62,21 +70,28 @@ SANDBOX_HELPERS: dict[str, Callable[..., Any]] = {
     "suspect_mistake": suspect_mistake,
     "compare_answer": compare_answer,
     "is_write": is_write,
+    "provenance": provenance,
+    "contradictions": contradictions,
+    "requirements": requirements,
+    "root_cause": root_cause,
 }
 
 _DOC_LINES = (
     "toolkit: functions of one run (traces, or traces['runs'][i]), plain data out:",
     "tool_calls(run, limit=None) -> [{step,name,args,result,result_step,is_error,actor}]",
-    "expected_actions(run) -> [{name,args}] | None: the task's, never from messages",
+    "expected_actions(run) -> [{name,args}] | None (the task's)",
     "diff_actions(expected, actual, writes_only=True) -> {matched,wrong_arguments,missing,extra,equal}",
-    "diff_values(expected, actual) -> [{path,expected,actual}], path like passengers[1].dob",
+    "diff_values(expected, actual) -> [{path,expected,actual}]",
     "first_divergence(run) -> {kind,step,tool,argument,actual,expected,where,...} | None",
     "failing_calls(run) -> [{tool,attempts,identical_retries,changes,recovered}]",
     "search_steps(run, pattern, limit=20, regex=False) -> [{step,role,actor,snippet}]",
 )
 _ACTOR_DOC = {
-    "actors": "actors(run), timeline(run, actor=None): who did what, per actor",
-    "suspect_mistake": "suspect_mistake(run): rule-based guess of the decisive step (runs without tool calls)",
+    "actors": "actors(run), timeline(run, actor=None): who did what",
+    "suspect_mistake": "suspect_mistake(run): a lead (no tool calls)",
 }
-TOOLKIT_DOC: str = "\n  ".join([*_DOC_LINES, *_ACTOR_DOC.values(), "compare_answer(final, truth) -> {matches,missing}",
-                                 "is_write(name) -> bool"])
+_TRACE_BACK_DOC = (  # one line: cell 1's output is cut, and the schema after it must stay in the cut
+    "provenance(run, value), contradictions(run), requirements(run), root_cause(run): trace back",
+)
+TOOLKIT_DOC: str = "\n  ".join([*_DOC_LINES, *_ACTOR_DOC.values(), *_TRACE_BACK_DOC,
+                                 "compare_answer(final, truth) -> {matches,missing}", "is_write(name) -> bool"])

@@ -39,8 +39,10 @@ from typing import Any
 
 from reflector.answers import compare_answers
 from reflector.toolkit.calls import check_limit, check_run, iter_steps
+from reflector.toolkit.trace_back import _distinctive, _family, _has, canonical, text_keys
 
-__all__ = ["actors", "timeline", "suspect_mistake", "RULES", "COMBINATION", "SCAN_STEPS", "QUOTE_CHARS"]
+__all__ = ["actors", "actors_note", "timeline", "suspect_mistake", "RULES", "COMBINATION", "POSITIONAL", "SCAN_STEPS",
+           "QUOTE_CHARS"]
 
 SCAN_STEPS = 2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
 QUOTE_CHARS = 120  # longest verbatim quote of a step in a reason
@@ -71,29 +73,65 @@ _CLAIM = re.compile(
 _FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{([^}\n]{1,120})\}")
 
-# How often the rule's step was the labelled one where the combination used it, on the design half of the
-# labelled Who&When traces (odd question numbers; `bench/whowhen_rules.py`), rounded down to 0.1 (the
-# rules outside the combination: where they fire): a calibration on 63 runs, not a promise.
-_CONFIDENCE = {"fabricated_data": 0.6, "first_action": 0.5, "first_claim": 0.4, "wrong_answer": 0.4,
-               "unfixed_failure": 0.1}
+# How sure each rule's placement is, by the kind of evidence it rests on (issue 28: no dataset's label
+# statistics): an agent saying it invents data, or the wrong answer's value traced to where it first
+# appears, is direct; a failure never fixed may not be what sank the answer; the positional leads are weak.
+_CONFIDENCE = {"fabricated_data": 0.5, "answer_origin": 0.5, "wrong_answer": 0.4, "unfixed_failure": 0.35,
+               "first_action": 0.2, "first_claim": 0.15}
 
 
 # -- the per-actor views -----------------------------------------------------------------------------
 def actors(run: Any) -> list[dict[str, Any]]:
     """The run's actors in order of first appearance: `[{"actor", "n_steps", "first_step", "last_step",
-    "roles"}]` (`roles`: how many of its steps have each role). Steps that name no actor are grouped
-    under `"actor": None` (a single-agent trace is that one group: its roles tell user from assistant)."""
+    "roles", "addressees"}]` (`roles`: how many of its steps have each role; `addressees`: how many it
+    addressed to each agent, `"Orchestrator (-> WebSurfer)"`). Steps that name no actor are grouped
+    under `"actor": None` (a single-agent trace is that one group: its roles tell user from assistant).
+    Who the actor of a step is: `reflector.traces.agents` (one rule for every trace dialect)."""
     run = check_run(run, "actors")
     found: dict[str | None, dict[str, Any]] = {}
     for s in iter_steps(run, "actors"):
         a = found.get(s["actor"])
         if a is None:
             a = found[s["actor"]] = {"actor": s["actor"], "n_steps": 0, "first_step": s["index"],
-                                     "last_step": s["index"], "roles": {}}
+                                     "last_step": s["index"], "roles": {}, "addressees": {}}
         a["n_steps"] += 1
         a["last_step"] = s["index"]
         a["roles"][s["role"]] = a["roles"].get(s["role"], 0) + 1
+        if s["addressee"] is not None:
+            a["addressees"][s["addressee"]] = a["addressees"].get(s["addressee"], 0) + 1
     return list(found.values())
+
+
+NOTE_STEPS = 2_000  # steps `actors_note` reads (a lazy view stays cheap)
+
+
+def actors_note(view: Any) -> str | None:
+    """One line naming the agents of a single-run view and their step counts, for the first request
+    (cell 1 prints it): `actors: Orchestrator (7 steps, addresses WebSurfer 2), WebSurfer (2 steps)`;
+    None when no step names an agent (or `view` is not one run)."""
+    try:
+        run = check_run(view, "actors_note")
+        counts: dict[str, list[Any]] = {}
+        n = 0
+        for s in islice(iter_steps(run, "actors_note"), NOTE_STEPS):
+            n += 1
+            if s["actor"] is None:
+                continue
+            a = counts.setdefault(s["actor"], [0, {}])
+            a[0] += 1
+            if s["addressee"] is not None:
+                a[1][s["addressee"]] = a[1].get(s["addressee"], 0) + 1
+    except (TypeError, ValueError):
+        return None
+    if not counts:
+        return None
+    parts = []
+    for name, (k, to) in list(counts.items())[:20]:
+        said = ", addresses " + ", ".join(f"{t} {c}" for t, c in list(to.items())[:6]) if to else ""
+        parts.append(f"{name} ({k} step{'s' if k != 1 else ''}{said})")
+    more = f" +{len(counts) - 20} more" if len(counts) > 20 else ""
+    scope = f" (in the first {NOTE_STEPS:,} steps)" if n >= NOTE_STEPS else ""
+    return "actors" + scope + ": " + "; ".join(parts) + more + " (actors(run) lists them)"
 
 
 def timeline(run: Any, actor: Any = None, limit: Any = 200, chars: Any = 160) -> list[dict[str, Any]]:
@@ -140,6 +178,8 @@ class _Conversation:
         self.steps = list(islice(iter_steps(run, "suspect_mistake"), SCAN_STEPS))
         truth = dict.get(run, "ground_truth")
         self.truth = str.__str__(truth) if isinstance(truth, str) and truth.strip() else None
+        final = dict.get(run, "final_answer")
+        self.final = str.__str__(final) if isinstance(final, str) and final.strip() else None
         question = dict.get(run, "question")
         self.question = _WS.sub(" ", str.__str__(question)).strip()[:80] if isinstance(question, str) else ""
         # an actor that ever replies like a code executor is an executor in all its steps (AutoGen's
@@ -162,7 +202,7 @@ class _Conversation:
         if pos != 0 or not self.steps:
             return False
         s = self.steps[0]
-        if s["actor"] is None and s["role"] in ("user", "system"):
+        if s["actor"] is None and s["role"] in ("user", "system", "human"):
             return True
         return bool(self.question) and self.question in _WS.sub(" ", s["content"])
 
@@ -223,11 +263,14 @@ def _first_claim(c: _Conversation) -> dict[str, Any] | None:
 def _wrong_answer(c: _Conversation) -> dict[str, Any] | None:
     if c.truth is None:
         return None
+    truth_kinds = {_family(k) for k in text_keys(c.truth)}
     for pos, s in enumerate(c.steps):
         executed = c.is_executor(s) and _SUCCEEDED_RUN.match(s["content"]) is not None
         if c.is_opening(pos) or not (c.is_agent(s) or executed):
             continue
         for claim in _claims(s["content"]):
+            if truth_kinds and not {_family(k) for k in text_keys(claim)} & truth_kinds:
+                continue  # "the first result is exampletown.gov" states no answer of the truth's kind
             if compare_answers(claim, c.truth)[0] is False:
                 if c.is_executor(s):
                     author = c.author(pos)
@@ -257,6 +300,55 @@ def _fabricated(c: _Conversation) -> dict[str, Any] | None:
             return _finding(c, pos, "fabricated_data", "wrong_information",
                             "is the first agent step that invents its input", _FABRICATED)
     return None
+
+
+def _wrong_values(c: _Conversation) -> list[str]:
+    """The canonical values (numbers, dates, ids; else the stated text) of the final answer that the ground
+    truth does not hold and the question does not give: what is wrong in it."""
+    if c.final is None or c.truth is None or compare_answers(c.final, c.truth)[0] is not False:
+        return []
+    claims = list(_claims(c.final)) or [ln.strip() for ln in c.final.splitlines() if ln.strip()][-1:]
+    given = text_keys(c.truth) | text_keys(c.question)
+    truth_low = c.truth.lower()
+    out: list[str] = []
+    for claim in claims:
+        keys = [k for k in sorted(text_keys(claim)) if k not in given and _distinctive(k)]
+        if not keys and len(claim) <= 60:
+            key = canonical(claim.rstrip(". "))
+            if key is not None and key[5:] not in truth_low:
+                keys = [key]
+        out += [k for k in keys if k not in out]
+    return out[:6]
+
+
+def _answer_origin(c: _Conversation) -> dict[str, Any] | None:
+    """Where the wrong final answer's value was introduced: the first step that states it (after the task
+    message); a code executor's output is its code author's."""
+    best: tuple[int, str] | None = None
+    for key in _wrong_values(c):
+        for pos, s in enumerate(c.steps):
+            if c.is_opening(pos) or s["role"] == "system":
+                continue
+            text = s["content"]
+            if _has(key, text, text.lower()):
+                if c.is_executor(s) and c.author(pos) is None:
+                    continue  # an output nobody's code produced (a bare executor reply) introduces nothing
+                if best is None or pos < best[0]:
+                    best = (pos, key)
+                break
+    if best is None:
+        return None
+    pos, key = best
+    value = key.partition(":")[2]
+    if c.is_executor(c.steps[pos]):
+        author = c.author(pos)
+        if author is not None:
+            return _finding(c, author, "answer_origin", "reasoning_error",
+                            f"wrote the code whose output (step {c.steps[pos]['index']}) is the first to give "
+                            f"{value!r}, the wrong final answer's value", _CODE_LINE)
+    return _finding(c, pos, "answer_origin", "wrong_information",
+                    f"is the first to state {value!r}, the wrong final answer's value",
+                    re.compile(re.escape(value), re.IGNORECASE))
 
 
 def _unfixed_failure(c: _Conversation) -> dict[str, Any] | None:
@@ -293,13 +385,16 @@ def _fixed_later(c: _Conversation, pos: int, actor: str | None) -> bool:
 
 
 RULES: dict[str, Callable[[_Conversation], dict[str, Any] | None]] = {
+    "answer_origin": _answer_origin,
     "first_action": _first_action,
     "first_claim": _first_claim,
     "wrong_answer": _wrong_answer,
     "fabricated_data": _fabricated,
     "unfixed_failure": _unfixed_failure,
 }
-COMBINATION: tuple[str, ...] = ("fabricated_data", "first_action", "first_claim")  # the first that fires is the guess
+# the rules that rest on evidence in the conversation; the earliest step any of them places is the guess
+COMBINATION: tuple[str, ...] = ("fabricated_data", "answer_origin", "wrong_answer", "unfixed_failure")
+POSITIONAL: tuple[str, ...] = ("first_action", "first_claim")  # leads by position only: never the guess
 
 
 def suspect_mistake(run: Any, rule: Any = None) -> dict[str, Any] | None:
@@ -318,9 +413,10 @@ def suspect_mistake(run: Any, rule: Any = None) -> dict[str, Any] | None:
     if rule is not None:
         return RULES[str.__str__(rule)](c)
     findings = {name: RULES[name](c) for name in RULES}
-    best = next((findings[name] for name in COMBINATION if findings[name] is not None), None)
-    if best is None:
+    fired = [f for f in (findings[name] for name in COMBINATION) if f is not None]
+    if not fired:
         return None
+    best = min(fired, key=lambda f: (f["step"], COMBINATION.index(f["rule"])))
     others = [{k: f[k] for k in ("rule", "step", "actor", "kind", "reason")}
               for name, f in findings.items() if f is not None and name != best["rule"]]
     return {**best, "others": others}

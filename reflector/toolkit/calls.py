@@ -107,6 +107,7 @@ def plain_step(raw: Any, pos: int, fn: str, fresh: bool = False) -> dict[str, An
             calls.append({"name": _text(c.get("name")), "arguments": c.get("arguments")})
     tool = step.get("tool_name")
     actor = step.get("actor")
+    addressee = step.get("addressee")
     return {
         "index": index if type(index) is int else pos,
         "role": _text(step.get("role")) or "unknown",
@@ -115,6 +116,7 @@ def plain_step(raw: Any, pos: int, fn: str, fresh: bool = False) -> dict[str, An
         "tool_name": tool if isinstance(tool, str) and tool else None,
         "is_error": bool(step.get("is_error")),
         "actor": actor if isinstance(actor, str) else None,
+        "addressee": addressee if isinstance(addressee, str) else None,
     }
 
 

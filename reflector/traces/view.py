@@ -4,11 +4,15 @@ Canonical single-run view (`normalize` for one run)::
 
     {"format", "question", "ground_truth", "feedback", "final_answer", "reward",
      "steps": [{"index", "role", "content", "tool_calls": [{"name", "arguments"}],
-                "tool_name", "is_error", "actor"}],
+                "tool_name", "is_error", "actor", "addressee"}],
      "metadata": {...}, "raw": <the run as read>}
 
-A step's `actor` is the agent that took it when the trace names one (a message's `name`, e.g. the
-expert speaking in a multi-agent group chat), else None; roles alone do not name an actor. A
+A step's `actor` is the agent that took it when the trace names one, else None, by one rule for every
+adapter (`reflector.traces.agents`): a message's `name`, else a framework's agent field (AutoGen `sender`
+/ `source`, CrewAI `agent`, OpenAI Agents SDK `agent.name`, LangGraph `langgraph_node`, OTel
+`gen_ai.agent.name`), else a `role` that is not a chat role (`"Orchestrator (thought)"` is `Orchestrator`;
+such a step's role is `assistant`); `addressee` is the agent it speaks to when the record says so
+(`"Orchestrator (-> WebSurfer)"`), else None. Chat roles alone (user, assistant, ...) name no actor. A
 multi-agent conversation (a dict with a `history` of `{"name", "role", "content"}` messages, as in
 Who&When) is an ACE run whose steps are that history, one step per message, `index` its position.
 
@@ -99,6 +103,7 @@ def _step(
     tool_name: str | None = None,
     is_error: bool = False,
     actor: str | None = None,
+    addressee: str | None = None,
 ) -> dict[str, Any]:
     return {
         "index": index,
@@ -108,6 +113,7 @@ def _step(
         "tool_name": tool_name,
         "is_error": is_error,
         "actor": actor,
+        "addressee": addressee,
     }
 
 

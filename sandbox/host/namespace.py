@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reflector.toolkit import SANDBOX_HELPERS, TOOLKIT_DOC
+from reflector.toolkit.actors import actors_note
 from reflector.traces.lazy import LazySeq
 from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
 from sandbox.host.guards import (
@@ -335,6 +336,9 @@ class SandboxNamespace:
         if self.lazy_roots:
             self._print(LAZY_NOTE)
         self._print(TOOLKIT_DOC)  # first, so the prompt's cut preview keeps it
+        note = actors_note(traces)  # the agents a multi-agent run names, so the model knows who exists
+        if note:
+            self._print(note)
         if isinstance(traces, dict):
             for key, value in list(traces.items())[:SCHEMA_MAX_KEYS]:
                 self._print(f"  [{key!r}]: {_type_name(value)} ({_size(value)})")

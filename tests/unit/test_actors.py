@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from reflector.contract import DIAGNOSIS_KINDS
-from reflector.toolkit.actors import COMBINATION, QUOTE_CHARS, RULES, actors, suspect_mistake, timeline
+from reflector.toolkit.actors import (
+    COMBINATION,
+    POSITIONAL,
+    QUOTE_CHARS,
+    RULES,
+    actors,
+    suspect_mistake,
+    timeline,
+)
 from reflector.traces import load_normalized, normalize
 
 TASK = "How many clients get the sunset design?"
@@ -37,17 +45,17 @@ def test_actors_in_order_of_first_appearance_with_their_steps_and_roles() -> Non
     r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", OK), msg("Coder", "It is 4."),
             msg("Checker", "Agreed."))
     assert actors(r) == [
-        {"actor": "Planner", "n_steps": 1, "first_step": 0, "last_step": 0, "roles": {"assistant": 1}},
-        {"actor": "Coder", "n_steps": 2, "first_step": 1, "last_step": 3, "roles": {"user": 2}},
-        {"actor": "Computer_terminal", "n_steps": 1, "first_step": 2, "last_step": 2, "roles": {"user": 1}},
-        {"actor": "Checker", "n_steps": 1, "first_step": 4, "last_step": 4, "roles": {"user": 1}},
+        {"actor": "Planner", "n_steps": 1, "first_step": 0, "last_step": 0, "roles": {"assistant": 1}, "addressees": {}},
+        {"actor": "Coder", "n_steps": 2, "first_step": 1, "last_step": 3, "roles": {"user": 2}, "addressees": {}},
+        {"actor": "Computer_terminal", "n_steps": 1, "first_step": 2, "last_step": 2, "roles": {"user": 1}, "addressees": {}},
+        {"actor": "Checker", "n_steps": 1, "first_step": 4, "last_step": 4, "roles": {"user": 1}, "addressees": {}},
     ]
 
 
 def test_actors_of_a_trace_that_names_no_one_is_one_none_group() -> None:
     r = normalize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     assert actors(r) == [{"actor": None, "n_steps": 2, "first_step": 0, "last_step": 1,
-                          "roles": {"user": 1, "assistant": 1}}]
+                          "roles": {"user": 1, "assistant": 1}, "addressees": {}}]
 
 
 def test_timeline_previews_collapse_whitespace_and_cut_at_chars() -> None:
@@ -134,7 +142,8 @@ def test_first_claim_skips_the_opening_task_message() -> None:
 
 def test_first_claim_in_a_plain_chat_starts_after_the_users_task() -> None:
     r = normalize([{"role": "user", "content": "What is 6*7?"}, {"role": "assistant", "content": "36"}])
-    g = suspect_mistake(r)
+    assert suspect_mistake(r) is None  # no ground truth, no invented data, no failure: nothing to trace
+    g = suspect_mistake(r, "first_claim")
     assert g is not None and (g["step"], g["actor"], g["rule"]) == (1, None, "first_claim")
     assert "(assistant)" in g["reason"]
 
@@ -186,16 +195,23 @@ def test_unfixed_failure_is_the_code_author_of_a_failure_never_followed_by_a_suc
     assert suspect_mistake(fixed, "unfixed_failure") is None
 
 
-def test_the_combination_prefers_invented_data_then_the_first_code_then_the_first_claim() -> None:
-    assert COMBINATION == ("fabricated_data", "first_action", "first_claim")
+def test_the_combination_is_evidence_only_and_takes_the_earliest_step_it_places() -> None:
+    assert COMBINATION == ("fabricated_data", "answer_origin", "wrong_answer", "unfixed_failure")
+    assert not set(POSITIONAL) & set(COMBINATION)  # a step's position never makes the guess (issue 28)
     invented = run(OPEN, msg("Coder", code()), msg("Analyst", "We will assume the count is 4."))
     g = suspect_mistake(invented)
     assert g is not None and (g["rule"], g["step"]) == ("fabricated_data", 2)
-    assert {o["rule"] for o in g["others"]} == {"first_action", "first_claim"}
-    coded = suspect_mistake(run(OPEN, msg("Lead", "Plan: read it."), msg("Coder", code())))
-    assert coded is not None and (coded["rule"], coded["step"]) == ("first_action", 2)
-    talk = suspect_mistake(run(OPEN, msg("Lead", "It is 4.")))
-    assert talk is not None and (talk["rule"], talk["step"]) == ("first_claim", 1)
+    assert {"first_action", "first_claim"} <= {o["rule"] for o in g["others"]}
+    # nothing in the evidence: no guess, though a first code step and a first claim exist
+    assert suspect_mistake(run(OPEN, msg("Lead", "Plan: read it."), msg("Coder", code()))) is None
+    # the wrong final answer's value traced to the agent that first stated it, not the one that repeated it
+    traced = suspect_mistake(run(OPEN, msg("Lead", "I count 27 clients."), msg("Checker", "Agreed: 27."),
+                                 msg("Checker", "The final answer is 27.")))
+    assert traced is not None and (traced["rule"], traced["step"], traced["actor"]) == ("answer_origin", 1, "Lead")
+    # ... and an executor's output to the agent whose code printed it
+    ran = suspect_mistake(run(OPEN, msg("Coder", code()), msg("Computer_terminal", "exitcode: 0\nCode output: 27"),
+                              msg("Checker", "The answer is 27.")))
+    assert ran is not None and (ran["rule"], ran["step"], ran["actor"]) == ("answer_origin", 1, "Coder")
 
 
 def test_no_guess_for_traces_with_tool_call_structure_or_no_agent_step() -> None:
@@ -229,6 +245,7 @@ def test_real_whowhen_files_give_well_formed_guesses(shared_traces: Path) -> Non
     labels = ("mistake_agent", "mistake_step", "mistake_reason", "is_correct")
     files = sorted(folder.glob("*.json"))
     assert len(files) == 126
+    unguessed = 0
     for path in files:
         data = json.loads(path.read_text(encoding="utf-8"))
         r = normalize({k: v for k, v in data.items() if k not in labels})
@@ -237,9 +254,12 @@ def test_real_whowhen_files_give_well_formed_guesses(shared_traces: Path) -> Non
         assert sum(a["n_steps"] for a in actors(r)) == len(data["history"])
         assert [t["step"] for t in timeline(r)] == list(range(len(data["history"])))
         g = suspect_mistake(r)
-        assert g is not None, path.name
+        if g is None:  # nothing in the evidence (no wrong value traced, no invented data, no failure)
+            unguessed += 1
+            continue
         assert g["rule"] in COMBINATION and g["kind"] in DIAGNOSIS_KINDS and g["actor"] in names
         assert 0 <= g["step"] < len(data["history"]) and r["steps"][g["step"]]["actor"] == g["actor"]
         assert g["actor"] != "Computer_terminal"
         assert all(o["rule"] in RULES and o["kind"] in DIAGNOSIS_KINDS for o in g["others"])
+    assert unguessed <= 30  # 22 on 2026-12-04
     assert load_normalized(files[0])["steps"][0]["actor"] is not None

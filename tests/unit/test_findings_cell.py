@@ -13,7 +13,7 @@ from reflector.toolkit import SANDBOX_HELPERS
 # The cell's text is the code argument of an `execute_code` call recorded in every heuristic
 # workflow history: a different text is a different program for histories already written. Change
 # this pin only together with the cell (and record new histories in tests/replay/histories).
-FINDINGS_CELL_SHA256 = "de10bbde267315439f3fe13e043156815ba140ac703f46b82dc908ec1ae250b8"
+FINDINGS_CELL_SHA256 = "fb2538c0eb6097a08fa129f76de1aa7548346de50067f182b50e87a38d7426c2"
 
 
 def test_loaded_cell_compiles() -> None:

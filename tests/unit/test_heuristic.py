@@ -131,8 +131,10 @@ def test_failed_math_mismatch() -> None:
     )
     assert "does not match the ground truth" in draft.error_identification and "408" in draft.error_identification
     d = draft.diagnosis
-    assert d is not None and (d.kind, d.step, d.actual, d.expected) == ("reasoning_error", 1, "398", "408")
-    assert d.confidence <= 0.4 and "first appears at step 1" in d.summary  # where the wrong value appears
+    # the root cause is where the wrong value was introduced, the symptom the final answer (issue 28)
+    assert d is not None and (d.kind, d.step, d.expected) == ("wrong_information", 1, "408")
+    assert d.symptom_step is not None and d.step is not None and d.symptom_step > d.step
+    assert d.confidence <= 0.5 and "rule answer_origin" in d.summary and "'398'" in d.summary
     assert "A rule-based guess, not a verified cause" in draft.root_cause_analysis
     assert HEURISTIC_NAME in draft.reasoning and "not an LLM" in draft.reasoning
     assert_evidence_from_findings(draft, f)
@@ -335,7 +337,9 @@ def test_real_tau_bench_failed_runs_name_the_divergence() -> None:
         assert f["format"] == "tau-bench" and f["reward"] == 0.0 and f["answer_matches"] is None
         d = draft.diagnosis
         assert d is not None and d.tool and isinstance(d.step, int) and d.evidence == []
-        assert d.tool in draft.error_identification and f"step {d.step}" in draft.error_identification
+        assert d.tool in draft.error_identification and f"step {d.symptom_step}" in draft.error_identification
+        if d.step != d.symptom_step:  # the root cause, traced back from the symptom, is said where it is
+            assert f"the root cause is step {d.step}" in draft.root_cause_analysis
         assert len(h.outputs[0]) < 20_000
         again, _, _ = reflect(view, {"question": view["question"], "ground_truth": None, "feedback": None})
         assert again == draft

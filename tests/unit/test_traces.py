@@ -44,7 +44,7 @@ RUN_KEYS = {
     "metadata",
     "raw",
 }
-STEP_KEYS = {"index", "role", "content", "tool_calls", "tool_name", "is_error", "actor"}
+STEP_KEYS = {"index", "role", "content", "tool_calls", "tool_name", "is_error", "actor", "addressee"}
 TAU_KEYS = {"actions", "expected_actions", "expected_outputs"}  # the ground truth is actions, not text
 
 
@@ -546,6 +546,7 @@ def test_messages_wrapper_with_anthropic_parts() -> None:
             "tool_name": "ls",
             "is_error": False,
             "actor": None,
+            "addressee": None,
         }
     ]
     assert v["steps"][1]["tool_calls"] == [{"name": "ls", "arguments": '{"path": "/"}'}]

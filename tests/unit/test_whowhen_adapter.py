@@ -150,9 +150,10 @@ def test_named_messages_read_lazily_keep_their_actors(tmp_path: Path) -> None:
         assert view["steps"][1]["actor"] == "Coder" and view["steps"][0]["actor"] is None
         assert actors(view) == actors(whole)
         assert timeline(view, actor="Computer_terminal", limit=3) == timeline(whole, actor="Computer_terminal", limit=3)
-        guess = suspect_mistake(view)
-        assert guess == suspect_mistake(whole)
+        guess = suspect_mistake(view, "first_action")  # a positional lead: by name only, never the guess
+        assert guess == suspect_mistake(whole, "first_action")
         assert guess is not None and (guess["step"], guess["actor"]) == (1, "Coder")
+        assert suspect_mistake(view) == suspect_mistake(whole)
 
 
 # -- the real files ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from reflector.traces.adapters.messages import _actor, _message_steps, _messages_steps
+from reflector.traces.agents import agent_of
 from reflector.traces.detect import _ACE_KEYS
 from reflector.traces.view import (
     _THINKING_RE,
@@ -189,4 +190,4 @@ def _ace_step(index: int, raw: Any) -> dict[str, Any]:
         if tool
         else []
     )
-    return _step(index, "tool" if tool else "assistant", content, calls, tool, err)
+    return _step(index, "tool" if tool else "assistant", content, calls, tool, err, actor=agent_of(raw)[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from reflector.traces.agents import agent_of, is_chat_role
 from reflector.traces.view import (
     _args_str,
     _as_dict,
@@ -18,6 +19,9 @@ from reflector.traces.view import (
     _text,
     looks_like_error,
 )
+
+# chat roles some exports spell their own way (LangChain `human` / `ai`, Gemini `model`, Magentic-One `human`)
+_ROLE_SYNONYMS = {"human": "user", "ai": "assistant", "model": "assistant"}
 
 
 def _messages_steps(messages: list[Any]) -> list[dict[str, Any]]:
@@ -36,6 +40,10 @@ def _message_steps(msg: Any, call_names: dict[str, str], first: int) -> list[dic
     if not isinstance(msg, dict):
         return [_step(first, "unknown", _text(msg))]
     role = str(msg.get("role", "unknown"))
+    actor, addressee = (None, None) if role in ("tool", "function") else agent_of(msg)
+    if "role" in msg and not is_chat_role(role) and actor is not None:
+        role = "assistant"  # the role names the agent (Magentic-One): an agent's turn
+    role = _ROLE_SYNONYMS.get(role, role)
     content = msg.get("content")
     calls = _openai_calls(msg.get("tool_calls") or msg.get("function_call"), call_names)
     calls += _anthropic_calls(content, call_names)
@@ -51,20 +59,20 @@ def _message_steps(msg: Any, call_names: dict[str, str], first: int) -> list[dic
         else _text(content)
     )
     steps: list[dict[str, Any]] = []
-    actor = _actor(msg)
     if text or calls or not results:
-        steps.append(_step(first, role, text, calls, actor=actor))
+        steps.append(_step(first, role, text, calls, actor=actor, addressee=addressee))
     for name, rtext, err in results:
         steps.append(_step(first + len(steps), "tool", rtext, None, name, err))
     return steps
 
 
 def _actor(msg: dict[str, Any]) -> str | None:
-    """The agent a (non-tool) message names: OpenAI's optional `name` tells participants apart, and
-    multi-agent frameworks (AutoGen group chats, Who&When) put the speaking agent there. A tool
-    message's `name` is the tool's, so it is never read as an actor."""
-    name = msg.get("name")
-    return name if isinstance(name, str) and name.strip() else None
+    """The agent a (non-tool) message names, by the one rule of `reflector.traces.agents` (`name`, a
+    framework's agent field, a role that is not a chat role). A tool message's `name` is the tool's, so
+    it is never read as an actor."""
+    if str(msg.get("role")) in ("tool", "function"):
+        return None
+    return agent_of(msg)[0]
 
 
 def _openai_calls(raw: Any, call_names: dict[str, str]) -> list[dict[str, str]]:

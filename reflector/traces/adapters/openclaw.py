@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from reflector.traces.agents import agent_of
 from reflector.traces.view import (
     _args_str,
     _first_text,
@@ -67,4 +68,5 @@ def _openclaw_step(index: int, msg: dict[str, Any]) -> dict[str, Any]:
     if role == "toolResult":
         err = bool(msg.get("isError")) or looks_like_error(content)
         return _step(index, "tool", content, calls, msg.get("toolName"), err)
-    return _step(index, role, content, calls)
+    actor, addressee = agent_of(msg)  # the one actor rule (an OpenClaw session names none today)
+    return _step(index, role, content, calls, actor=actor, addressee=addressee)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from reflector.traces.agents import span_agent
 from reflector.traces.view import (
     _args_str,
     _as_dict,
@@ -96,4 +97,5 @@ def _span_step(index: int, span: dict[str, Any]) -> dict[str, Any]:
         content += f"\nstatus: {status.get('message') or status.get('description')}"
     tool = attrs.get("tool.name") or (name if kind == "tool" else None)
     calls = [{"name": str(tool), "arguments": _args_str(attrs.get("tool.parameters") or inp)}] if tool else []
-    return _step(index, kind, content, calls, str(tool) if tool else None, err)
+    actor, addressee = span_agent(attrs)
+    return _step(index, kind, content, calls, str(tool) if tool else None, err, actor=actor, addressee=addressee)
