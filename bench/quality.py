@@ -329,6 +329,13 @@ def renamed_whowhen(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def role_only_whowhen(data: dict[str, Any]) -> dict[str, Any]:
+    """A Who&When run in the Magentic-One dialect: each message's agent only in its `role`, no `name`."""
+    history = [{"role": m.get("name") or m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
+               for m in data.get("history") or []]
+    return {**data, "history": history}
+
+
 def score_whowhen(runs: list[tuple[str, dict[str, Any]]], outs: dict[str, tuple[dict[str, Any], float]],
                   prefix: str = "ww-", title: str = "Who&When") -> list[str]:
     """Agent- and step-level accuracy, for each half (odd / even file numbers: the rules of issue 15 were
@@ -387,6 +394,8 @@ async def run(args: argparse.Namespace) -> None:
     jobs = [(_tau_name(r), r) for r in tau] + [(f"ww-{n}", _unlabelled(d)) for n, d in ww]
     renamed = [(n, renamed_whowhen(d)) for n, d in ww] if not args.no_rename else []
     jobs += [(f"wwr-{n}", _unlabelled(d)) for n, d in renamed]
+    role_only = [(n, role_only_whowhen(d)) for n, d in ww] if args.role_only else []
+    jobs += [(f"wwo-{n}", _unlabelled(d)) for n, d in role_only]
     home = bench_home()
     settings = Settings.from_env()
     server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
@@ -414,6 +423,9 @@ async def run(args: argparse.Namespace) -> None:
         if renamed:
             print("\nthe same runs with every agent renamed Agent_A, Agent_B, ... (in an order unrelated to the names):")
             print("\n".join(score_whowhen(renamed, outs, "wwr-", "Who&When, agents renamed")))
+        if role_only:
+            print("\nthe same runs with each agent named only in `role` (the Magentic-One dialect, no `name`):")
+            print("\n".join(score_whowhen(role_only, outs, "wwo-", "Who&When, role-only names")))
     if args.json:
         Path(args.json).write_text(json.dumps({k: v[0] for k, v in outs.items()}, indent=1), encoding="utf-8")
 
@@ -428,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-tau", action="store_true")
     p.add_argument("--skip-whowhen", action="store_true")
     p.add_argument("--no-rename", action="store_true", help="skip the Who&When runs with the agents renamed")
+    p.add_argument("--role-only", action="store_true", help="also run Who&When with the agents named only in role")
     p.add_argument("--limit", type=int, default=None, help="at most N runs of each set")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--show", type=int, default=0, help="print N tau-bench reflections beside their labels")
@@ -438,4 +451,5 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["main", "check_tau_diagnosis", "score_tau", "score_whowhen", "renamed_whowhen", "leaf_differences"]
+__all__ = ["main", "check_tau_diagnosis", "score_tau", "score_whowhen", "renamed_whowhen", "role_only_whowhen",
+           "leaf_differences"]

@@ -4,30 +4,31 @@ Why: in a multi-agent run (an AutoGen / CaptainAgent group chat, Who&When) the q
 is "which agent made the decisive mistake, and when", and the trace has no tool-call structure to
 compare with expected actions: agents write code in their messages, an executor agent answers with
 `exitcode: N` and the output. `actors` and `timeline` give the per-agent view of the conversation (the
-speaker is the step's `actor`, see `reflector.traces.view`); `suspect_mistake` applies a few general
-rules, measured on labelled failures (`bench/whowhen_rules.py`), to propose a starting point that the
-reflection then checks against the trace. It is a guess: it reads the conversation's shape and
-wording, never its meaning.
+speaker is the step's `actor`, named by one rule for every trace dialect: `reflector.traces.agents`);
+`suspect_mistake` traces the mistake back from the evidence in the conversation, and says which rule
+placed it. It reads the conversation's values and wording, never its meaning, and never prefers a step or
+an agent because of its position, its name or a dataset's label statistics (issue 28).
 
 The rules (each names itself in `rule`):
 
-- `fabricated_data`: the first agent step (after the opening task message) that invents its input:
+- `fabricated_data`: an agent step (after the opening task message) that says it invents its input:
   simulated, hypothetical, placeholder or sample data, "let's assume". Everything built on it is wrong
   whatever its method.
-- `first_action`: the first agent step that writes code. In a group chat that executes code, the first
-  program commits the team to a data source and a method that every later step builds on, so a wrong
-  choice there is decisive even when its output looks fine.
-- `first_claim`: the first agent step after the opening task message: the first answer or fact
-  asserted, when no agent writes code, without a computation behind it.
-- `wrong_answer`: the first step stating an answer that contradicts the run's ground truth (compared by
-  `reflector.answers.compare_answers`, numbers as numbers); an executor's output is the code author's.
+- `answer_origin`: the wrong final answer's values (numbers, dates, ids the ground truth does not hold and
+  the question does not give; else its stated text) traced to the first step that states them
+  (`trace_back.provenance`'s matching); an executor's output is its code author's.
+- `wrong_answer`: the first step stating an answer of the ground truth's kind that contradicts it
+  (compared by `reflector.answers.compare_answers`, numbers as numbers); an executor's output is the
+  code author's.
 - `unfixed_failure`: the first failed execution whose author never gets a successful run afterwards.
+- `first_action` (the first agent step that writes code) and `first_claim` (the first agent step after
+  the task message): leads by position only (`POSITIONAL`), callable by name, never the guess.
 
-`suspect_mistake` returns the first of `COMBINATION` (`fabricated_data`, `first_action`, `first_claim`)
-that fires, and lists what the other rules found in `others`. A rule was put ahead of the rest only
-when, on the runs where it fires, it named the labelled step more often than the rest did (measured on
-the design half of the labelled traces); `wrong_answer` and `unfixed_failure` did not, so they are
-evidence to check, not the answer.
+`suspect_mistake` returns the earliest step placed by the rules of `COMBINATION` (`fabricated_data`,
+`answer_origin`, `wrong_answer`, `unfixed_failure`; ties in that order): the root cause is the earliest
+step from which the run never recovered. The other rules' findings are in `others`. None when no rule
+of the combination fires: "cannot tell" is an answer. Confidences say what kind of evidence a rule rests
+on, not how often it matched a labelled set.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ an agent's name or a dataset's statistics:
 - `unconfirmed_write`: the symptom write breaks the policy's confirmation rule (`requirements`);
 - `symptom`: nothing earlier explains it; the root is the symptom itself ("cannot tell" further back).
 
+Without expected actions the symptom is the first unrecovered failing call, else a final answer the
+ground truth contradicts (its wrong values are traced as above: `made_up`, `wrong_source`), else, in a
+run known to have failed (reward < 1), its last state-changing call.
+
 The earliest of the steps these rules place is the root (the issue's definition: the earliest step from
 which the run never recovered). Every placement says what it rests on (`reason`, with verbatim snippets).
 """
@@ -33,7 +37,7 @@ from typing import Any
 
 from reflector.answers import compare_answers
 from reflector.toolkit.actors import POSITIONAL, suspect_mistake
-from reflector.toolkit.calls import check_run, iter_steps, parse_args
+from reflector.toolkit.calls import check_run, is_write, iter_steps, parse_args
 from reflector.toolkit.divergence import first_divergence
 from reflector.toolkit.failing import failing_calls
 from reflector.toolkit.trace_back import (
@@ -45,6 +49,7 @@ from reflector.toolkit.trace_back import (
     contradictions,
     requirements,
     step_source,
+    text_keys,
 )
 
 __all__ = ["root_cause", "ROOT_RULES"]
@@ -188,13 +193,22 @@ def root_cause(run: Any) -> dict[str, Any] | None:
             return None
         symptom = generic
         upto = int(symptom["step"])
+        if symptom["kind"] == "wrong_information":
+            traced = _trace_answer(run, steps, upto)
+            if traced:
+                candidates.append(traced)
     at = by_index.get(upto)
     for c in contradictions(run, 200):
-        if c["step"] > upto or c["where"] != "call":
+        if c["step"] > upto:
             continue
         key = canonical(c["value"])
-        if c["step"] == upto or (at is not None and key is not None and _mentions(key, at)):
-            s = by_index[c["step"]]
+        linked = at is not None and key is not None and _mentions(key, at) is not None
+        s = by_index[c["step"]]
+        if c["where"] == "message" and linked and c["step"] < upto:
+            candidates.append(_place("made_up", s, f"is the first to state {c['value']!r}, which no earlier step "
+                                     f"supports and the symptom step {upto} uses"))
+            break
+        if c["where"] == "call" and (c["step"] == upto or linked):
             candidates.append(_place("unsupported_value", s, f"calls {c['tool']} with {c['argument']} = "
                                      f"{c['value']!r}, which no earlier step supports ({c['kind']})"))
             break
@@ -255,4 +269,43 @@ def _generic_symptom(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
         if last is not None:
             return {"step": last["index"], "kind": "wrong_information", "tool": None, "argument": None,
                     "actual": final[:200], "expected": truth[:200], "what": "the final answer"}
+    reward = dict.get(run, "reward")
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward < 1:
+        writes = [(s, c) for s in steps for c in s["tool_calls"] if c["name"] and is_write(c["name"])
+                  and c["name"] not in ("think", "calculate")]
+        if writes:
+            s, c = writes[-1]
+            return {"step": s["index"], "kind": "other", "tool": c["name"], "argument": None, "actual": None,
+                    "expected": None, "what": f"the last state-changing call of a failed run (reward {reward})"}
     return None
+
+
+def _trace_answer(run: dict[str, Any], steps: list[dict[str, Any]], upto: int) -> dict[str, Any] | None:
+    """Where the wrong final answer's values (those the ground truth and the question do not hold) were
+    introduced: an agent step that first states one (`made_up`), or the agent's first use of one a tool
+    output gave (`wrong_source`)."""
+    final, truth, question = (dict.get(run, k) for k in ("final_answer", "ground_truth", "question"))
+    if not (isinstance(final, str) and isinstance(truth, str)):
+        return None
+    given = text_keys(truth) | (text_keys(question) if isinstance(question, str) else set())
+    keys = [k for k in sorted(text_keys(final)) if k not in given and _distinctive(k)]
+    best: dict[str, Any] | None = None
+    for key in keys[:6]:
+        first = next(((s, h) for s in steps if s["index"] <= upto and step_source(s) in ("agent", "tool")
+                      and (h := _mentions(key, s))), None)
+        if first is None:
+            continue
+        s, hit = first
+        value = key.partition(":")[2]
+        if step_source(s) == "agent":
+            found = _place("made_up", s, f"is the first to state {value!r}, a value of the wrong final answer", hit)
+        else:
+            use = next(((t, h) for t in steps if s["index"] < t["index"] <= upto and step_source(t) == "agent"
+                        and (h := _mentions(key, t))), None)
+            if use is None:
+                continue
+            found = _place("wrong_source", use[0], f"uses {value!r}, read from the tool output at step {s['index']}: "
+                           "a value of the wrong final answer", use[1])
+        if best is None or found["step"] < best["step"]:
+            best = found
+    return best

@@ -165,3 +165,25 @@ def test_the_tools_give_the_same_on_a_lazy_view(tmp_path: Path) -> None:
         assert contradictions(view) == contradictions(whole) == contradictions(normalize(MESSAGES))
         assert requirements(view) == requirements(whole)
         assert root_cause(view) == root_cause(whole)
+
+
+def test_without_expected_actions_the_wrong_answer_is_traced_to_where_its_value_came_from() -> None:
+    msgs = [
+        {"role": "user", "content": "How much is order ORD-17's refund?"},
+        call("c1", "get_order", {"order_id": "ORD-17"}),
+        result("c1", "get_order", {"order_id": "ORD-17", "items": [{"sku": "SKU9", "price": 41.5}], "refund": 38.25}),
+        {"role": "assistant", "content": "The item cost $41.50, so the refund is $41.50."},
+        {"role": "assistant", "content": "Final answer: 41.5"},
+    ]
+    r = root_cause(normalize({"messages": msgs, "ground_truth": "38.25"}))
+    assert r is not None and r["symptom"]["kind"] == "wrong_information" and r["symptom"]["step"] == 4
+    # 41.5 came from the tool output (the item's price, not the refund): the agent's first use of it
+    assert (r["root"]["step"], r["root"]["rule"]) == (3, "wrong_source") and "step 2" in r["root"]["reason"]
+
+
+def test_a_failed_run_without_any_key_points_at_its_last_write() -> None:
+    msgs = [m for m in MESSAGES[:10]]
+    r = root_cause(normalize({"messages": msgs, "reward": 0.0}))
+    assert r is not None and r["symptom"]["kind"] == "other" and r["symptom"]["step"] == 8
+    # the made-up card and date of the write were first stated by the agent, in its message at step 6
+    assert (r["root"]["step"], r["root"]["rule"]) == (6, "made_up")
