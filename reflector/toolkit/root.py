@@ -41,13 +41,15 @@ from reflector.toolkit.calls import check_run, is_write, iter_steps, parse_args
 from reflector.toolkit.divergence import first_divergence
 from reflector.toolkit.failing import failing_calls
 from reflector.toolkit.trace_back import (
+    MAX_RULES,
+    _contradictions,
     _distinctive,
     _has,
     _leaves,
+    _requirements,
     _snippet,
+    _spans,
     canonical,
-    contradictions,
-    requirements,
     step_source,
     text_keys,
 )
@@ -74,8 +76,14 @@ def _text_of(s: dict[str, Any]) -> str:
 
 
 def _mentions(key: str, s: dict[str, Any]) -> tuple[int, int, str] | None:
-    text = _text_of(s)
-    hit = _has(key, text, text.lower())
+    """Where step `s` (content or calls) mentions `key`'s value. The step's text and values are worked out
+    once and kept on the step (these are `root_cause`'s own copies of the steps)."""
+    memo = s.get("_rr_text")
+    if memo is None:
+        text = _text_of(s)
+        memo = s["_rr_text"] = (text, text.lower(), _spans(text))
+    text, low, spans = memo
+    hit = _has(key, text, low, spans)
     return (hit[0], hit[1], text) if hit else None
 
 
@@ -198,7 +206,7 @@ def root_cause(run: Any) -> dict[str, Any] | None:
             if traced:
                 candidates.append(traced)
     at = by_index.get(upto)
-    for c in contradictions(run, 200):
+    for c in _contradictions(steps, 200):
         if c["step"] > upto:
             continue
         key = canonical(c["value"])
@@ -213,7 +221,7 @@ def root_cause(run: Any) -> dict[str, Any] | None:
                                      f"{c['value']!r}, which no earlier step supports ({c['kind']})"))
             break
     if at is not None and at["tool_calls"]:
-        for r in requirements(run)["rules"]:
+        for r in _requirements(run, steps, MAX_RULES)["rules"]:
             if r["kind"] == "confirm" and upto in r["broken"]:
                 candidates.append(_place("unconfirmed_write", at, f"acts without the user's confirmation the policy "
                                          f"requires (\"{r['rule'][:120]}\")"))

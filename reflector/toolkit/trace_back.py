@@ -83,10 +83,14 @@ def _month(word: str) -> int:
 
 
 def _dates(text: str) -> Iterator[tuple[str, int, int]]:
-    for m in _ISO.finditer(text):
-        k = _date_key(int(m.group(2)), int(m.group(3)))
-        if k:
-            yield k, m.start(), m.end()
+    if "-" in text:
+        for m in _ISO.finditer(text):
+            k = _date_key(int(m.group(2)), int(m.group(3)))
+            if k:
+                yield k, m.start(), m.end()
+    low = text.lower()
+    if not any(m in low for m in _MONTHS):  # a substring test first: the month patterns are slow
+        return
     for m in _MD.finditer(text):
         k = _date_key(_month(m.group(1)), int(m.group(2)))
         if k:
@@ -168,13 +172,13 @@ def _call_text(s: dict[str, Any]) -> str:
                      for c in s["tool_calls"])
 
 
-def _has(key: str, text: str, low: str) -> tuple[int, int] | None:
-    """Where `text` mentions the value of `key` (its span), or None."""
+def _has(key: str, text: str, low: str, spans: list[tuple[str, int, int]] | None = None) -> tuple[int, int] | None:
+    """Where `text` mentions the value of `key` (its span), or None (`spans`: `_spans(text)` if known)."""
     if key.startswith("text:"):
         words = key[5:]
         m = re.search(r"(?<![a-z0-9])" + r"[^a-z0-9]+".join(map(re.escape, words.split())) + r"(?![a-z0-9])", low)
         return (m.start(), m.end()) if m else None
-    for k, a, b in _spans(text):
+    for k, a, b in _spans(text) if spans is None else spans:
         if k == key:
             return a, b
     return None
@@ -286,12 +290,16 @@ def contradictions(run: Any, limit: Any = 50) -> list[dict[str, Any]]:
     run = check_run(run, "contradictions")
     n = check_limit(limit, "contradictions")
     assert n is not None
+    return _contradictions(iter_steps(run, "contradictions"), n)
+
+
+def _contradictions(steps: Any, n: int) -> list[dict[str, Any]]:
     seen: set[str] = set()
     told: set[str] = set()  # what tool outputs and the user said
     user_vals: list[tuple[int, set[str]]] = []
     tool_fields: list[tuple[int, dict[str, set[str]]]] = []
     out: list[dict[str, Any]] = []
-    for s in iter_steps(run, "contradictions"):
+    for s in steps:
         source = step_source(s)
         text = s["content"]
         keys = text_keys(text)
@@ -377,11 +385,11 @@ def _message_findings(s: dict[str, Any], seen: set[str]) -> Iterator[dict[str, A
 
 
 # -- requirements -------------------------------------------------------------------------------------
-def _policy_texts(run: dict[str, Any]) -> list[tuple[int | None, str]]:
+def _policy_texts(run: dict[str, Any], steps: list[dict[str, Any]]) -> list[tuple[int | None, str]]:
     """(step, text) of the run's system prompts: its system steps, and a multi-agent trace's
     `system_prompt` (one text, or one per agent)."""
     out: list[tuple[int | None, str]] = []
-    for s in iter_steps(run, "requirements"):
+    for s in steps:
         if s["role"] == "system" and s["content"].strip():
             out.append((s["index"], s["content"]))
     raw = dict.get(run, "raw")
@@ -438,12 +446,15 @@ def requirements(run: Any, limit: Any = MAX_RULES) -> dict[str, Any]:
     run = check_run(run, "requirements")
     n = check_limit(limit, "requirements")
     assert n is not None
-    steps = list(iter_steps(run, "requirements"))
+    return _requirements(run, list(iter_steps(run, "requirements")), n)
+
+
+def _requirements(run: dict[str, Any], steps: list[dict[str, Any]], n: int) -> dict[str, Any]:
     calls = [(s["index"], c["name"]) for s in steps for c in s["tool_calls"] if c["name"]]
     names = sorted({name for _i, name in calls})
     first_write = next((i for i, name in calls if is_write(name) and name not in ("think", "calculate")), None)
     rules: list[dict[str, Any]] = []
-    for _step, text in _policy_texts(run):
+    for _step, text in _policy_texts(run, steps):
         for rule in _rules(text):
             if len(rules) >= n:
                 break
