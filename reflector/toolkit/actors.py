@@ -42,7 +42,7 @@ from reflector.answers import compare_answers
 from reflector.toolkit.calls import check_limit, check_run, iter_steps
 from reflector.toolkit.trace_back import _distinctive, _family, _has, canonical, text_keys
 
-__all__ = ["actors", "actors_note", "timeline", "suspect_mistake", "RULES", "COMBINATION", "POSITIONAL", "SCAN_STEPS",
+__all__ = ["actors", "actors_note", "final_statement", "timeline", "suspect_mistake", "RULES", "COMBINATION", "POSITIONAL", "SCAN_STEPS",
            "QUOTE_CHARS"]
 
 SCAN_STEPS = 2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
@@ -181,6 +181,9 @@ class _Conversation:
         self.truth = str.__str__(truth) if isinstance(truth, str) and truth.strip() else None
         final = dict.get(run, "final_answer")
         self.final = str.__str__(final) if isinstance(final, str) and final.strip() else None
+        stated = final_statement(self.steps)
+        if stated is not None:  # "FINAL ANSWER: x" said before a closing message (Magentic-One, GAIA)
+            self.final = self.steps[stated]["content"]
         question = dict.get(run, "question")
         self.question = _WS.sub(" ", str.__str__(question)).strip()[:80] if isinstance(question, str) else ""
         # an actor that ever replies like a code executor is an executor in all its steps (AutoGen's
@@ -210,6 +213,19 @@ class _Conversation:
     def author(self, pos: int) -> int | None:
         """Position of the agent step whose code the executor step at `pos` ran (the last agent step before it)."""
         return next((j for j in range(pos - 1, -1, -1) if self.is_agent(self.steps[j])), None)
+
+
+_FINAL_STATED = re.compile(r"\bfinal answer\s*(?:is|:)", re.IGNORECASE)
+
+
+def final_statement(steps: list[dict[str, Any]]) -> int | None:
+    """Position of the last agent step that states a final answer ("FINAL ANSWER: x", "the final answer is
+    x"), outside code; None when no step does."""
+    for pos in range(len(steps) - 1, -1, -1):
+        s = steps[pos]
+        if s["role"] != "system" and not _is_exec_reply(s) and _FINAL_STATED.search(_FENCED.sub("\n", s["content"])):
+            return pos
+    return None
 
 
 def _is_exec_reply(s: dict[str, Any]) -> bool:

@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from reflector.answers import compare_answers
-from reflector.toolkit.actors import POSITIONAL, suspect_mistake
+from reflector.toolkit.actors import POSITIONAL, final_statement, suspect_mistake
 from reflector.toolkit.calls import check_run, is_write, iter_steps, parse_args
 from reflector.toolkit.divergence import first_divergence
 from reflector.toolkit.failing import failing_calls
@@ -241,7 +241,11 @@ def _conversation_root(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict
     it contradicts the ground truth; the root, what `suspect_mistake`'s evidence rules place."""
     final, truth = dict.get(run, "final_answer"), dict.get(run, "ground_truth")
     wrong = isinstance(final, str) and isinstance(truth, str) and compare_answers(final, truth)[0] is False
-    last = next((s for s in reversed(steps) if s["content"].strip() == (final or "").strip()), None) or \
+    stated = final_statement(steps)
+    if stated is not None:  # "FINAL ANSWER: x" said before a closing message: that is the answer
+        final = steps[stated]["content"]
+    last = (steps[stated] if stated is not None else None) or \
+        next((s for s in reversed(steps) if s["content"].strip() == (final or "").strip()), None) or \
         next((s for s in reversed(steps) if step_source(s) == "agent" and s["content"].strip()), None)
     guess = suspect_mistake(run)
     if last is None or not (wrong or guess):

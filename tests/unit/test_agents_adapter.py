@@ -157,3 +157,13 @@ def test_old_persisted_diagnoses_still_load() -> None:
     draft = ReflectionDraft.model_validate({"reasoning": "r", "error_identification": "e", "root_cause_analysis": "c",
                                             "correct_approach": "a", "key_insight": "k", "diagnosis": old})
     assert draft.diagnosis == d and "symptom_step" in draft.model_dump(mode="json")["diagnosis"]
+
+
+def test_a_closing_message_after_the_final_answer_is_not_the_answer() -> None:
+    trace = json.loads(json.dumps(MAGENTIC_ONE))
+    trace["history"].append({"role": "Orchestrator (termination condition)", "content": "The request is satisfied."})
+    v = normalize(trace)
+    assert v["steps"][-1]["actor"] == "Orchestrator"
+    r = root_cause(v)
+    assert r is not None and (r["root"]["actor"], r["root"]["step"]) == MISTAKE
+    assert r["symptom"]["step"] == len(trace["history"]) - 2  # the step that states "FINAL ANSWER: 45,902"
