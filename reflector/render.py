@@ -56,12 +56,15 @@ def render_reflection(out: ReflectorOutput) -> str:
 
 
 def _diagnosis_lines(d: Diagnosis | None) -> list[str]:
-    """The decisive failure first: where (step, actor), what (kind, tool, argument), actual vs expected."""
+    """The decisive failure first: where (the root step, actor, and the symptom's step when it differs),
+    what (kind, tool, argument), actual vs expected."""
     if d is None:
         return ["Diagnosis: none (no decisive failure was identified)", ""]
     where = f"step {d.step}" if d.step is not None else "step unknown"
     if d.actor:
         where += f" by {d.actor}"
+    if d.symptom_step is not None and d.symptom_step != d.step:
+        where += f" (root cause; symptom at step {d.symptom_step})"
     what = d.kind.replace("_", " ") + (f" in {d.tool}" if d.tool else "") + (f" ({d.argument})" if d.argument else "")
     head = f"Diagnosis: {where}: {what}  (confidence {d.confidence:.2f}"
     head += f"; evidence: {', '.join(f'cell {c}' for c in d.evidence)})" if d.evidence else ")"
