@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from reflector.contract import SKILL_TOOLS
 from reflector.limits import (
     MAX_SKILL_ID_CHARS,
     MAX_SKILL_IDS,
@@ -127,18 +128,19 @@ def look_up(skills: Sequence[Skill], tool: str, arg: str = "") -> str:
     """What the skill look-up tool `tool` answers (`list_skill_sections`, `get_skill` with an id, `search_skills`
     with a query), at most `MAX_SKILL_TOOL_CHARS` characters: the same answers as the tools gave when they
     parsed an inline skillbook in workflow code, cut where they are long."""
-    if tool == "list_skill_sections":
+    list_sections, get_skill, search_skills = SKILL_TOOLS
+    if tool == list_sections:
         sections: dict[str, list[str]] = {}
         for skill in skills:
             sections.setdefault(skill.section or "(no section)", []).append(skill.id)
         return _bounded("\n".join(f"{name}: {', '.join(ids)}" for name, ids in sections.items()) or "(no skills)")
-    if tool == "get_skill":
+    if tool == get_skill:
         wanted = arg.strip().strip("[]")
         for skill in skills:
             if skill.id == wanted:
                 return _bounded(f"[{skill.id}] ({skill.section}) {skill.text}")
         return f"NOT FOUND: no skill has the exact id {wanted[:200]!r}."
-    if tool == "search_skills":
+    if tool == search_skills:
         words = arg.lower().split()
         hits = [f"[{s.id}] {_bounded(s.text, 1_000)}" for s in skills if all(w in s.text.lower() for w in words)]
         return _bounded("\n".join(hits[:20])) or "(no skill matches)"

@@ -145,6 +145,11 @@ def assistant_texts(run: dict[str, Any], fn: str) -> list[tuple[int, str]]:
     return [(s["index"], _THINKING_RE.sub("", s["content"]).strip()) for s in chosen]
 
 
+# Tools of the traced agent (tau-bench's own `think` and `calculate`) that change no state although their names
+# have no read-only prefix: a root-cause or write search skips them. Not rr's tools of the same name.
+NO_EFFECT_TOOLS: frozenset[str] = frozenset({"think", "calculate"})
+
+
 def is_write(name: Any) -> bool:
     """Whether a tool changes state: any name without a read-only prefix (`get_`, `search_`, `list_`,
     ...: `reflector.answers.READ_ONLY_PREFIXES`), which is what a tau-bench grader compares."""

@@ -37,7 +37,7 @@ from typing import Any
 
 from reflector.answers import compare_answers
 from reflector.toolkit.actors import POSITIONAL, final_statement, suspect_mistake
-from reflector.toolkit.calls import check_run, is_write, iter_steps, parse_args
+from reflector.toolkit.calls import NO_EFFECT_TOOLS, check_run, is_write, iter_steps, parse_args
 from reflector.toolkit.divergence import first_divergence
 from reflector.toolkit.failing import failing_calls
 from reflector.toolkit.trace_back import (
@@ -284,7 +284,7 @@ def _generic_symptom(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
     reward = dict.get(run, "reward")
     if isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward < 1:
         writes = [(s, c) for s in steps for c in s["tool_calls"] if c["name"] and is_write(c["name"])
-                  and c["name"] not in ("think", "calculate")]
+                  and c["name"] not in NO_EFFECT_TOOLS]
         if writes:
             s, c = writes[-1]
             return {"step": s["index"], "kind": "other", "tool": c["name"], "argument": None, "actual": None,

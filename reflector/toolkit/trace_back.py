@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from reflector.toolkit.calls import check_limit, check_run, is_write, iter_steps, parse_args
+from reflector.toolkit.calls import NO_EFFECT_TOOLS, check_limit, check_run, is_write, iter_steps, parse_args
 from reflector.toolkit.diff import as_data
 
 __all__ = ["provenance", "contradictions", "requirements", "canonical", "text_keys", "step_source",
@@ -452,7 +452,7 @@ def requirements(run: Any, limit: Any = MAX_RULES) -> dict[str, Any]:
 def _requirements(run: dict[str, Any], steps: list[dict[str, Any]], n: int) -> dict[str, Any]:
     calls = [(s["index"], c["name"]) for s in steps for c in s["tool_calls"] if c["name"]]
     names = sorted({name for _i, name in calls})
-    first_write = next((i for i, name in calls if is_write(name) and name not in ("think", "calculate")), None)
+    first_write = next((i for i, name in calls if is_write(name) and name not in NO_EFFECT_TOOLS), None)
     rules: list[dict[str, Any]] = []
     for _step, text in _policy_texts(run, steps):
         for rule in _rules(text):
@@ -471,7 +471,7 @@ def _check(rule: str, steps: list[dict[str, Any]], calls: list[tuple[int, str]],
     kind = ("confirm" if _CONFIRM.search(rule) else "never" if _NEVER.search(rule)
             else "before" if _BEFORE.search(rule) else "must")
     out: dict[str, Any] = {"rule": rule, "kind": kind, "tools": tools, "honoured": [], "broken": [], "checked": False}
-    writes = [(i, t) for i, t in calls if is_write(t) and t not in ("think", "calculate")]
+    writes = [(i, t) for i, t in calls if is_write(t) and t not in NO_EFFECT_TOOLS]
     if kind == "confirm":
         window = [(i, t) for i, t in writes if first_write is not None and i <= first_write]
         for i, _t in window:

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -436,5 +437,9 @@ def test_reflect_on_the_embedded_default(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("RR_EMBEDDED_PORT", str(port))  # its own embedded server, whatever else runs here
     out = _completed(reflect(traces=ACE_TRACE))
     assert (home / "temporal.sqlite").exists()  # the embedded server's database: the reflection is kept there
-    assert not is_reachable(f"localhost:{port}")  # and the server stopped with the call
+    # and the server stops once no process of the home uses it (its keeper looks every 0.2 s, then stops it)
+    deadline = time.monotonic() + 15
+    while is_reachable(f"localhost:{port}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_reachable(f"localhost:{port}")
     assert out.raw["workflow_id"]
