@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -503,12 +504,15 @@ async def run_cell(inp: CellInput) -> CellOutcome:
 async def export_session(inp: ExportInput) -> ExportResult:
     """Export the namespace after cell `seq` into the blob store, for a child session to inherit."""
     rt = _rt()
-    data, skipped = await rt.sessions.export_namespace(
-        session_key(inp.session_id), inp.seq, **await _start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref)
-    )
-    export_ref = await rt.io(rt.store.put_bytes, data)
-    await _pass_on_grants(rt, inp.session_id, inp.inherit_ref, export_ref)
-    return ExportResult(export_ref=export_ref, skipped=list(skipped))
+    # The host's bytes stream to a file and from it into the store: never whole in worker memory.
+    with tempfile.TemporaryDirectory(prefix="rr-export-") as directory:
+        path, skipped = await rt.sessions.export_to_file(
+            session_key(inp.session_id), inp.seq, Path(directory),
+            **await _start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref),
+        )
+        digest, _size = await rt.io(rt.store.put_file, path)
+    await _pass_on_grants(rt, inp.session_id, inp.inherit_ref, digest)
+    return ExportResult(export_ref=digest, skipped=list(skipped))
 
 
 async def _pass_on_grants(rt: _Runtime, session_id: str, inherit_ref: str | None, export_ref: str) -> None:

@@ -22,26 +22,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
+import math
 import os
+import re
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sandbox import isolation as isolation_defaults
 from sandbox.archive import check_archive_name, not_archived, read_archive_blob
-from sandbox.host.output import truncate
-from sandbox.isolation import IsolationMode
+from sandbox.isolation import MODES, IsolationMode
 from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
-from sandbox.wire import HEADER, WORKDIR_PREFIX, decode, encode, host_env
+from sandbox.wire import (
+    CHANNEL_BROKEN_EXIT,
+    FINAL_ANSWER_MAX_BYTES,
+    HEADER,
+    MAX_ERROR_CHARS,
+    MAX_NAME_CHARS,
+    MAX_NAMES,
+    MAX_PAYLOAD_BYTES,
+    NOTE_MAX_CHARS,
+    WORKDIR_PREFIX,
+    decode,
+    encode,
+    host_env,
+)
 from sandbox.zygote_client import _ForkedProcess, _zygote
 
 if TYPE_CHECKING:
@@ -61,14 +75,19 @@ CLOSE_GRACE_S = 1.0
 STDERR_TAIL_BYTES = 4096
 DEFAULT_RESTART_NOTE = "the host was restarted with a fresh namespace (variables from earlier cells are gone)"
 # Every frame from a host is untrusted input (a breached host writes whatever it likes on its
-# protocol fd): replies are bounded, must be JSON objects answering the request they follow (`n`),
-# and anything else stops that host and fails that request only.
+# protocol fd): replies are bounded, must be JSON objects answering the request they follow (`n`,
+# unguessable, so a frame written ahead of time or twice never answers a later request), every
+# field is checked against the bound the host's side of the contract states (`_check_reply`), and
+# anything else stops that host and fails that request only. Snapshot and export bytes stream to a
+# file in `PAYLOAD_CHUNK` pieces: a host announcing gigabytes costs the worker one chunk of memory.
 MAX_REPLY_BYTES = 16 * 1024**2  # a cell reply: stdout (<= max_output_chars), error, a FINAL_ANSWER
-MAX_BLOB_BYTES = 8 * 1024**3  # snapshot / export bytes; also never more than the host's memory limit
+MAX_BLOB_BYTES = MAX_PAYLOAD_BYTES  # snapshot / export bytes; also never more than the host's memory limit
+PAYLOAD_CHUNK = 1 << 20  # bytes of a snapshot / export held in worker memory at a time
 MAX_ASKS = 64  # questions (ARCHIVE reads) a host may ask during one request
+UNGUARDED_STDOUT_CHARS = 20_000  # the test-only unguarded op's own bound (`Host.unguarded`)
 _ERROR_KINDS = frozenset({"syntax", "guard", "runtime", "timeout", "memory", "crash", "output"})
-_request_ids = itertools.count(1)
 Answer = Callable[[Any], Awaitable[tuple[dict[str, Any], bytes]]]
+Payload = bytes | IO[bytes]  # raw bytes sent after a request: in memory, or read from a file in chunks
 
 
 class _HostDied(Exception):
@@ -154,29 +173,35 @@ async def _launch(
 async def _exchange(
     proc: HostProcess | None,
     obj: dict[str, Any],
-    payload: bytes | None = None,
+    payload: Payload | None = None,
     *,
-    expect_payload: bool = False,
+    sink: IO[bytes] | None = None,
     answer: Answer | None = None,
     max_payload: int = MAX_BLOB_BYTES,
-) -> tuple[dict[str, Any], bytes | None]:
-    """One request/response; optional raw bytes after the request or the response frame.
+    stdout_max: int = 0,
+    max_reply: int = MAX_REPLY_BYTES,
+) -> dict[str, Any]:
+    """One request/response; optional raw bytes after the request (`payload`, bytes or a file read
+    in chunks) or after an `ok` response frame (its `size` bytes, streamed into `sink`).
 
     The host may ask questions (`{"ask": ...}` frames) before it replies; `answer` handles them.
     Raises `_HostDied` when the channel closes and `_ProtocolError` for any reply that is not a
-    bounded JSON object carrying this request's number.
+    bounded JSON object carrying this request's number with fields within their bounds
+    (`_check_reply`; `stdout_max`: the characters of `stdout` it may hold), and for bytes the host
+    wrote before it was asked anything.
     """
     if proc is None or proc.stdin is None or proc.stdout is None:
         raise _HostDied()
-    number = next(_request_ids)
+    if _buffered(proc.stdout):
+        raise _ProtocolError("a frame nobody asked for (between requests)")
+    number = secrets.randbits(62)
     try:
         proc.stdin.write(encode({**obj, "n": number}))
-        if payload is not None:
-            proc.stdin.write(payload)
+        await _send_payload(proc.stdin, payload, int(obj.get("size", 0)))
         await proc.stdin.drain()
         asks = 0
         while True:
-            result = await _read_reply(proc.stdout)
+            result = await _read_reply(proc.stdout, max_reply)
             question = result.get("ask")
             if question is None:
                 break
@@ -189,29 +214,176 @@ async def _exchange(
             await proc.stdin.drain()
         if result.get("n") != number:
             raise _ProtocolError("a reply that does not answer the request")
-        blob = None
-        if expect_payload and result.get("ok") is True:
+        _check_reply(result, stdout_max)
+        if sink is not None and result.get("ok") is True:
             size = result.get("size")
-            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= max_payload:
-                raise _ProtocolError("a payload size out of bounds")
-            blob = await proc.stdout.readexactly(size)
+            if type(size) is not int or not 0 <= size <= max_payload:
+                raise _ProtocolError(f"a payload size out of bounds ({size!r}, limit {max_payload:,})")
+            await _receive_payload(proc.stdout, size, sink)
     except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
         raise _HostDied() from None
-    return result, blob
+    return result
 
 
-async def _read_reply(stream: asyncio.StreamReader) -> dict[str, Any]:
+def _buffered(stream: asyncio.StreamReader) -> bool:
+    """Bytes already read from the host that no request asked for (a reply written twice, or ahead)."""
+    return bool(getattr(stream, "_buffer", b""))
+
+
+async def _send_payload(stdin: asyncio.StreamWriter, payload: Payload | None, size: int) -> None:
+    """The `size` raw bytes after a request; a file is sent in `PAYLOAD_CHUNK` pieces (never held
+    whole), exactly `size` of them (a file that changed under us raises OSError; the caller then
+    stops the host, which is in the middle of reading them)."""
+    if payload is None:
+        return
+    if isinstance(payload, bytes | bytearray | memoryview):
+        stdin.write(payload)
+        return
+    while size:
+        chunk = payload.read(min(size, PAYLOAD_CHUNK))
+        if not chunk:
+            raise OSError("the file being sent to the sandbox host ended early")
+        stdin.write(chunk)
+        size -= len(chunk)
+        await stdin.drain()
+
+
+async def _receive_payload(stdout: asyncio.StreamReader, size: int, sink: IO[bytes]) -> None:
+    """Exactly `size` raw bytes from the host into `sink`, one bounded chunk in memory at a time."""
+    while size:
+        chunk = await stdout.readexactly(min(size, PAYLOAD_CHUNK))
+        sink.write(chunk)
+        size -= len(chunk)
+
+
+async def _read_reply(stream: asyncio.StreamReader, max_bytes: int = MAX_REPLY_BYTES) -> dict[str, Any]:
+    """One frame from the host: a JSON object of at most `max_bytes`, else `_ProtocolError`."""
     (size,) = HEADER.unpack(await stream.readexactly(HEADER.size))
-    if size > MAX_REPLY_BYTES:
-        raise _ProtocolError(f"a reply frame of {size:,} bytes (limit {MAX_REPLY_BYTES:,})")
+    if size > max_bytes:
+        raise _ProtocolError(f"a reply frame of {size:,} bytes (limit {max_bytes:,})")
     body = await stream.readexactly(size)
     try:
         result = decode(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise _ProtocolError(f"a reply that is not valid JSON ({type(exc).__name__})") from None
-    if not isinstance(result, dict):
+    if type(result) is not dict:
         raise _ProtocolError("a reply that is not a JSON object")
     return result
+
+
+# -- the bounds of a reply's fields (what the host's side of the contract promises) -------------------
+_ERROR_MAX = MAX_ERROR_CHARS + NOTE_MAX_CHARS  # `sandbox.host.main` cuts every error text to this
+# FINAL_ANSWER's bound is on the host's ASCII JSON; the wire spells a lone surrogate (`\ud800`, 6 bytes
+# there) as 6 visible characters, 7 bytes in ASCII JSON here: each such spelling counts 6, as on the host.
+_SURROGATE_SPELLING = re.compile(r"\\\\ud[89a-f][0-9a-f]{2}")
+_NAME_MAX = MAX_NAME_CHARS  # a `skipped` / `shadowed` entry (`sandbox.host.main` cuts longer ones)
+_NAMES_MAX = MAX_NAMES  # entries of one such list (likewise)
+_COUNT_MAX = 1 << 53  # integer counters: vars, helpers, history, maxrss_kb, pid, landlock_abi, uid
+_MS_MAX = 1e10  # durations in milliseconds (115 days)
+_SCALAR_STR_MAX = 1000  # a field this version does not know: a small JSON scalar only
+_BOOLS = frozenset({"ok", "truncated", "has_submission", "refused", "isolation_refused", "died"})
+_COUNTS = frozenset({"size", "vars", "helpers", "history", "maxrss_kb", "pid"})
+_DURATIONS = frozenset({"host_ms", "load_ms", "warm_ms"})
+_NAME_LISTS = frozenset({"skipped", "shadowed"})
+
+
+def _check_reply(resp: dict[str, Any], stdout_max: int) -> None:
+    """Every field of a reply within the bound the host's side states, else `_ProtocolError`.
+
+    Why all of them: the worker keeps, logs or hands on what a host says (a FINAL_ANSWER goes into
+    the workflow's history), and a breached host says whatever it likes. `ok` is required."""
+    if type(resp.get("ok")) is not bool:
+        raise _ProtocolError("a reply without a boolean 'ok'")
+    for key, value in resp.items():
+        problem = _field_problem(key, value, stdout_max)
+        if problem:
+            raise _ProtocolError(f"a reply whose {key!r} {problem}")
+    if resp.get("has_submission") is not True and resp.get("submitted") is not None:
+        raise _ProtocolError("a reply with a submitted value but no submission")
+
+
+def _field_problem(key: str, value: Any, stdout_max: int) -> str | None:
+    """Why `value` is not a valid `key` field (None if it is)."""
+    if key in _BOOLS:
+        return None if type(value) is bool else "is not a boolean"
+    if key == "n":
+        return None
+    if key in ("stdout", "error"):
+        limit = stdout_max if key == "stdout" else _ERROR_MAX
+        if value is None and key == "error":
+            return None
+        if type(value) is not str:
+            return "is not text"
+        return None if len(value) <= limit else f"has {len(value):,} characters (limit {limit:,})"
+    if key == "error_kind":
+        return None if value is None or value in _ERROR_KINDS else "is not a known kind"
+    if key in _COUNTS:
+        return None if type(value) is int and 0 <= value <= _COUNT_MAX else "is not a count"
+    if key in _DURATIONS:
+        ok = type(value) in (int, float) and math.isfinite(value) and 0 <= value <= _MS_MAX
+        return None if ok else "is not a duration"
+    if key in _NAME_LISTS:
+        return _names_problem(value)
+    if key == "submitted":
+        return _submitted_problem(value)
+    if key == "isolation":
+        return _isolation_problem(value)
+    if value is None or type(value) in (bool, int, float):
+        return None
+    if type(value) is str and len(value) <= _SCALAR_STR_MAX:
+        return None
+    return "is not a small scalar (unknown field)"
+
+
+def _names_problem(value: Any) -> str | None:
+    if type(value) is not list or len(value) > _NAMES_MAX:
+        return f"is not a list of at most {_NAMES_MAX:,} names"
+    if not all(type(v) is str and len(v) <= _NAME_MAX for v in value):
+        return f"holds something other than names of at most {_NAME_MAX} characters"
+    return None
+
+
+def _submitted_problem(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return "cannot be serialised"
+    size = len(text)
+    if size > FINAL_ANSWER_MAX_BYTES:
+        size -= len(_SURROGATE_SPELLING.findall(text))
+    return None if size <= FINAL_ANSWER_MAX_BYTES else f"is {size:,} bytes as JSON (limit {FINAL_ANSWER_MAX_BYTES:,})"
+
+
+def _isolation_problem(value: Any) -> str | None:
+    """The shape `IsolationReport.as_dict` gives, with bounded names and reasons."""
+    if type(value) is not dict or set(value) - {"mode", "layers", "missing", "landlock_abi", "uid"}:
+        return "is not an isolation report"
+    if value.get("mode") not in MODES:
+        return "names an unknown mode"
+    layers, missing = value.get("layers", []), value.get("missing", {})
+    if type(layers) is not list or len(layers) > 32 or not all(type(v) is str and len(v) <= 200 for v in layers):
+        return "has malformed layers"
+    if type(missing) is not dict or len(missing) > 32 or not all(
+        type(v) is str and len(k) <= 200 and len(v) <= 2000 for k, v in missing.items()
+    ):
+        return "has malformed missing layers"
+    for key in ("landlock_abi", "uid"):
+        number = value.get(key, 0)
+        if type(number) is not int or not -1 <= number <= _COUNT_MAX:
+            return f"has a malformed {key}"
+    return None
+
+
+@contextlib.contextmanager
+def _payload_source(payload: bytes | os.PathLike[str]) -> Iterator[tuple[Payload, int]]:
+    """(what to send, its size): bytes as they are, a file opened and sent in chunks."""
+    if isinstance(payload, bytes):
+        yield payload, len(payload)
+        return
+    with open(payload, "rb") as fh:
+        yield fh, os.fstat(fh.fileno()).st_size
 
 
 async def _answer_archive(
@@ -258,8 +430,8 @@ def _kill_sync(host: _HostProc) -> None:
 
 async def _kill_host(host: _HostProc) -> None:
     _kill_sync(host)
+    _close_pipes(host.proc)  # first: see `SubprocessExecutor._kill`
     await host.proc.wait()
-    _close_pipes(host.proc)
 
 
 class SubprocessExecutor:
@@ -312,7 +484,7 @@ class SubprocessExecutor:
         self._workdir: str | None = None
         self._stderr_path: str | None = None
         self._start_args: tuple[str | None, str, dict[str, Any]] | None = None
-        self._inherit: bytes | None = None
+        self._inherit: bytes | os.PathLike[str] | None = None
         self.archive_root = str(archive_root) if archive_root is not None else None
         self.archive_fetch = archive_fetch
         # which archived transcripts the host may read (the session's grants; None: none, fail closed)
@@ -362,12 +534,13 @@ class SubprocessExecutor:
         trace_format: str,
         extra_vars: dict[str, Any],
         *,
-        inherit: bytes | None = None,
+        inherit: bytes | os.PathLike[str] | None = None,
     ) -> None:
         """Spawn the host and load the trace; raises RuntimeError if the host cannot start.
 
-        `inherit`: a parent's namespace export (`export_namespace`), loaded right after the start;
-        part of the starting point, so an internal restart of the host loads it again.
+        `inherit`: a parent's namespace export (`export_namespace`; bytes, or the path of the file
+        holding them, sent in chunks), loaded right after the start; part of the starting point, so
+        an internal restart of the host loads it again.
         """
         async with self._lock:
             self._start_args = (trace_path, trace_format, dict(extra_vars))
@@ -385,8 +558,8 @@ class SubprocessExecutor:
                 restarted = True
             t0 = time.perf_counter()
             try:
-                resp, _ = await asyncio.wait_for(
-                    self._exchange({"op": "cell", "code": code}, answer=self._answer),
+                resp = await asyncio.wait_for(
+                    self._exchange({"op": "cell", "code": code}, answer=self._answer, stdout_max=self._stdout_max),
                     self.limits.cell_timeout_s,
                 )
             except TimeoutError:
@@ -415,8 +588,9 @@ class SubprocessExecutor:
         async with self._lock:
             t0 = time.perf_counter()
             try:
-                resp, _ = await asyncio.wait_for(
-                    self._exchange({"op": "unguarded", "code": code}, answer=self._answer),
+                resp = await asyncio.wait_for(
+                    self._exchange({"op": "unguarded", "code": code}, answer=self._answer,
+                                   stdout_max=UNGUARDED_STDOUT_CHARS),
                     self.limits.cell_timeout_s,
                 )
             except TimeoutError:
@@ -428,59 +602,87 @@ class SubprocessExecutor:
                 return await self._death_result(t0, False)
             return self._to_result(resp, t0, False)
 
+    @property
+    def _stdout_max(self) -> int:
+        """The characters a cell's `stdout` may hold: the host cuts it to `max_output_chars` + a note."""
+        return self.limits.max_output_chars + NOTE_MAX_CHARS
+
     async def _answer(self, question: Any) -> tuple[dict[str, Any], bytes]:
         return await _answer_archive(self.archive_root, question, self.archive_fetch, self.archive_allowed)
 
-    async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
-        """Ask the host for a snapshot of its namespace: (pickle bytes or None if refused, response).
+    async def snapshot_to(self, directory: str | os.PathLike[str]) -> tuple[Path | None, dict[str, Any]]:
+        """Ask the host for a snapshot of its namespace, streamed into a new file in `directory`:
+        (its path, or None if refused or failed; the response). The caller owns the file.
 
-        A host that dies or hangs while snapshotting is killed (its state then comes from the journal).
-        """
-        async with self._lock:
-            if not self.alive:
-                return None, {"ok": False, "error": "the host is not running"}
-            try:
-                resp, blob = await asyncio.wait_for(
-                    self._exchange({"op": "snapshot"}, expect_payload=True),
-                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
-                )
-            except (TimeoutError, _HostDied):
-                await self._kill()
-                return None, {"ok": False, "error": "the host died or hung while taking a snapshot"}
-            return (blob if resp.get("ok") else None), resp
+        A host that dies, hangs or breaks the protocol while snapshotting is killed (its state then
+        comes from the journal)."""
+        return await self._payload_to(directory, "snapshot", "taking a snapshot")
+
+    async def export_to(self, directory: str | os.PathLike[str]) -> tuple[Path | None, dict[str, Any]]:
+        """A copy of the namespace for a child session, streamed into a new file in `directory`:
+        (its path, or None on failure; the response). The response's `skipped` names what was not
+        carried. A host that dies, hangs or breaks the protocol is killed (`died` in the response)."""
+        return await self._payload_to(directory, "export", "exporting")
+
+    async def snapshot(self) -> tuple[bytes | None, dict[str, Any]]:
+        """`snapshot_to` read back into bytes (tests and small states; the worker uses `snapshot_to`)."""
+        return await self._payload_bytes(self.snapshot_to)
 
     async def export_namespace(self) -> tuple[bytes | None, dict[str, Any]]:
-        """A copy of the namespace for a child session: (export bytes or None on failure, response).
+        """`export_to` read back into bytes (tests and small states; the worker uses `export_to`)."""
+        return await self._payload_bytes(self.export_to)
 
-        The response's `skipped` names what was not carried. A host that dies or hangs is killed.
-        """
-        async with self._lock:
-            if not self.alive:
-                return None, {"ok": False, "error": "the host is not running", "died": True}
-            try:
-                resp, blob = await asyncio.wait_for(
-                    self._exchange({"op": "export"}, expect_payload=True),
-                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
-                )
-            except (TimeoutError, _HostDied):
-                await self._kill()
-                return None, {"ok": False, "error": "the host died or hung while exporting", "died": True}
-            return (blob if resp.get("ok") else None), resp
-
-    async def restore(self, blob: bytes) -> dict[str, Any]:
-        """Load a snapshot into a freshly started host; on failure the host must be discarded."""
+    async def restore(self, blob: bytes | os.PathLike[str]) -> dict[str, Any]:
+        """Load a snapshot (bytes, or the file holding them: sent in chunks) into a freshly started
+        host; on failure the host must be discarded."""
         async with self._lock:
             if not self.alive:
                 return {"ok": False, "error": "the host is not running"}
             try:
-                resp, _ = await asyncio.wait_for(
-                    self._exchange({"op": "restore", "size": len(blob)}, blob),
-                    max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
-                )
-            except (TimeoutError, _HostDied):
+                with _payload_source(blob) as (source, size):
+                    return await asyncio.wait_for(
+                        self._exchange({"op": "restore", "size": size}, source),
+                        max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
+                    )
+            except (TimeoutError, _HostDied, OSError):
                 await self._kill()
                 return {"ok": False, "error": "the host died or hung while restoring a snapshot"}
-            return resp
+
+    async def _payload_to(
+        self, directory: str | os.PathLike[str], op: str, what: str
+    ) -> tuple[Path | None, dict[str, Any]]:
+        """Send `op` and stream the bytes after its `ok` reply into a new file in `directory`."""
+        async with self._lock:
+            if not self.alive:
+                return None, {"ok": False, "error": "the host is not running", "died": True}
+            fd, name = tempfile.mkstemp(dir=directory, prefix=f".{op}-", suffix=".incoming")
+            path = Path(name)
+            try:
+                with os.fdopen(fd, "wb") as sink:
+                    resp = await asyncio.wait_for(
+                        self._exchange({"op": op}, sink=sink),
+                        max(self.limits.cell_timeout_s, SNAPSHOT_TIMEOUT_S),
+                    )
+            except (TimeoutError, _HostDied) as exc:
+                path.unlink(missing_ok=True)
+                await self._kill()
+                why = f": it sent {exc}" if isinstance(exc, _ProtocolError) else ""
+                return None, {"ok": False, "error": f"the host died or hung while {what}{why}", "died": True}
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+            if resp.get("ok") is not True:
+                path.unlink(missing_ok=True)
+                return None, resp
+            return path, resp
+
+    @staticmethod
+    async def _payload_bytes(
+        fetch: Callable[[str], Awaitable[tuple[Path | None, dict[str, Any]]]],
+    ) -> tuple[bytes | None, dict[str, Any]]:
+        with tempfile.TemporaryDirectory(prefix="rr-payload-") as directory:
+            path, resp = await fetch(directory)
+            return (path.read_bytes() if path is not None else None), resp
 
     async def close(self) -> None:
         """Stop the host (EOF first, SIGKILL after a grace period) and remove its working directory."""
@@ -530,14 +732,19 @@ class SubprocessExecutor:
         try:
             resp = await asyncio.wait_for(self._request(req), self._start_timeout_s)
             if resp.get("ok") and self._inherit is not None:
-                resp, _ = await asyncio.wait_for(
-                    self._exchange({"op": "inherit", "size": len(self._inherit)}, self._inherit),
-                    max(self._start_timeout_s, SNAPSHOT_TIMEOUT_S),
-                )
+                with _payload_source(self._inherit) as (source, size):
+                    resp = await asyncio.wait_for(
+                        self._exchange({"op": "inherit", "size": size}, source),
+                        max(self._start_timeout_s, SNAPSHOT_TIMEOUT_S),
+                    )
                 self.inherit_info = resp
-        except (TimeoutError, _HostDied):
+        except (TimeoutError, _HostDied, OSError) as exc:
             tail = self._stderr_tail()
             await self._kill()
+            if isinstance(exc, _ProtocolError):
+                raise RuntimeError(f"sandbox host failed to start: it sent {exc}") from None
+            if isinstance(exc, OSError):
+                raise RuntimeError(f"sandbox host failed to start: the inherited namespace: {exc}") from None
             raise RuntimeError(f"sandbox host failed to start: {tail or 'no output'}") from None
         if isinstance(resp.get("isolation"), dict):
             self.isolation = resp["isolation"]
@@ -547,21 +754,24 @@ class SubprocessExecutor:
         self.start_ms = _ms(t0)
 
     async def _request(self, obj: dict[str, Any]) -> dict[str, Any]:
-        result, _ = await _exchange(self._proc, obj)
-        return result
+        return await _exchange(self._proc, obj)
 
     async def _exchange(
         self,
         obj: dict[str, Any],
-        payload: bytes | None = None,
+        payload: Payload | None = None,
         *,
-        expect_payload: bool = False,
+        sink: IO[bytes] | None = None,
         answer: Answer | None = None,
-    ) -> tuple[dict[str, Any], bytes | None]:
+        stdout_max: int = 0,
+    ) -> dict[str, Any]:
         # A legitimate snapshot or export cannot be larger than the memory the host may use.
         cap = min(MAX_BLOB_BYTES, self.limits.memory_bytes) if self.limits.memory_bytes else MAX_BLOB_BYTES
+        # A reply frame holds stdout (up to 6 bytes a character as escaped JSON), an error, a FINAL_ANSWER.
+        max_reply = MAX_REPLY_BYTES + 6 * stdout_max
         return await _exchange(
-            self._proc, obj, payload, expect_payload=expect_payload, answer=answer, max_payload=cap
+            self._proc, obj, payload, sink=sink, answer=answer, max_payload=cap, stdout_max=stdout_max,
+            max_reply=max_reply,
         )
 
     async def _protocol_result(self, exc: _ProtocolError, t0: float, restarted: bool) -> CellResult:
@@ -588,6 +798,20 @@ class SubprocessExecutor:
         tail = self._stderr_tail()
         await self._kill()
         meta: dict[str, Any] = {"returncode": rc}
+        if rc == CHANNEL_BROKEN_EXIT:
+            return CellResult(
+                ok=False,
+                error_kind="crash",
+                error=(
+                    "the sandbox host stopped itself: a message between it and the worker broke off half-way "
+                    "(most often the cell had used up its memory, e.g. while ARCHIVE() read a transcript); "
+                    f"{self.restart_note}. Free memory before reading archived transcripts (del large values) "
+                    "or work on smaller pieces."
+                ),
+                duration_ms=_ms(t0),
+                host_restarted=restarted,
+                meta={**meta, "channel_broken": True},
+            )
         if rc == -signal.SIGXCPU:
             return CellResult(
                 ok=False,
@@ -619,21 +843,16 @@ class SubprocessExecutor:
 
     def _to_result(self, resp: dict[str, Any], t0: float, restarted: bool) -> CellResult:
         """A cell reply, checked field by field (the host is untrusted; see `MAX_REPLY_BYTES`)."""
-        raw_stdout = resp.get("stdout")
+        raw_stdout = resp.get("stdout")  # every field is within its bound already (`_check_reply`)
         stdout: str = raw_stdout if isinstance(raw_stdout, str) else ""
         error = resp.get("error")
-        error = error[:20_000] if isinstance(error, str) else (None if error is None else "malformed error")
         ok = resp.get("ok") is True and error is None
         kind: ErrorKind | None = resp.get("error_kind") if resp.get("error_kind") in _ERROR_KINDS else None
         if kind is None and not ok:
             kind = "crash"
         if not ok and error is None:
             error = "the sandbox host reported a failure without a message"
-        truncated = bool(resp.get("truncated"))
-        # The host already truncates; enforce the boundary here too (the note adds ~200 chars).
-        if len(stdout) > self.limits.max_output_chars + 400:
-            stdout, _ = truncate(stdout, self.limits.max_output_chars)
-            truncated = True
+        truncated = resp.get("truncated") is True
         has_submission = resp.get("has_submission") is True
         return CellResult(
             ok=ok,
@@ -668,8 +887,11 @@ class SubprocessExecutor:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            # Close the pipes before waiting: asyncio's wait() also waits for the host's stdout to
+            # reach EOF, which never comes while unread bytes (a breached host's oversized frame)
+            # hold its reader paused.
             _close_pipes(proc)
+            await proc.wait()
         self._proc = None
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)

@@ -168,6 +168,42 @@ class Journal:
                 continue
         return None
 
+    def latest_snapshot_path(self, session_id: str, seq: int, start_key: str) -> tuple[int, Path] | None:
+        """Like `latest_snapshot`, but the file's path: a restore sends it in chunks, never whole."""
+        for snap_seq, path in reversed(self.snapshots(session_id)):
+            if snap_seq >= seq:
+                continue
+            try:
+                meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if meta.get("start_key") == start_key and meta.get("seq") == snap_seq and path.is_file():
+                return snap_seq, path
+        return None
+
+    def adopt_snapshot(self, session_id: str, seq: int, start_key: str, src: Path, *, keep_from: int) -> None:
+        """`write_snapshot` for a snapshot already streamed into the file `src` in the session's
+        directory (`SubprocessExecutor.snapshot_to`): moved into place, never read into memory."""
+        directory = self.session_dir(session_id)
+        final = directory / f"snapshot-{seq:08d}.pkl"
+        if self.fsync:
+            with open(src, "rb") as fh:
+                os.fsync(fh.fileno())
+        if self.replica is not None:
+            push_file = getattr(self.replica, "push_file", None)
+            if push_file is not None:
+                push_file(src, final)
+            else:
+                self.replica.push_bytes(final, Path(src).read_bytes())
+        size = os.stat(src).st_size
+        os.replace(src, final)
+        if self.fsync:
+            _fsync_dir(directory)
+        sidecar = {"seq": seq, "start_key": start_key, "size": size}
+        self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
+        self._unlink(p for old_seq, path in self.snapshots(session_id) if old_seq < keep_from
+                     for p in (path, path.with_suffix(".json")))
+
     def write_snapshot(
         self, session_id: str, seq: int, start_key: str, blob: bytes, *, keep_from: int
     ) -> None:

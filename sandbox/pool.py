@@ -128,7 +128,7 @@ class HostPool:
             host: _HostProc | None = None
             try:
                 host = await _launch(self._python, None, self.isolation, zygote=self.zygote)
-                resp, _ = await asyncio.wait_for(_exchange(host.proc, {"op": "warm"}), self._warm_timeout_s)
+                resp = await asyncio.wait_for(_exchange(host.proc, {"op": "warm"}), self._warm_timeout_s)
                 if not resp.get("ok"):
                     raise RuntimeError(str(resp))
             except asyncio.CancelledError:

@@ -52,6 +52,7 @@ import functools
 import json
 import os
 import re
+import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -263,7 +264,32 @@ class SessionManager:
         and classes defined in cells, modules, unpicklable values; `history` if some of its items
         were dropped). The scaffolding (`traces`, extra variables, preloaded functions) is never
         exported. Raises `SandboxExportError` if the state cannot be rebuilt or the host fails.
+
+        The bytes are read back from `export_to_file`'s file (kept for tests and callers that want
+        bytes; the worker's export activity streams the file into the blob store instead).
         """
+        with tempfile.TemporaryDirectory(prefix="rr-export-") as directory:
+            path, skipped = await self.export_to_file(
+                session_id, seq, Path(directory), trace_path=trace_path, trace_format=trace_format,
+                extra_vars=extra_vars, limits=limits, inherit=inherit,
+            )
+            return await asyncio.to_thread(path.read_bytes), skipped
+
+    async def export_to_file(
+        self,
+        session_id: str,
+        seq: int,
+        directory: Path,
+        *,
+        trace_path: str | None,
+        trace_format: str,
+        extra_vars: dict[str, Any],
+        limits: SandboxLimits,
+        inherit: Inherit | None = None,
+    ) -> tuple[Path, list[str]]:
+        """`export_namespace`, the export streamed into a new file in `directory` (the caller owns it):
+        (its path, skipped names). A host's export is host-written bytes of any size up to its memory
+        limit; the worker holds one chunk of it at a time."""
         if not _SESSION_ID.match(session_id):
             raise ValueError(f"invalid session id {session_id!r}")
         if seq < 0:
@@ -295,13 +321,13 @@ class SessionManager:
                         )
                     except RebuildFailed as exc:
                         raise SandboxExportError(str(exc)) from None
-                export = getattr(live.executor, "export_namespace", None)
+                export = getattr(live.executor, "export_to", None)
                 if export is None:
                     raise SandboxExportError("this executor cannot export a namespace")
-                blob, resp = await export()
-                if blob is not None:
+                path, resp = await export(directory)
+                if path is not None:
                     self._live.move_to_end(session_id)
-                    return blob, [str(n) for n in resp.get("skipped") or []]
+                    return path, [str(n) for n in resp.get("skipped") or []]
                 # Never keep a host whose export failed; a live host that had died gets one rebuild.
                 await self._drop(session_id)
                 if rebuilt or not resp.get("died"):
@@ -393,14 +419,14 @@ class SessionManager:
             await self._io(self.journal.forget, session_id, seq, only_this=False)
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
         grants = self.archive_grants(session_id, inherit)
-        blob = await load_inherit(inherit)
+        blob = await _inherit_source(inherit)
         executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob, grants)
         snap_seq = 0
-        snapshot = self.journal.latest_snapshot(session_id, seq, start_key) if entries else None
+        snapshot = self.journal.latest_snapshot_path(session_id, seq, start_key) if entries else None
         if snapshot is not None:
-            snap_seq, snap_blob = snapshot
+            snap_seq, snap_path = snapshot  # sent from the file in chunks, never read whole here
             restore = getattr(executor, "restore", None)
-            resp = await restore(snap_blob) if restore is not None else {"ok": False}
+            resp = await restore(snap_path) if restore is not None else {"ok": False}
             if resp.get("ok"):
                 self.stats.snapshots_restored += 1
                 entries = [(s, c) for s, c in entries if s > snap_seq]
@@ -436,7 +462,7 @@ class SessionManager:
         trace_format: str,
         extra_vars: dict[str, Any],
         limits: SandboxLimits,
-        inherit: bytes | None = None,
+        inherit: bytes | os.PathLike[str] | None = None,
         grants: ArchiveGrants | None = None,
     ) -> Executor:
         executor = self._factory(limits)
@@ -460,16 +486,30 @@ class SessionManager:
         if take is None:
             return
         t0 = time.perf_counter()
-        blob, resp = await take()
-        if blob is None:
-            self.stats.snapshots_refused += 1
-            meta["snapshot"] = f"skipped: {resp.get('error')}"
-            return
         keep_from = seq - self.snapshot_every  # keep the newest two
-        await self._io(self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from)
+        take_to = getattr(live.executor, "snapshot_to", None)
+        if take_to is not None:  # streamed into the session's directory: never whole in worker memory
+            path, resp = await take_to(self.journal.session_dir(session_id))
+            if path is None:
+                self.stats.snapshots_refused += 1
+                meta["snapshot"] = f"skipped: {resp.get('error')}"
+                return
+            size = path.stat().st_size
+            try:
+                await self._io(self.journal.adopt_snapshot, session_id, seq, live.start_key, path, keep_from=keep_from)
+            finally:
+                path.unlink(missing_ok=True)  # adopted: already renamed away
+        else:
+            blob, resp = await take()
+            if blob is None:
+                self.stats.snapshots_refused += 1
+                meta["snapshot"] = f"skipped: {resp.get('error')}"
+                return
+            size = len(blob)
+            await self._io(self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from)
         self.stats.snapshots_written += 1
         meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
-        meta["snapshot_bytes"] = len(blob)
+        meta["snapshot_bytes"] = size
 
     async def _after(
         self,
@@ -520,6 +560,21 @@ class SessionManager:
                 continue
             self.stats.evictions += 1
             await self._drop(session_id)
+
+
+async def _inherit_source(inherit: Inherit | None) -> bytes | os.PathLike[str] | None:
+    """What a host is started with: the export's file stays a path (the executor sends it in chunks
+    and never holds it, whatever size the parent's host wrote), bytes stay bytes; an unreadable file
+    is `RebuildFailed`, as `load_inherit` says."""
+    if inherit is None or isinstance(inherit, bytes | bytearray | memoryview):
+        return await load_inherit(inherit)
+    path = Path(inherit)
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise RebuildFailed(f"the inherited namespace could not be read: {exc}") from None
+    return path
 
 
 def _start_key(

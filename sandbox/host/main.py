@@ -26,7 +26,12 @@ Two layers, and the second is the one that must hold
   * Cells cannot write to the protocol channel through Python: the real stdin/stdout are dup'ed to
     private fds, fds 0/1 point at /dev/null, cell output goes to a per-cell capture object. Code that
     got past the language layer *can* write frames; the worker matches every reply to its request
-    (`n`), bounds and type-checks it, and stops a host that breaks the protocol.
+    (`n`), bounds and type-checks every field, and stops a host that breaks the protocol.
+  * A frame is all or nothing: any failure in the middle of one (reading a request or its payload,
+    writing a reply, an `ask` exchange; a MemoryError, a malformed frame, a signal handler) ends the
+    host at once with `sandbox.wire.CHANNEL_BROKEN_EXIT`, never resumes, so the rest of a frame (an
+    archived transcript's bytes) is never read as a request; the session rebuilds from its journal.
+    Asynchronous signals are held while a frame is read or written (`sandbox.wire.held_signals`).
   * Resource exhaustion is bounded by OS limits (RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE=0)
     and a per-cell CPU budget (soft RLIMIT_CPU raised before each cell); the executor adds a hard
     wall-clock timeout that SIGKILLs the process group.
@@ -46,9 +51,9 @@ import os
 import resource
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
-from sandbox.archive import check_archive_name, decode_archive
+from sandbox.archive import ARCHIVE_MAX_BYTES, check_archive_name, decode_archive
 from sandbox.host.guards import ALLOWED_MODULES, GuardError
 from sandbox.host.namespace import SandboxNamespace, format_exception, load_traces
 from sandbox.host.output import truncate
@@ -69,7 +74,22 @@ from sandbox.isolation import (
     lockdown,
     parse_mode,
 )
-from sandbox.wire import TEST_MISSING_ENV, TEST_UNGUARDED_ENV, read_exact, read_frame_fd, write_frame_fd
+from sandbox.wire import (
+    CHANNEL_BROKEN_EXIT,
+    MAX_ERROR_CHARS,
+    MAX_NAME_CHARS,
+    MAX_NAMES,
+    MAX_PAYLOAD_BYTES,
+    NOTE_MAX_CHARS,
+    TEST_MISSING_ENV,
+    TEST_UNGUARDED_ENV,
+    held_signals,
+    hold_signals,
+    read_exact,
+    read_frame_fd,
+    released_signals,
+    write_frame_fd,
+)
 
 __all__ = ["main", "apply_rlimits"]
 
@@ -83,7 +103,7 @@ PRELOAD_IMPORTS = (
     "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
 )
 CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
-MAX_ERROR_CHARS = 4000  # tracebacks of deep recursion are long; head+tail is enough to fix the cell
+# MAX_ERROR_CHARS (sandbox.wire): tracebacks of deep recursion are long; head+tail is enough to fix the cell
 
 
 class _Null:
@@ -391,7 +411,10 @@ class Host:
         """Ask the worker for something the host cannot reach itself (an archived transcript).
 
         One frame out, one frame (and its raw bytes) back, in the middle of the current request;
-        the worker answers only the questions it knows and validates every one.
+        the worker answers only the questions it knows and validates every one. The exchange is
+        all or nothing: any failure inside it (a MemoryError while the answer's bytes are read, a
+        signal handler that raises, a malformed answer) ends the host at once (`_channel_broken`),
+        because the rest of the answer would otherwise be read as the next request.
         """
         if self.proto is None:
             raise OSError("no worker channel")
@@ -399,10 +422,13 @@ class Host:
         if self.asks > MAX_ASKS_PER_REQUEST:
             raise OSError(f"at most {MAX_ASKS_PER_REQUEST} archive reads per cell")
         proto_in, proto_out = self.proto
-        write_frame_fd(proto_out, {"ask": question})
-        reply = read_frame_fd(proto_in)
-        size = reply.get("size") if isinstance(reply, dict) else None
-        data = read_exact(proto_in, size) if reply.get("ok") and isinstance(size, int) and size >= 0 else b""
+        with held_signals():  # a held signal's handler runs after the exchange, in the cell
+            try:
+                write_frame_fd(proto_out, {"ask": question})
+                reply = read_frame_fd(proto_in)
+                data = read_exact(proto_in, _answer_size(reply)) if reply.get("ok") is True else b""
+            except BaseException:  # mid-frame: nothing after this point may read the channel
+                _channel_broken()
         return reply, data
 
 
@@ -498,6 +524,67 @@ def _describe(exc: BaseException) -> str:
     return truncate(text, MAX_ERROR_CHARS)[0]
 
 
+def _channel_broken() -> NoReturn:
+    """End the host now: a frame broke off half-way, so nothing more on the channel can be trusted
+    to start where a frame starts. No cleanup, no message (either could fail or run cell code);
+    the worker sees the exit status, stops the session's host and rebuilds it from the journal."""
+    os._exit(CHANNEL_BROKEN_EXIT)
+
+
+def _answer_size(reply: dict[str, Any]) -> int:
+    """The byte count of an `ok` answer; a missing or impossible one is a broken frame."""
+    size = reply.get("size")
+    if type(size) is not int or not 0 <= size <= ARCHIVE_MAX_BYTES:
+        raise ValueError(f"an answer with an impossible size {size!r}")
+    return size
+
+
+def _read_request(proto_in: int) -> tuple[dict[str, Any], bytes | None]:
+    """One request and its raw bytes (restore, inherit); `EOFError` when the worker closed the channel
+    between requests. Anything else that goes wrong (a malformed frame, a size out of bounds, a
+    MemoryError) ends the host: the request is never half-read and acted on. Runs with the signals
+    held (`main`), so no handler can raise in the middle."""
+    try:
+        req = read_frame_fd(proto_in)
+        payload: bytes | None = None
+        if req.get("op") in ("restore", "inherit"):
+            size = req.get("size")
+            if type(size) is not int or not 0 <= size <= MAX_PAYLOAD_BYTES:
+                raise ValueError(f"a payload size out of bounds: {size!r}")
+            payload = read_exact(proto_in, size)
+    except EOFError:  # only between frames (`read_frame_fd`)
+        raise
+    except BaseException:
+        _channel_broken()
+    return req, payload
+
+
+def _within_bounds(resp: dict[str, Any]) -> None:
+    """Cut what the contract bounds (`sandbox.wire`) and the worker checks: an error text of any op
+    (a SyntaxError quotes its whole line), and name lists (a variable name has no length limit)."""
+    error = resp.get("error")
+    if type(error) is str and len(error) > MAX_ERROR_CHARS + NOTE_MAX_CHARS:
+        resp["error"] = truncate(error, MAX_ERROR_CHARS)[0]
+    for key in ("skipped", "shadowed"):
+        names = resp.get(key)
+        if type(names) is list and (len(names) > MAX_NAMES or any(len(str(n)) > MAX_NAME_CHARS for n in names)):
+            cut = [str(n) if len(str(n)) <= MAX_NAME_CHARS else str(n)[: MAX_NAME_CHARS - 12] + "... (cut)" for n in names]
+            if len(cut) > MAX_NAMES:
+                cut = [*cut[: MAX_NAMES - 1], f"... and {len(cut) - MAX_NAMES + 1:,} more"]
+            resp[key] = cut
+
+
+def _write_reply(proto_out: int, resp: dict[str, Any], out: bytes | None) -> None:
+    """The reply frame and its raw bytes (snapshot, export), whole or not at all (then the host ends).
+    Runs with the signals held (`main`)."""
+    try:
+        write_frame_fd(proto_out, resp)
+        if out is not None:
+            _write_all(proto_out, out)
+    except BaseException:
+        _channel_broken()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: lock down fds and limits, then serve frames until the channel closes."""
     argv = sys.argv if argv is None else argv
@@ -520,25 +607,23 @@ def main(argv: list[str] | None = None) -> int:
     host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded, missing=missing)
     sys.stdout = sys.stderr = host._null
     sys.stdin = None
+    hold_signals()  # while frames pass and between requests; released only while one is handled
     while True:
         try:
-            req = read_frame_fd(proto_in)
+            req, payload = _read_request(proto_in)
         except EOFError:
             return 0
-        payload: bytes | None = None
-        try:
-            if req.get("op") in ("restore", "inherit"):
-                payload = read_exact(proto_in, int(req.get("size", 0)))
-            resp, out = host.handle(req, payload)
+        try:  # between frames: the request is whole, the reply not begun
+            with released_signals():
+                resp, out = host.handle(req, payload)
+            _within_bounds(resp)
         except MemoryError:
             resp, out = {"ok": False, "error": "MemoryError in the host", "error_kind": "memory"}, None
         payload = None
-        if isinstance(req, dict) and "n" in req:
+        if "n" in req:
             resp["n"] = req["n"]  # the worker matches every reply to its request
-        write_frame_fd(proto_out, resp)
-        if out is not None:
-            _write_all(proto_out, out)
-            out = None
+        _write_reply(proto_out, resp, out)
+        out = None
 
 
 def _write_all(fd: int, data: bytes) -> None:
