@@ -110,7 +110,7 @@ def test_rr_reflect_twice_on_one_home_and_once_on_another_at_once(tmp_path: Path
                 where = f"round {i + 1}, {home.name} (exit {p.returncode}):\n{p.stderr[-3000:]}"
                 assert p.returncode == 0, where
                 assert "Traceback" not in p.stderr and "database is locked" not in p.stderr, where
-                assert "step 1: reasoning error" in p.stdout, where
+                assert "Diagnosis: step 1 " in p.stdout, where
             _no_server_left(home_a, None)
             _no_server_left(home_b, None)
     _count_reflections(home_a, 4)
