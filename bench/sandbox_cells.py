@@ -123,7 +123,7 @@ async def main(n: int, reps: int) -> None:
         client = await connect(address)
         tq = f"bench-cells-{uuid.uuid4().hex[:6]}"
         async with build_worker(client, tq, extra_workflows=[CellsWorkflow]):
-            from activities import sandbox_cells
+            from activities import sandbox as sandbox_cells
 
             for rep in range(reps + 1):  # the first round warms up and is discarded
                 for cells in (0, n):
