@@ -5,8 +5,6 @@ when the agents are renamed and reordered."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +14,8 @@ from reflector.contract import Diagnosis, ReflectionDraft
 from reflector.toolkit import actors, root_cause, suspect_mistake, timeline
 from reflector.traces import load_normalized, normalize
 from reflector.traces.agents import agent_of, normalise_agent
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import Steps, open_view
+from reflector.traces.lazy import Steps
+from tests.support.lazy import lazy_view
 from tests.support.magentic import AGENTS, MAGENTIC_ONE, MISTAKE, renamed, swapped_reports
 
 
@@ -124,16 +122,7 @@ def test_without_evidence_there_is_no_agent_guess() -> None:
 
 
 # -- lazily read -------------------------------------------------------------------------------------
-def _lazy(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as fh:
-        _fmt, index = build_index(fh, str(path))
-    assert index is not None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        view, _roots = open_view(fd, TraceIndex.from_bytes(index.to_bytes()))
-        yield view
-    finally:
-        os.close(fd)
+_lazy = lazy_view  # tests/support/lazy.py
 
 
 def test_role_named_agents_read_lazily_are_the_same(tmp_path: Path) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +10,8 @@ import pytest
 
 from reflector.toolkit import expected_actions, is_write, tool_calls
 from reflector.traces import normalize
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import Steps, open_view
+from reflector.traces.lazy import Steps
+from tests.support.lazy import lazy_view
 
 
 def _call(cid: str | None, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -165,16 +163,7 @@ def test_results_are_plain_copies_the_trace_does_not_share() -> None:
     assert tool_calls(run)[0]["args"] == {"id": "ABC"}
 
 
-def _lazy(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as fh:
-        _fmt, index = build_index(fh, str(path))
-    assert index is not None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        view, _roots = open_view(fd, TraceIndex.from_bytes(index.to_bytes()))
-        yield view
-    finally:
-        os.close(fd)
+_lazy = lazy_view  # tests/support/lazy.py
 
 
 def test_a_lazy_view_gives_the_same_calls_as_the_whole_view(tmp_path: Path) -> None:

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +19,8 @@ from reflector.toolkit import (
 )
 from reflector.toolkit.trace_back import canonical
 from reflector.traces import load_normalized, normalize
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import Steps, open_view
+from reflector.traces.lazy import Steps
+from tests.support.lazy import lazy_view
 
 POLICY = ("You are an airline agent.\n"
           "- Before taking any actions that update the booking database, you must obtain explicit user "
@@ -142,16 +140,7 @@ def test_the_tools_are_preloaded_and_documented() -> None:
 
 
 # -- lazily read -------------------------------------------------------------------------------------
-def _lazy(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as fh:
-        _fmt, index = build_index(fh, str(path))
-    assert index is not None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        view, _roots = open_view(fd, TraceIndex.from_bytes(index.to_bytes()))
-        yield view
-    finally:
-        os.close(fd)
+_lazy = lazy_view  # tests/support/lazy.py
 
 
 def test_the_tools_give_the_same_on_a_lazy_view(tmp_path: Path) -> None:

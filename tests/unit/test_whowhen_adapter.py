@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,9 @@ import pytest
 
 from reflector.toolkit.actors import actors, suspect_mistake, timeline
 from reflector.traces import detect_format, load_normalized, normalize
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import Steps, open_view
+from reflector.traces.index import build_index
+from reflector.traces.lazy import Steps
+from tests.support.lazy import lazy_view
 
 WHOWHEN: dict[str, Any] = {
     "question": "How many clients get the sunset design?",
@@ -115,16 +114,7 @@ def test_every_adapter_gives_steps_an_actor_key() -> None:
 
 
 # -- the lazy path ---------------------------------------------------------------------------------
-def _lazy(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as fh:
-        _fmt, index = build_index(fh, str(path))
-    assert index is not None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        view, _roots = open_view(fd, TraceIndex.from_bytes(index.to_bytes()))
-        yield view
-    finally:
-        os.close(fd)
+_lazy = lazy_view  # tests/support/lazy.py
 
 
 def test_a_history_object_is_read_whole_not_indexed(tmp_path: Path) -> None:
