@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,27 +48,18 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect  # noqa: E402
 from reflector.devserver import free_port  # noqa: E402
 from reflector.traces import TraceError  # noqa: E402
-from tests.support.blob_dirs import EXTRA_BLOB_DIRS  # noqa: E402
+from tests.support.api_env import isolate, on_session_server  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _isolate(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith(("RR_", "TEMPORAL_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("RR_HOME", str(home))
+_isolate = isolate  # tests/support/api_env.py
 
 
 @pytest.fixture
 def on_server(temporal_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The session's server, a private RR_HOME and task queue (no other worker takes these reflections)."""
-    home = tmp_path / "rr-home"
-    _isolate(monkeypatch, home)
-    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_server.address)
-    monkeypatch.setenv("RR_TASK_QUEUE", f"ace-{uuid.uuid4().hex[:8]}")
-    EXTRA_BLOB_DIRS.append(home / "blobs")
-    return home
+    return on_session_server(monkeypatch, tmp_path / "rr-home", temporal_server.address, "ace")
 
 
 @pytest.fixture

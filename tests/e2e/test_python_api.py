@@ -29,7 +29,7 @@ from reflector.devserver import free_port, is_reachable
 from reflector.ledger import UsageSummary
 from reflector.settings import Settings
 from reflector.traces import TraceError
-from tests.support.blob_dirs import EXTRA_BLOB_DIRS
+from tests.support.api_env import isolate, on_session_server
 from tests.support.fixtures import ACE_TRACE, write_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -54,22 +54,13 @@ class StepContext:
         return dataclasses.replace(self, **changes)
 
 
-def _isolate(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    for name in list(os.environ):
-        if name.startswith(("RR_", "TEMPORAL_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("RR_HOME", str(home))
+_isolate = isolate  # tests/support/api_env.py
 
 
 @pytest.fixture
 def on_server(temporal_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The session's server, a private RR_HOME and task queue (no other worker takes these reflections)."""
-    home = tmp_path / "rr-home"
-    _isolate(monkeypatch, home)
-    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_server.address)
-    monkeypatch.setenv("RR_TASK_QUEUE", f"api-{uuid.uuid4().hex[:8]}")
-    EXTRA_BLOB_DIRS.append(home / "blobs")  # the session's final replay reads these histories' payloads
-    return home
+    return on_session_server(monkeypatch, tmp_path / "rr-home", temporal_server.address, "api")
 
 
 def _completed(out: ReflectorOutput) -> ReflectorOutput:

@@ -53,6 +53,16 @@ def trace_file(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.fixture
+async def breached(trace_file: str) -> AsyncIterator[SubprocessExecutor]:
+    """A host with the language guards switched off (the test-only unguarded op): an attacker with the real
+    builtins, for the tests that prove what the OS layer and the worker still hold."""
+    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
+    await ex.start(trace_file, "auto", {"task": {"question": "q"}})
+    yield ex
+    await ex.close()
+
+
 GUARD = ("guard",)
 CONTAINED = ("guard", "runtime")
 

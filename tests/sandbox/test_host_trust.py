@@ -40,14 +40,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-async def breached(trace_file: str) -> AsyncIterator[SubprocessExecutor]:
-    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
-    await ex.start(trace_file, "auto", {"task": {"question": "q"}})
-    yield ex
-    await ex.close()
-
-
 async def _breach(ex: SubprocessExecutor, code: str) -> str:
     """Run `code` in the breached host; its stdout (the code prints what it got)."""
     result = await ex.run_unguarded("import os, ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n" + code)

@@ -13,7 +13,6 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,6 @@ def secret_file(tmp_path: Path) -> Path:
     path = tmp_path / "worker-secret.txt"
     path.write_text(SECRET_VALUE)
     return path
-
-
-@pytest.fixture
-async def breached(trace_file: str) -> AsyncIterator[SubprocessExecutor]:
-    ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", unguarded_for_tests=True)
-    await ex.start(trace_file, "auto", {"task": {"question": "q"}})
-    yield ex
-    await ex.close()
 
 
 async def _try(ex: SubprocessExecutor, expr: str) -> str:
