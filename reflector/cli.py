@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from reflector.settings import SettingError, Settings
 
-__all__ = ["main", "run"]
+__all__ = ["build_parser", "main", "run"]
 
 DISTRIBUTION = "durable-recursive-reflector"
 STDIN_NAME = "<stdin>"  # how a trace read from stdin (`rr reflect -`) is named in messages and `rr list`
@@ -148,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="never remove anything younger than this (default 1h; e.g. 3600, 90s, 15m, 2d)")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
+
+
+build_parser = _parser  # public: the manual's CLI reference is rendered from it (docs/hooks/cli_reference.py)
 
 
 def run() -> NoReturn:
