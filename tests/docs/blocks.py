@@ -69,7 +69,7 @@ def blocks_of(path: Path) -> list[Block]:
         body: list[str] = []
         j = i + 1
         while j < len(lines) and not lines[j].strip().startswith(fence):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         notes: dict[str, str] = {}
         k = i - 1
@@ -82,9 +82,11 @@ def blocks_of(path: Path) -> list[Block]:
         if "background" in notes:
             until = _UNTIL.match(notes["background"])
             if not until:
-                raise ValueError(f"{rel}:{i + 1}: write <!-- background: until \"TEXT\" -->")
+                raise ValueError(f'{rel}:{i + 1}: write <!-- background: until "TEXT" -->')
             ready = until["text"]
-        out.append(Block(rel, i + 1, lang, "\n".join(body) + "\n", notes.get("norun"), ready, notes.get("stand-in")))
+        out.append(
+            Block(rel, i + 1, lang, "\n".join(body) + "\n", notes.get("norun"), ready, notes.get("stand-in"))
+        )
         i = j + 1
     return out
 

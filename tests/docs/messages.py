@@ -20,23 +20,41 @@ HOLE = "…"
 # Exceptions whose text `rr` prints as `rr: error: …` or the Python API raises to its caller. Not here: Python's
 # protocol errors (KeyError, IndexError, AttributeError: a lookup's miss, not a message) and assertions.
 USER_FACING = {
-    "ValueError", "TypeError", "OSError", "TimeoutError", "RuntimeError",
-    "SettingError", "ReflectError", "TraceError", "BundleError", "UnknownModelError", "DevServerError",
-    "HomeServerError", "RegistrationError", "IsolationUnavailable",
+    "ValueError",
+    "TypeError",
+    "OSError",
+    "TimeoutError",
+    "RuntimeError",
+    "SettingError",
+    "ReflectError",
+    "TraceError",
+    "BundleError",
+    "UnknownModelError",
+    "DevServerError",
+    "HomeServerError",
+    "RegistrationError",
+    "IsolationUnavailable",
 }
 
 
 # Not a user's: the test doubles, and what runs inside the sandbox host (the toolkit, the lazy trace
 # sequences, the heuristic's cell), whose errors are cell output the model reads.
-SANDBOX_SIDE = ("reflector/testing/", "reflector/toolkit/", "reflector/traces/lazy.py",
-                "reflector/heuristic/findings_cell.py")
+SANDBOX_SIDE = (
+    "reflector/testing/",
+    "reflector/toolkit/",
+    "reflector/traces/lazy.py",
+    "reflector/heuristic/findings_cell.py",
+)
 
 
 def source_files() -> list[Path]:
     """The modules whose messages reach a user: reflector/ (but `SANDBOX_SIDE`), worker.py, and the sandbox's
     OS layer (a worker that refuses to start says why)."""
-    files = [p for p in (REPO / "reflector").rglob("*.py")
-             if not p.relative_to(REPO).as_posix().startswith(SANDBOX_SIDE)]
+    files = [
+        p
+        for p in (REPO / "reflector").rglob("*.py")
+        if not p.relative_to(REPO).as_posix().startswith(SANDBOX_SIDE)
+    ]
     return sorted([*files, REPO / "worker.py", REPO / "sandbox" / "isolation.py"])
 
 
@@ -87,13 +105,18 @@ def _messages(path: Path) -> Iterator[Message]:
             assert isinstance(call, ast.Call)
             if call.args:
                 text = skeleton(call.args[0])
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_err" and node.args
-              and rel.startswith("reflector/")):  # the CLI's `_err` (sandbox/isolation.py has an errno formatter)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "_err"
+            and node.args
+            and rel.startswith("reflector/")
+        ):  # the CLI's `_err` (sandbox/isolation.py has an errno formatter)
             text = skeleton(node.args[0])
         elif isinstance(node, (ast.Constant, ast.JoinedStr)):
             s = skeleton(node)
             if s is not None and s.startswith("rr: error: ") and len(s) > len("rr: error: ") + 1:
-                text = s[len("rr: error: "):]
+                text = s[len("rr: error: ") :]
         if text is not None and text.replace(HOLE, " ").strip(" :;"):
             yield Message(f"{rel}:{getattr(node, 'lineno', 0)}", normalise(text))
 

@@ -50,7 +50,9 @@ def test_every_block_runs_or_says_why() -> None:
             pytest.fail(f"{b.where}: use ```bash or ```python, which the docs test runs")
         if b.kind is None:
             assert b.norun is None and b.ready is None, f"{b.where}: a note on a block that is not run"
-    assert len(skipped) <= 10, "keep the blocks that cannot run here few: " + ", ".join(b.where for b in skipped)
+    assert len(skipped) <= 10, "keep the blocks that cannot run here few: " + ", ".join(
+        b.where for b in skipped
+    )
 
 
 def test_setup_commands_are_what_ci_runs() -> None:
@@ -122,8 +124,15 @@ class Ran:
 def _run(argv: list[str], place: Place) -> Ran:
     """Run one block; its CPU time is read from wait4's rusage (other threads' children do not mix in)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, cwd=place.cwd, env=place.env, stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=place.cwd,
+            env=place.env,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -137,8 +146,12 @@ def _run(argv: list[str], place: Place) -> Ran:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Ran(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                   usage.ru_utime + usage.ru_stime)
+        return Ran(
+            proc.returncode,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+            usage.ru_utime + usage.ru_stime,
+        )
 
 
 def _shell(block: Block, place: Place) -> Ran:
@@ -164,8 +177,14 @@ def _start(block: Block, place: Place) -> Background:
     assert len(command) == 1, f"{block.where}: a background block is one command"
     log = place.cwd / f"background_{block.line}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(["bash", "-c", f"exec {command[0]}"], cwd=place.cwd, env=place.env,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {command[0]}"],
+            cwd=place.cwd,
+            env=place.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     assert block.ready is not None
     while block.ready not in log.read_text(errors="replace"):
@@ -209,8 +228,10 @@ def test_the_blocks_run_as_written(place: Place) -> None:
             p = _shell(b, place) if b.kind == "shell" else _python(b, place)
             timings.append((time.monotonic() - t0, p.cpu_s, b.where))
             if p.returncode != 0:
-                failures.append(f"{b.where} exited {p.returncode}:\n{b.text}--- stdout:\n{p.stdout[-3000:]}"
-                                f"--- stderr:\n{p.stderr[-3000:]}")
+                failures.append(
+                    f"{b.where} exited {p.returncode}:\n{b.text}--- stdout:\n{p.stdout[-3000:]}"
+                    f"--- stderr:\n{p.stderr[-3000:]}"
+                )
 
     pages: dict[str, list[Block]] = {}
     for b in foreground:
@@ -226,8 +247,10 @@ def test_the_blocks_run_as_written(place: Place) -> None:
         for bg in reversed(started):
             code = _stop(bg)
             if code != 0:
-                failures.append(f"{bg.block.where}: {bg.block.text.strip()!r} exited {code} on SIGTERM:\n"
-                                f"{bg.log.read_text(errors='replace')[-3000:]}")
+                failures.append(
+                    f"{bg.block.where}: {bg.block.text.strip()!r} exited {code} on SIGTERM:\n"
+                    f"{bg.log.read_text(errors='replace')[-3000:]}"
+                )
     print(f"{len(timings)} blocks, {sum(t[1] for t in timings):.1f} s CPU in their processes; the longest:")
     for seconds, cpu, where in sorted(timings, reverse=True)[:8]:
         print(f"{seconds:6.1f} s wall {cpu:6.1f} s CPU  {where}")

@@ -15,8 +15,9 @@ def test_every_error_message_is_in_the_troubleshooting_page() -> None:
     messages = all_messages()
     assert len(messages) > 100, "the reader of the source found too few messages: is it still looking?"
     missing = [f"{m.where}: {m.skeleton}" for m in messages if m.skeleton not in page]
-    assert not missing, ("messages missing from docs/troubleshooting.md (quote each with what to do):\n"
-                         + "\n".join(missing))
+    assert not missing, (
+        "messages missing from docs/troubleshooting.md (quote each with what to do):\n" + "\n".join(missing)
+    )
 
 
 def test_the_page_quotes_no_message_the_source_no_longer_has() -> None:
@@ -25,7 +26,9 @@ def test_the_page_quotes_no_message_the_source_no_longer_has() -> None:
     stale = []
     for line in PAGE.read_text().splitlines():
         if line.startswith("- `"):
-            quoted = line[2:].split("``", 2)[1].strip() if line.startswith("- ``") else line[3:].split("`", 1)[0]
+            quoted = (
+                line[2:].split("``", 2)[1].strip() if line.startswith("- ``") else line[3:].split("`", 1)[0]
+            )
             if normalise(quoted) not in known:
                 stale.append(quoted)
     assert not stale, "quoted in docs/troubleshooting.md but printed nowhere:\n" + "\n".join(stale)
