@@ -33,7 +33,7 @@ BLOCK_TIMEOUT_S = 240
 READY_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 PAGES_AT_ONCE = 3
-SCRUBBED = ("RR_", "TEMPORAL_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AWS_", "OTEL_", "LOGFIRE_")
+SCRUBBED = ("RR_", "TEMPORAL_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AWS_", "OTEL_", "LOGFIRE_", "PYTEST_")
 
 
 def test_every_block_runs_or_says_why() -> None:
@@ -99,7 +99,7 @@ def place() -> Iterator[Place]:
         cwd = root / "work"
         cwd.mkdir()
         venv_bin = Path(sys.executable).parent
-        for name in ("reflector", "pyproject.toml"):
+        for name in ("reflector", "tests", "pyproject.toml"):  # a clone's files the blocks use
             (cwd / name).symlink_to(REPO / name)
         (cwd / ".venv").symlink_to(venv_bin.parent)
         env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED)}
@@ -108,7 +108,6 @@ def place() -> Iterator[Place]:
             RR_HOME=str(root / "home"),
             OPENAI_BASE_URL=openai.base_url,
             OPENAI_API_KEY="sk-docs-test",
-            PYTHONPATH=str(REPO),
         )
         yield Place(cwd, env)
 
