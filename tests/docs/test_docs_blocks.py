@@ -2,7 +2,7 @@
 
 The shell blocks run with `rr` on PATH in one fresh RR_HOME on the embedded default with the offline
 `heuristic` model, in document order (README first, then the manual's nav order), in a scratch directory
-where `reflector/` (its examples) and `.venv` are at hand as in a clone; identical blocks run once, so the
+where `reflector/` (its examples), `tests/` and `.venv` are at hand as in a clone; identical blocks run once, so the
 pages can repeat the tour's commands. They share one reflection, `tour`, made by the README's tour. Python
 blocks run in a subprocess in the same place. `OPENAI_BASE_URL` points every block at a scripted OpenAI
 server on loopback (`reflector.testing.openai_server`), so no block reaches a provider. Long-running
