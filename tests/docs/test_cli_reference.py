@@ -6,10 +6,13 @@ import argparse
 import importlib.util
 from types import ModuleType
 
+import pytest
 import yaml
 
 from reflector.cli import build_parser
 from tests.docs.blocks import REPO
+
+pytestmark = pytest.mark.docs  # `pytest -m docs`: the tests that keep README.md and docs/ true
 
 HOOK = REPO / "docs" / "hooks" / "cli_reference.py"
 

@@ -29,11 +29,24 @@ from markdown.extensions.toc import slugify
 
 from tests.docs.blocks import REPO, Block, all_blocks, blocks_of, markdown_files
 
+pytestmark = pytest.mark.docs  # `pytest -m docs`: the tests that keep README.md and docs/ true
+
 BLOCK_TIMEOUT_S = 240
 READY_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 PAGES_AT_ONCE = 3
-SCRUBBED = ("RR_", "TEMPORAL_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_", "AWS_", "OTEL_", "LOGFIRE_", "PYTEST_")
+SCRUBBED = (
+    "RR_",
+    "TEMPORAL_",
+    "OPENAI_",
+    "ANTHROPIC_",
+    "GEMINI_",
+    "GOOGLE_",
+    "AWS_",
+    "OTEL_",
+    "LOGFIRE_",
+    "PYTEST_",
+)
 
 
 def test_every_block_runs_or_says_why() -> None:
@@ -205,7 +218,6 @@ def _stop(bg: Background) -> int:
     return bg.proc.returncode
 
 
-@pytest.mark.docs
 @pytest.mark.slow
 def test_the_blocks_run_as_written(place: Place) -> None:
     blocks = [b for b in all_blocks() if b.kind and b.norun is None]

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from tests.docs.messages import HOLE, REPO, all_messages, normalise, skeleton
+
+pytestmark = pytest.mark.docs  # `pytest -m docs`: the tests that keep README.md and docs/ true
 
 PAGE = REPO / "docs" / "troubleshooting.md"
 
