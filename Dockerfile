@@ -21,7 +21,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends uidmap && rm -r
     && echo "rr:100000:65536" >> /etc/subuid && echo "rr:100000:65536" >> /etc/subgid
 
 # Non-root: the worker executes model-written code in its sandbox processes (Landlock, seccomp and
-# no-new-privs need no privileges; see the README, Using a real cluster).
+# no-new-privs need no privileges; see docs/operations.md, Using a real cluster).
 USER rr
 WORKDIR /home/rr
 # Blobs: with RR_BLOB_URL=s3://... (docker-compose.yml) a container keeps only a local cache (RR_BLOB_DIR,
