@@ -5,13 +5,15 @@ The shell blocks run with `rr` on PATH in one fresh RR_HOME on the embedded defa
 where `reflector/` (its examples), `tests/` and `.venv` are at hand as in a clone; identical blocks run once, so the
 pages can repeat the tour's commands. They share one reflection, `tour`, made by the README's tour. Python
 blocks run in a subprocess in the same place. `OPENAI_BASE_URL` points every block at a scripted OpenAI
-server on loopback (`reflector.testing.openai_server`), so no block reaches a provider. Long-running
+server on loopback (`reflector.testing.openai_server`), so no block reaches a provider, and the AWS
+variables at a local S3 server (`tests/support/s3_server.py`) holding the bucket the docs name. Long-running
 commands (`<!-- background: ... -->`) start first, and are stopped by PID once the others ran. Blocks
 that cannot run here say why in the markdown (`<!-- norun: REASON -->`) and are listed by a test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -35,6 +37,7 @@ BLOCK_TIMEOUT_S = 240
 READY_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 PAGES_AT_ONCE = 3
+S3_BUCKET = "my-bucket"  # the bucket docs/operations.md names
 SCRUBBED = (
     "RR_",
     "TEMPORAL_",
@@ -106,9 +109,13 @@ class Place:
 @pytest.fixture(scope="module")
 def place() -> Iterator[Place]:
     from reflector.testing.openai_server import OpenAIServer
+    from tests.support.s3_server import s3_server
 
-    with tempfile.TemporaryDirectory(prefix="rr-docs-") as tmp, OpenAIServer() as openai:
-        root = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rr-docs-")))
+        openai = stack.enter_context(OpenAIServer())
+        s3 = stack.enter_context(s3_server(root / "s3.log"))
+        s3.client().create_bucket(Bucket=S3_BUCKET)
         cwd = root / "work"
         cwd.mkdir()
         venv_bin = Path(sys.executable).parent
@@ -122,6 +129,9 @@ def place() -> Iterator[Place]:
             OPENAI_BASE_URL=openai.base_url,
             OPENAI_API_KEY="sk-docs-test",
         )
+        env.update(
+            {k: v for k, v in s3.env().items() if k.startswith("AWS_")}
+        )  # not RR_BLOB_URL: blocks say it
         yield Place(cwd, env)
 
 
@@ -190,7 +200,7 @@ def _start(block: Block, place: Place) -> Background:
     log = place.cwd / f"background_{block.line}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            ["bash", "-c", f"exec {command[0]}"],
+            ["bash", "-c", f"exec env {command[0]}"],  # env: the command may start with VAR=value
             cwd=place.cwd,
             env=place.env,
             stdout=out,
