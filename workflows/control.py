@@ -60,7 +60,9 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
             called = [p.tool_name for p in response.parts if isinstance(p, ToolCallPart)]
             state.last_tool = ", ".join(dict.fromkeys(called)) or "(text, no tool)"
             if not reused:
-                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
+                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens,
+                             cache_read_tokens=response.usage.cache_read_tokens,
+                             cache_write_tokens=response.usage.cache_write_tokens)
             if response.usage.input_tokens > 0 and state.last_request_chars > 0:
                 state.counters.chars_per_token = max(0.5, state.last_request_chars / response.usage.input_tokens)
         return response
