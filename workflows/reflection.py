@@ -359,9 +359,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
 
 def _shown_preview(preview: str) -> str:
     """The prefill's output as the task prompt shows it (cell 1 of every session)."""
-    if len(preview) > PREVIEW_CHARS:
-        return preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
-    return preview
+    return prompts.shown_preview(preview, PREVIEW_CHARS)
 
 
 def _may_recurse(inp: ReflectionInput) -> bool:

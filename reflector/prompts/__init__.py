@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Literal
 
 from reflector.contract import OUTPUT_TOOL
+from reflector.toolkit import TOOLKIT_DOC
 from sandbox.host.guards import allowed_modules_text
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "strategy",
     "may_split",
     "budget",
+    "shown_preview",
     "task_field",
 ]
 
@@ -55,7 +57,10 @@ def render(template: str, **values: object) -> str:
 
 
 # The importable modules are the sandbox's own allowlist, filled in once (never a hand-kept copy).
-SYSTEM = _load("system.md").replace("{{modules}}", allowed_modules_text()).replace("{{output_tool}}", OUTPUT_TOOL)
+# The toolkit's signatures too (`TOOLKIT_DOC`, what `describe_traces()` prints): told once here, where every session
+# shares them, and left out of the task prompt's copy of cell 1 (`shown_preview`).
+SYSTEM = (_load("system.md").replace("{{modules}}", allowed_modules_text()).replace("{{output_tool}}", OUTPUT_TOOL)
+          .replace("{{toolkit}}", TOOLKIT_DOC))
 ONLINE = _load("online.md")
 STRATEGY_SMALL = _load("strategy_small.md")
 STRATEGY_LARGE = _load("strategy_large.md")
@@ -90,6 +95,15 @@ def budget(max_requests: int, max_tokens: int, *, shared_with_children: bool) ->
                 "the session stops and returns what it has.")
     return (f"Budget: at most {max_requests} model requests and {max_tokens:,} tokens for this session; when they "
             "run out the session stops and returns what it has.")
+
+
+def shown_preview(preview: str, limit: int) -> str:
+    """Cell 1's output (`describe_traces()`) as the task prompt shows it: without the toolkit's signatures, which
+    `SYSTEM` gives, and cut at `limit` characters."""
+    preview = preview.replace(TOOLKIT_DOC + "\n", "(toolkit: its signatures are in the system prompt)\n", 1)
+    if len(preview) > limit:
+        return preview[:limit] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
+    return preview
 
 
 def task_field(given: str | None, traced: str | None, *, key: str, none: str) -> str:

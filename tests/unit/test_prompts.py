@@ -82,3 +82,15 @@ def test_every_output_field_is_described() -> None:
     assert "description" not in schema  # no docstring: the output tool's description is the prompt's own
     # the nested models' docstrings are for readers of the code: the model reads the field's description
     assert [name for name, d in schema["$defs"].items() if "description" in d] == []
+
+
+def test_task_prompt_shows_cell_1_without_the_signatures_the_system_prompt_gives() -> None:
+    from reflector.toolkit import TOOLKIT_DOC
+
+    cell_1 = f"traces: dict (9 keys)\n{TOOLKIT_DOC}\n  ['steps']: list (4 items)\npreview:\n" + "x" * 50
+    shown = prompts.shown_preview(cell_1, limit=10_000)
+    assert TOOLKIT_DOC in prompts.SYSTEM and TOOLKIT_DOC not in shown
+    assert shown.startswith("traces: dict (9 keys)\n(toolkit: its signatures are in the system prompt)\n")
+    assert shown.endswith("x" * 50)
+    cut = prompts.shown_preview(cell_1, limit=60)
+    assert cut.startswith(shown[:60]) and "preview truncated" in cut
