@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from reflector.contract import OUTPUT_TOOL
 from reflector.toolkit import TOOLKIT_DOC
@@ -29,6 +29,7 @@ __all__ = [
     "may_split",
     "budget",
     "shown_preview",
+    "without_skill_tags",
     "task_field",
 ]
 
@@ -104,6 +105,17 @@ def shown_preview(preview: str, limit: int) -> str:
     if len(preview) > limit:
         return preview[:limit] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
     return preview
+
+
+def without_skill_tags(schema: dict[str, Any]) -> dict[str, Any]:
+    """The output tool's JSON schema without `skill_tags` (and its `SkillTag` definition): offered to a session with
+    no skillbook, where there is nothing to tag (`ReflectionDraft.skill_tags` defaults to empty)."""
+    out = {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "skill_tags"}}
+    if "$defs" in schema:
+        out["$defs"] = {k: v for k, v in schema["$defs"].items() if k != "SkillTag"}
+    if "required" in schema:
+        out["required"] = [r for r in schema["required"] if r != "skill_tags"]
+    return out
 
 
 def task_field(given: str | None, traced: str | None, *, key: str, none: str) -> str:

@@ -94,3 +94,14 @@ def test_task_prompt_shows_cell_1_without_the_signatures_the_system_prompt_gives
     assert shown.endswith("x" * 50)
     cut = prompts.shown_preview(cell_1, limit=60)
     assert cut.startswith(shown[:60]) and "preview truncated" in cut
+
+
+def test_the_offline_output_schema_has_no_skill_tags() -> None:
+    from reflector.contract import ReflectionDraft
+
+    schema = ReflectionDraft.model_json_schema()
+    offline = prompts.without_skill_tags(schema)
+    assert "skill_tags" in schema["properties"] and "SkillTag" in schema["$defs"]  # the input is not changed
+    assert "skill_tags" not in offline["properties"] and "SkillTag" not in offline["$defs"]
+    assert offline["required"] == schema["required"] and "diagnosis" in offline["properties"]
+    assert ReflectionDraft.model_validate({k: "x" for k in schema["required"]}).skill_tags == []

@@ -130,6 +130,9 @@ async def test_first_request_matches_the_snapshot(client, task_queue, settings, 
     # it lists no tools (their definitions describe them), so it cannot name one the request does not offer
     assert system.startswith(prompts.SYSTEM.rstrip()) and "\nBudget: at most 50 model requests" in system
     assert body.get("prompt_cache_key", "").startswith("rr-")  # OpenAI's prompt cache: a key per session
+    # no skillbook, nothing to tag: the output schema leaves `skill_tags` out (each request would pay for it)
+    assert "skill_tags" not in tools[OUTPUT_TOOL]["parameters"]["properties"]
+    assert "SkillTag" not in json.dumps(tools[OUTPUT_TOOL]["parameters"])
     assert RECURSE_TOOL not in tools and "recurse" not in system + user  # a small trace: no children
     # the trace's own question and ground truth, said to come from the trace
     example = json.loads(EXAMPLE.read_text())
@@ -192,3 +195,13 @@ async def test_large_trace_offers_recurse_and_says_so(client, task_queue, settin
     assert RECURSE_TOOL in tools and "its child sessions spend" in system  # the budget says children share it
     assert "recurse(prompt, context_code)" in user  # the large-trace strategy offers children
     assert "Question given to the agent: What is 17 * 24?\nGround truth: 408\n" in user  # the caller's
+
+
+async def test_skill_tags_are_asked_for_with_a_skillbook(client, task_queue, settings, tmp_path,
+                                                        openai_server: OpenAIServer) -> None:
+    body = await _first_request(client, task_queue, settings, openai_server, write_trace(tmp_path),
+                                skillbook="[math-00001] Check a product by estimating it.", mode="online")
+    tools = _tools(body)
+    assert "skill_tags" in tools[OUTPUT_TOOL]["parameters"]["properties"]
+    assert "SkillTag" in tools[OUTPUT_TOOL]["parameters"]["$defs"]
+    assert "get_skill" in tools
