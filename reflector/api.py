@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.ledger import UsageSummary
+from reflector.prompt_cache import caches, with_prompt_cache
 
 if TYPE_CHECKING:
     from pydantic_ai.models import Model
@@ -75,8 +76,8 @@ class RRConfig(BaseModel):
     it has finished; a callback that takes one argument gets the `reflector.ledger.UsageSummary` once
     instead (`input_tokens`, `output_tokens`, `total_tokens`, `requests`: what
     `ReflectorOutput.raw["usage"]` holds). Its exceptions are logged, never raised (as ACE's).
-    `cache_prompts` / `cache_ttl` turn on pydantic-ai's prompt caching (`cache` model setting) for the
-    providers that have it (`CACHING_FAMILIES`); elsewhere they do nothing.
+    `cache_prompts` / `cache_ttl` set pydantic-ai's prompt caching (`cache` model setting) for the providers
+    that have it (`reflector.prompt_cache.CACHING_FAMILIES`); elsewhere they do nothing.
     """
 
     model_config = ConfigDict(validate_assignment=True, extra="forbid", arbitrary_types_allowed=True)
@@ -134,19 +135,14 @@ class RRConfig(BaseModel):
             )) from None
 
 
-CACHING_FAMILIES = ("anthropic", "bedrock", "openai", "openai-chat", "openai-responses", "google", "google-cloud",
-                    "openrouter")
-"""Providers whose pydantic-ai models honour the `cache` model setting (`cache_prompts` maps onto it)."""
-
-
 def _cache_settings(model: str, given: dict[str, Any] | None, cache: bool, ttl: str) -> dict[str, Any] | None:
     """The model settings with ACE's `cache_prompts` / `cache_ttl` as pydantic-ai's `cache` setting, for a
-    provider that has it; the settings unchanged otherwise (a `cache` the caller set wins). Settings are
+    provider that has it (`reflector.prompt_cache`: the workflow applies the same rule, with caching on, to a
+    config that says nothing); the settings unchanged otherwise (a `cache` the caller set wins). Settings are
     added to the workflow's default (temperature 0) only when there were none."""
-    family = model.split(":", 1)[0] if ":" in model else ""
-    if family not in CACHING_FAMILIES or (given and "cache" in given):
+    if not caches(model):
         return given
-    return {**(given or {"temperature": 0.0}), "cache": ttl if cache else False}
+    return with_prompt_cache(model, given or {"temperature": 0.0}, cache=ttl if cache else False)
 
 
 # --------------------------------------------------------------------------------- the answer and the trace

@@ -86,6 +86,9 @@ before this change: the child was started with whatever the model wrote."""
 INLINE_SKILLBOOK_PATCH = "rr-inline-skillbook-cap"
 """An inline `ReflectionInput.skillbook` over `reflector.limits.MAX_INLINE_SKILLBOOK_CHARS` ends the session with
 an error before it starts (parsing it in workflow code blocked every workflow task); recorded before: parsed."""
+PROMPT_CACHE_PATCH = "rr-prompt-cache"
+"""Provider requests carry prompt-cache settings when the config says nothing (`reflector.prompt_cache`); recorded
+before this change: the config's settings as they were."""
 MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 _SAFE_SESSION = re.compile(SESSION_ID_PATTERN)
@@ -226,11 +229,18 @@ class ReflectionInput(_Frozen):
 
 
 # The field descriptions below are the output tool's JSON schema: they are what a model reads about each
-# field, so they say what to put there (they change no validation).
+# field, so they say what to put there (they change no validation). The classes' docstrings are not sent: the
+# field that holds each class already describes it, and every request pays for the schema again.
+
+
+def _schema_without_docstring(schema: dict[str, Any]) -> None:
+    schema.pop("description", None)
 
 
 class ExtractedLearning(BaseModel):
     """One atomic, reusable lesson from this trace, with the evidence it rests on."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_without_docstring)
 
     learning: str = Field(
         description="One actionable rule that names the tool, argument or policy it is about "
@@ -254,6 +264,8 @@ class ExtractedLearning(BaseModel):
 class SkillTag(BaseModel):
     """A skillbook skill the trace cites, tagged by its effect on the outcome (online mode)."""
 
+    model_config = ConfigDict(json_schema_extra=_schema_without_docstring)
+
     id: str = Field(description="The skill's id exactly as in the skillbook, without brackets (e.g. `section-00001`).")
     tag: Literal["helpful", "harmful", "neutral"] = Field(description="What following the skill did to this run.")
 
@@ -275,6 +287,8 @@ class Diagnosis(BaseModel):
     """The decisive failure of the run: the root cause (`step`, the earliest step from which the run never
     recovered) and where it became visible (`symptom_step`), and how."""
 
+    model_config = ConfigDict(json_schema_extra=_schema_without_docstring)
+
     kind: DiagnosisKind = Field(
         description=(
             "What went wrong at that step: missing_action (an expected action never taken), wrong_arguments "
@@ -286,9 +300,8 @@ class Diagnosis(BaseModel):
     )
     step: int | None = Field(
         default=None,
-        description="The root cause: index (`traces['steps'][i]['index']`) of the earliest step from which the run "
-        "never recovered (the misread output, the skipped check, the misunderstood request, the made-up value), "
-        "traced back from the symptom; null if unknown.",
+        description="The root cause: the `index` of the earliest step from which the run never recovered, traced "
+        "back from the symptom; null if unknown.",
     )
     symptom_step: int | None = Field(
         default=None,

@@ -23,10 +23,16 @@ MIN_CHILD_TOKENS = 10_000
 
 
 class UsageSummary(BaseModel):
+    """A tree's usage. `input_tokens` includes the cached ones (`cache_read_tokens`: served from the provider's
+    prompt cache, billed at about a tenth; `cache_write_tokens`: written to it, billed at a premium), as
+    providers and pydantic-ai count them; the budget counts every input token."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
     requests: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class UsageRecord(BaseModel):
@@ -38,6 +44,8 @@ class UsageRecord(BaseModel):
     output_tokens: int = 0
     depth: int = 0
     workflow_id: str = ""
+    cache_read_tokens: int = 0  # of input_tokens
+    cache_write_tokens: int = 0  # of input_tokens
 
 
 class Allocation(BaseModel):
@@ -48,7 +56,9 @@ class Allocation(BaseModel):
 def _sum(records: list[UsageRecord]) -> UsageSummary:
     inp = sum(r.input_tokens for r in records)
     out = sum(r.output_tokens for r in records)
-    return UsageSummary(input_tokens=inp, output_tokens=out, total_tokens=inp + out, requests=len(records))
+    return UsageSummary(input_tokens=inp, output_tokens=out, total_tokens=inp + out, requests=len(records),
+                        cache_read_tokens=sum(r.cache_read_tokens for r in records),
+                        cache_write_tokens=sum(r.cache_write_tokens for r in records))
 
 
 class Ledger(BaseModel):

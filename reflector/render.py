@@ -27,7 +27,7 @@ def render_reflection(out: ReflectorOutput) -> str:
     lines = [
         f"Reflection {raw.get('workflow_id', '?')}  model: {label}",
         f"  stop: {rt.get('stop_reason', '?')}{' (INCOMPLETE)' if rt.get('timed_out') else ''}  "
-        f"requests: {usage.get('requests', 0)}  tokens: {usage.get('total_tokens', 0):,}  "
+        f"requests: {usage.get('requests', 0)}  tokens: {usage.get('total_tokens', 0):,}{_cached(usage)}  "
         f"cells: {rt.get('cells', 0)} ({rt.get('failed_cells', 0)} failed)  depth: {rt.get('depth', 0)}",
         "",
     ]
@@ -53,6 +53,14 @@ def render_reflection(out: ReflectorOutput) -> str:
     if out.skill_tags:
         lines.append("Skill tags: " + ", ".join(f"{t.id}={t.tag}" for t in out.skill_tags))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _cached(usage: dict[str, int]) -> str:
+    """The tokens of the input the provider's prompt cache served or stored, when it did (`reflector.prompt_cache`)."""
+    read, written = usage.get("cache_read_tokens", 0), usage.get("cache_write_tokens", 0)
+    if not read and not written:
+        return ""
+    return f" (input {usage.get('input_tokens', 0):,}: {read:,} cache reads, {written:,} cache writes)"
 
 
 def _diagnosis_lines(d: Diagnosis | None) -> list[str]:

@@ -22,7 +22,7 @@ from workflows.activity_options import BASE_ACTIVITY, MODEL_ACTIVITY
 from workflows.control import SessionControl, continue_as_new
 from workflows.local_model import LocalModelDurability, local_model_activities
 from workflows.state import current_state
-from workflows.tools import offered_tools, recurse_offered, toolset
+from workflows.tools import recurse_offered, toolset
 
 __all__ = ["reflector_agent", "synthesis_agent", "MODEL_ACTIVITIES", "model_resolver"]
 
@@ -39,19 +39,9 @@ def model_resolver() -> ResolveModelId[Any]:
 
 
 
-def _instructions(ctx: RunContext[ReflectorDeps]) -> str:
+def _budget(ctx: RunContext[ReflectorDeps]) -> str:
     d = ctx.deps
-    budget = (
-        f"this session may spend at most {d.max_requests} model requests and {d.max_tokens:,} tokens, "
-        "and that includes everything its child sessions spend: a child started with `recurse` gets "
-        "half of what remains (at least 10,000 tokens) and its usage is charged back here. When the budget "
-        "runs out the session stops and returns what it has."
-        if recurse_offered(d)
-        else f"at most {d.max_requests} model requests and {d.max_tokens:,} tokens for this session; "
-        "when they run out the session stops and returns what it has."
-    )
-    tools = prompts.tools_section([*offered_tools(d), OUTPUT_TOOL])
-    return prompts.render(prompts.SYSTEM, budget_line=budget, tools=tools)
+    return prompts.budget(d.max_requests, d.max_tokens, shared_with_children=recurse_offered(d))
 
 
 reflector_agent: Agent[ReflectorDeps, ReflectionDraft] = Agent(
@@ -59,7 +49,7 @@ reflector_agent: Agent[ReflectorDeps, ReflectionDraft] = Agent(
     name=AGENT_NAME,
     deps_type=ReflectorDeps,
     output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL, description=prompts.OUTPUT_TOOL_DESCRIPTION),
-    instructions=_instructions,
+    instructions=[prompts.SYSTEM, _budget],  # the static prompt first: one cache entry for every session
     toolsets=[toolset],
     retries=3,
     capabilities=[

@@ -9,14 +9,18 @@ response into the ledger (calibrating characters per token on the provider's own
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.tools import ToolDefinition
 from temporalio import workflow
 
+from reflector import prompts
 from reflector.compaction import compacted_history, message_chars, microcompact, transcript_json
-from reflector.contract import SUMMARISE_ACTIVITY, ReflectorDeps, SummariseInput, SummariseResult
+from reflector.contract import OUTPUT_TOOL, SUMMARISE_ACTIVITY, ReflectorDeps, SummariseInput, SummariseResult
 from workflows.activity_options import MODEL_HEARTBEAT, MODEL_RETRY, SUMMARISE_TIMEOUT
 from workflows.rerun import reused_summary, reusing_step, reusing_summary
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
@@ -28,6 +32,16 @@ COMPACT_THRESHOLD = 0.85
 
 class SessionControl(AbstractCapability[ReflectorDeps]):
     """Budget ledger, compaction and metering around every model request (workflow-side only)."""
+
+    async def prepare_output_tools(
+        self, ctx: RunContext[ReflectorDeps], tool_defs: list[ToolDefinition]
+    ) -> list[ToolDefinition]:
+        """Without a skillbook the output tool offers no `skill_tags`: nothing to tag, and every request would pay
+        for its schema again (the answer is still validated by `ReflectionDraft`, which defaults it to empty)."""
+        if ctx.deps.has_skillbook:
+            return tool_defs
+        return [replace(t, parameters_json_schema=prompts.without_skill_tags(t.parameters_json_schema))
+                if t.name == OUTPUT_TOOL else t for t in tool_defs]
 
     async def before_model_request(
         self, ctx: RunContext[ReflectorDeps], request_context: ModelRequestContext
@@ -60,7 +74,9 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
             called = [p.tool_name for p in response.parts if isinstance(p, ToolCallPart)]
             state.last_tool = ", ".join(dict.fromkeys(called)) or "(text, no tool)"
             if not reused:
-                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
+                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens,
+                             cache_read_tokens=response.usage.cache_read_tokens,
+                             cache_write_tokens=response.usage.cache_write_tokens)
             if response.usage.input_tokens > 0 and state.last_request_chars > 0:
                 state.counters.chars_per_token = max(0.5, state.last_request_chars / response.usage.input_tokens)
         return response

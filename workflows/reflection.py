@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from pydantic_ai.durable_exec.temporal import PydanticAIWorkflow
 from temporalio import workflow
@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         INLINE_SKILLBOOK_PATCH,
         PREPARE_ACTIVITY,
         PROGRESS_QUERY,
+        PROMPT_CACHE_PATCH,
         RECURSE_BY_STRATEGY_PATCH,
         SEARCH_ATTRIBUTES_PATCH,
         WORKFLOW_NAME,
@@ -42,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         PrepareSessionInput,
         PrepareSessionResult,
         Progress,
+        ReflectionConfig,
         ReflectionDraft,
         ReflectionInput,
         ReflectorDeps,
@@ -50,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         StopReason,
     )
     from reflector.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
+    from reflector.prompt_cache import caches, with_prompt_cache
     from reflector.provider_errors import describe as describe_error
     from reflector.skillbook import IDS_LINE, parse_skillbook
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
@@ -139,7 +142,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                     message_history=messages_in,
                     deps=deps,
                     model=inp.config.model,
-                    model_settings=_model_settings(inp.config.model_settings),
+                    model_settings=_model_settings(inp.config, state.session_id),
                     # the ledger (SessionControl) enforces the tree-wide budget; this is a backstop
                     # (`rr rerun`: plus the reused steps, which the ledger does not charge)
                     usage_limits=UsageLimits(request_limit=inp.config.max_requests + 1 + _reused_steps(inp)),
@@ -252,7 +255,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 result = await synthesis_agent.run(
                     prompt,
                     model=state.inp.config.model,
-                    model_settings=_model_settings(state.inp.config.model_settings),
+                    model_settings=_model_settings(state.inp.config, state.session_id),
                     usage_limits=UsageLimits(request_limit=1),
                 )
                 draft = result.output.model_copy(
@@ -263,7 +266,9 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         # charged whether or not the answer was usable: the request was made
         for response in synth_messages:
             if isinstance(response, ModelResponse):
-                state.charge("synthesis", response.model_name, response.usage.input_tokens, response.usage.output_tokens)
+                state.charge("synthesis", response.model_name, response.usage.input_tokens, response.usage.output_tokens,
+                             cache_read_tokens=response.usage.cache_read_tokens,
+                             cache_write_tokens=response.usage.cache_write_tokens)
         return draft
 
     def _task_prompt(self, prep: PrepareSessionResult) -> str:
@@ -354,9 +359,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
 
 def _shown_preview(preview: str) -> str:
     """The prefill's output as the task prompt shows it (cell 1 of every session)."""
-    if len(preview) > PREVIEW_CHARS:
-        return preview[:PREVIEW_CHARS] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
-    return preview
+    return prompts.shown_preview(preview, PREVIEW_CHARS)
 
 
 def _may_recurse(inp: ReflectionInput) -> bool:
@@ -384,9 +387,13 @@ async def _despite_cancel(handle: asyncio.Future[Any]) -> Any:
         return await handle
 
 
-def _model_settings(given: dict[str, Any] | None) -> ModelSettings:
-    """Temperature 0.0 unless the caller passed settings (then theirs, untouched)."""
-    return ModelSettings(**given) if given else ModelSettings(temperature=0.0)  # type: ignore[typeddict-item]
+def _model_settings(config: ReflectionConfig, session_id: str) -> ModelSettings:
+    """Temperature 0.0 unless the caller passed settings (then theirs), with the provider's prompt caching on
+    unless those settings say otherwise (`reflector.prompt_cache`; an OpenAI cache key per session)."""
+    settings: dict[str, Any] = dict(config.model_settings) if config.model_settings else {"temperature": 0.0}
+    if caches(config.model) and workflow.patched(PROMPT_CACHE_PATCH):
+        settings = with_prompt_cache(config.model, settings, session_id=session_id) or settings
+    return cast(ModelSettings, settings)
 
 
 def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: StopReason, error: str) -> ReflectionDraft:

@@ -118,7 +118,8 @@ class SessionState:
         """One request is kept back for the final synthesis when the budget allows it."""
         return 1 if self.inp.config.max_requests >= 3 else 0
 
-    def charge(self, kind: str, model: str | None, input_tokens: int, output_tokens: int) -> None:
+    def charge(self, kind: str, model: str | None, input_tokens: int, output_tokens: int, *,
+               cache_read_tokens: int = 0, cache_write_tokens: int = 0) -> None:
         """Charge one model request of this session (a turn, a summary or the synthesis) to the ledger."""
         self.ledger.charge(
             UsageRecord(
@@ -128,6 +129,8 @@ class SessionState:
                 output_tokens=output_tokens,
                 depth=self.inp.depth,
                 workflow_id=self.session_id,
+                cache_read_tokens=cache_read_tokens,
+                cache_write_tokens=cache_write_tokens,
             )
         )
 

@@ -42,7 +42,7 @@ from workflows.activity_options import CELL_RETRY
 from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
-__all__ = ["toolset", "offered_tools", "recurse_offered"]
+__all__ = ["toolset", "recurse_offered"]
 
 toolset: FunctionToolset[ReflectorDeps] = FunctionToolset(id=TOOLSET_ID)
 
@@ -50,17 +50,6 @@ toolset: FunctionToolset[ReflectorDeps] = FunctionToolset(id=TOOLSET_ID)
 def recurse_offered(deps: ReflectorDeps) -> bool:
     """`recurse` is offered below max_depth, where the strategy lets the session split (`may_recurse`)."""
     return deps.may_recurse and deps.depth < deps.max_depth
-
-
-def offered_tools(deps: ReflectorDeps) -> list[str]:
-    """The toolset's tools a request of this session offers, in the toolset's order (the system prompt
-    lists exactly these, `workflows.agents`; each tool's `prepare` below applies the same rule)."""
-    names = [EXECUTE_CODE_TOOL, THINK_TOOL]
-    if recurse_offered(deps):
-        names.append(RECURSE_TOOL)
-    if deps.has_skillbook:
-        names.extend(SKILL_TOOLS)
-    return names
 
 
 # ------------------------------------------------------------------------------------ sandbox tools

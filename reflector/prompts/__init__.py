@@ -1,18 +1,21 @@
 """Prompt texts, kept as files in the package and filled with `render` (no `str.format`).
 
 `render` substitutes `{{name}}` placeholders only, so braces in trace previews, skillbooks or JSON
-never break the template. What a prompt says about tools and splitting is decided by the same
-functions that decide what is offered (`may_split`, `tools_section`), so the two cannot disagree.
+never break the template. What a prompt says about splitting is decided by the same function that decides
+whether `recurse` is offered (`may_split`), so the two cannot disagree. The system prompt (`SYSTEM`) is the same
+for every session and names no tool that may be withheld: the tools describe themselves in their definitions
+(sent with every request), and a provider's prompt cache can hold `SYSTEM` for every reflection
+(`reflector.prompt_cache`); the session's budget follows it as an instruction of its own (`budget`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from reflector.contract import OUTPUT_TOOL
+from reflector.toolkit import TOOLKIT_DOC
 from sandbox.host.guards import allowed_modules_text
 
 __all__ = [
@@ -24,8 +27,9 @@ __all__ = [
     "render",
     "strategy",
     "may_split",
-    "tools_section",
-    "tool_names_in",
+    "budget",
+    "shown_preview",
+    "without_skill_tags",
     "task_field",
 ]
 
@@ -54,7 +58,10 @@ def render(template: str, **values: object) -> str:
 
 
 # The importable modules are the sandbox's own allowlist, filled in once (never a hand-kept copy).
-SYSTEM = _load("system.md").replace("{{modules}}", allowed_modules_text()).replace("{{output_tool}}", OUTPUT_TOOL)
+# The toolkit's signatures too (`TOOLKIT_DOC`, what `describe_traces()` prints): told once here, where every session
+# shares them, and left out of the task prompt's copy of cell 1 (`shown_preview`).
+SYSTEM = (_load("system.md").replace("{{modules}}", allowed_modules_text()).replace("{{output_tool}}", OUTPUT_TOOL)
+          .replace("{{toolkit}}", TOOLKIT_DOC))
 ONLINE = _load("online.md")
 STRATEGY_SMALL = _load("strategy_small.md")
 STRATEGY_LARGE = _load("strategy_large.md")
@@ -64,11 +71,6 @@ STRATEGY_SPLIT = _load("strategy_split.md")
 OUTPUT_TOOL_DESCRIPTION = _load("output_tool.md").strip()
 LARGE_TRACE_BYTES = 256 * 1024
 
-_TOOL_LINE = re.compile(r"^- `(\w+)\(")
-# one line per tool, keyed by its name: the system prompt lists exactly the tools a request offers
-_TOOL_LINES: dict[str, str] = {
-    m.group(1): line for line in _load("tools.md").splitlines() if (m := _TOOL_LINE.match(line))
-}
 FIELD_CHARS = 1_500  # a task field longer than this is cut in the prompt (the whole text is in `traces`)
 
 
@@ -85,18 +87,35 @@ def strategy(trace_bytes: int, can_recurse: bool) -> str:
     return STRATEGY_LARGE + STRATEGY_SPLIT if can_recurse else STRATEGY_LARGE
 
 
-def tools_section(names: Sequence[str]) -> str:
-    """The system prompt's tool list: one line for each offered tool, in the order given."""
-    unknown = [n for n in names if n not in _TOOL_LINES]
-    if unknown:
-        raise KeyError(f"no line in prompts/tools.md for the tools {unknown}")
-    return "\n".join(_TOOL_LINES[n] for n in names)
+def budget(max_requests: int, max_tokens: int, *, shared_with_children: bool) -> str:
+    """The session's budget, told after `SYSTEM` (a separate instruction: it differs between sessions)."""
+    if shared_with_children:
+        return (f"Budget: this session may spend at most {max_requests} model requests and {max_tokens:,} tokens, "
+                "and that includes everything its child sessions spend: a child started with `recurse` gets half of "
+                "what remains (at least 10,000 tokens) and its usage is charged back here. When the budget runs out "
+                "the session stops and returns what it has.")
+    return (f"Budget: at most {max_requests} model requests and {max_tokens:,} tokens for this session; when they "
+            "run out the session stops and returns what it has.")
 
 
-def tool_names_in(system_prompt: str) -> list[str]:
-    """The tools a rendered system prompt lists under `Tools:` (the inverse of `tools_section`, for checks)."""
-    section = system_prompt.split("\nTools:\n", 1)[-1].split("\n\n", 1)[0]
-    return [m.group(1) for line in section.splitlines() if (m := _TOOL_LINE.match(line))]
+def shown_preview(preview: str, limit: int) -> str:
+    """Cell 1's output (`describe_traces()`) as the task prompt shows it: without the toolkit's signatures, which
+    `SYSTEM` gives, and cut at `limit` characters."""
+    preview = preview.replace(TOOLKIT_DOC + "\n", "(toolkit: its signatures are in the system prompt)\n", 1)
+    if len(preview) > limit:
+        return preview[:limit] + "\n[... preview truncated; call describe_traces() or slice `traces`]"
+    return preview
+
+
+def without_skill_tags(schema: dict[str, Any]) -> dict[str, Any]:
+    """The output tool's JSON schema without `skill_tags` (and its `SkillTag` definition): offered to a session with
+    no skillbook, where there is nothing to tag (`ReflectionDraft.skill_tags` defaults to empty)."""
+    out = {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "skill_tags"}}
+    if "$defs" in schema:
+        out["$defs"] = {k: v for k, v in schema["$defs"].items() if k != "SkillTag"}
+    if "required" in schema:
+        out["required"] = [r for r in schema["required"] if r != "skill_tags"]
+    return out
 
 
 def task_field(given: str | None, traced: str | None, *, key: str, none: str) -> str:

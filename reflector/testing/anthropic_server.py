@@ -91,7 +91,7 @@ class AnthropicServer(ScriptedServer):
             "usage": {
                 "input_tokens": self.prompt_tokens,
                 "output_tokens": self.completion_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": self.cache_write_tokens,
+                "cache_read_input_tokens": self.cached_tokens,
             },
         }

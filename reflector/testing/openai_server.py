@@ -13,7 +13,8 @@ It records every request (path, headers, JSON body, status, fault) in ``requests
 provider faults from a script (``faults``, ``fault_at``, ``fail_next``: HTTP errors such as a 429 with
 ``Retry-After``, 500, 401 or 404 ``model_not_found``, replies held past the client's timeout, truncated
 bodies, malformed JSON; see `reflector.testing.scripted_http`, shared with `anthropic_server`). Each
-successful reply reports ``prompt_tokens``/``completion_tokens`` so usage accounting can be asserted exactly.
+successful reply reports ``prompt_tokens``/``completion_tokens`` (and ``cached_tokens`` of the prompt, 0 unless
+set) so usage accounting can be asserted exactly.
 
 For crash and chaos runs (all off by default): ``cells`` makes it call ``execute_code`` that many times
 before answering (still decided from the request alone), ``latency_s`` holds every reply that long (a
@@ -99,11 +100,12 @@ class OpenAIServer(ScriptedServer):
             fault.status, "server_error")
         return {"error": {"message": fault.message, "type": kind, "param": None, "code": fault.code}}
 
-    def _usage_chat(self) -> dict[str, int]:
+    def _usage_chat(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
     def _route(self, path: str, body: dict[str, Any], n: int) -> Reply:
@@ -170,7 +172,7 @@ class OpenAIServer(ScriptedServer):
             "tools": body.get("tools", []),
             "usage": {
                 "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": self.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": self.prompt_tokens + self.completion_tokens,

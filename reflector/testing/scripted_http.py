@@ -175,6 +175,10 @@ class ScriptedServer:
 
     prompt_tokens: int = 100
     completion_tokens: int = 20
+    # prompt caching, reported as each provider does: OpenAI's `cached_tokens` are part of `prompt_tokens`;
+    # Anthropic reports `input_tokens` (uncached), `cache_read_input_tokens` and `cache_creation_input_tokens`
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0  # Anthropic only (OpenAI does not report cache writes)
     cells: int = 1  # execute_code calls before the final answer
     latency_s: float = 0.0  # how long every reply is held
     # TCP_NODELAY on every connection: the body, written after the headers, then leaves at once instead

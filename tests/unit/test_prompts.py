@@ -22,10 +22,15 @@ def test_strategy_adapts_to_trace_size_and_recursion() -> None:
     assert "Survey first" in leaf and "recurse" not in leaf
 
 
-def test_system_prompt_budget_line_is_filled() -> None:
-    text = prompts.render(prompts.SYSTEM, budget_line="X BUDGET", tools=prompts.tools_section(["execute_code"]))
-    assert "X BUDGET" in text and "{{" not in text
-    assert prompts.tool_names_in(text) == ["execute_code"]
+def test_system_prompt_is_static_and_the_budget_is_its_own_instruction() -> None:
+    from reflector.contract import OUTPUT_TOOL
+
+    assert "{{" not in prompts.SYSTEM and f"`{OUTPUT_TOOL}`" in prompts.SYSTEM
+    assert "Budget:" not in prompts.SYSTEM  # it differs between sessions: a provider's cache holds SYSTEM for all
+    leaf = prompts.budget(7, 12_000, shared_with_children=False)
+    tree = prompts.budget(7, 12_000, shared_with_children=True)
+    assert "7 model requests and 12,000 tokens" in leaf and "recurse" not in leaf
+    assert "7 model requests and 12,000 tokens" in tree and "child sessions" in tree
 
 
 def test_unknown_placeholder_is_an_error() -> None:
@@ -35,25 +40,23 @@ def test_unknown_placeholder_is_an_error() -> None:
         prompts.render("{{missing}}")
 
 
-def test_every_tool_has_one_line_and_the_list_reads_back() -> None:
-    from reflector.contract import EXECUTE_CODE_TOOL, OUTPUT_TOOL, RECURSE_TOOL, SKILL_TOOLS, THINK_TOOL
+def test_system_prompt_names_no_tool_that_may_be_withheld() -> None:
+    """`recurse` and the skill tools are offered by session (depth, strategy, skillbook); the static prompt must
+    not name them (the strategy and online parts of the task prompt do, chosen by the same rules)."""
+    from reflector.contract import RECURSE_TOOL, SKILL_TOOLS
 
-    names = [EXECUTE_CODE_TOOL, THINK_TOOL, RECURSE_TOOL, *SKILL_TOOLS, OUTPUT_TOOL]
-    text = prompts.render(prompts.SYSTEM, budget_line="B", tools=prompts.tools_section(names))
-    assert prompts.tool_names_in(text) == names
-    assert "tool_calls" not in prompts.tool_names_in(text)  # toolkit functions are not tools
+    for name in (RECURSE_TOOL, *SKILL_TOOLS):
+        assert f"`{name}" not in prompts.SYSTEM, name
 
 
-def test_offered_tools_follow_depth_strategy_and_skillbook() -> None:
+def test_recurse_follows_depth_and_strategy() -> None:
     from reflector.contract import ReflectorDeps
-    from workflows.tools import offered_tools
+    from workflows.tools import recurse_offered
 
     deps = ReflectorDeps(workflow_id="w", depth=0, max_depth=2)
-    assert offered_tools(deps) == ["execute_code", "think", "recurse"]
-    assert "recurse" not in offered_tools(deps.model_copy(update={"may_recurse": False}))
-    assert "recurse" not in offered_tools(deps.model_copy(update={"depth": 2}))
-    assert offered_tools(deps.model_copy(update={"may_recurse": False, "has_skillbook": True})) == [
-        "execute_code", "think", "list_skill_sections", "get_skill", "search_skills"]
+    assert recurse_offered(deps)
+    assert not recurse_offered(deps.model_copy(update={"may_recurse": False}))
+    assert not recurse_offered(deps.model_copy(update={"depth": 2}))
 
 
 def test_splitting_is_for_large_traces_unless_asked() -> None:
@@ -77,3 +80,28 @@ def test_every_output_field_is_described() -> None:
     missing = [name for m in models for name, prop in m["properties"].items() if not prop.get("description")]
     assert missing == []
     assert "description" not in schema  # no docstring: the output tool's description is the prompt's own
+    # the nested models' docstrings are for readers of the code: the model reads the field's description
+    assert [name for name, d in schema["$defs"].items() if "description" in d] == []
+
+
+def test_task_prompt_shows_cell_1_without_the_signatures_the_system_prompt_gives() -> None:
+    from reflector.toolkit import TOOLKIT_DOC
+
+    cell_1 = f"traces: dict (9 keys)\n{TOOLKIT_DOC}\n  ['steps']: list (4 items)\npreview:\n" + "x" * 50
+    shown = prompts.shown_preview(cell_1, limit=10_000)
+    assert TOOLKIT_DOC in prompts.SYSTEM and TOOLKIT_DOC not in shown
+    assert shown.startswith("traces: dict (9 keys)\n(toolkit: its signatures are in the system prompt)\n")
+    assert shown.endswith("x" * 50)
+    cut = prompts.shown_preview(cell_1, limit=60)
+    assert cut.startswith(shown[:60]) and "preview truncated" in cut
+
+
+def test_the_offline_output_schema_has_no_skill_tags() -> None:
+    from reflector.contract import ReflectionDraft
+
+    schema = ReflectionDraft.model_json_schema()
+    offline = prompts.without_skill_tags(schema)
+    assert "skill_tags" in schema["properties"] and "SkillTag" in schema["$defs"]  # the input is not changed
+    assert "skill_tags" not in offline["properties"] and "SkillTag" not in offline["$defs"]
+    assert offline["required"] == schema["required"] and "diagnosis" in offline["properties"]
+    assert ReflectionDraft.model_validate({k: "x" for k in schema["required"]}).skill_tags == []

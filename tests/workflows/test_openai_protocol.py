@@ -133,6 +133,8 @@ async def test_reflection_completes_over_local_openai_server(
         "output_tokens": 2 * COMPLETION_TOKENS,
         "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS),
         "requests": 2,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
     # one model-request activity per HTTP request, none retried; a provider model's requests are
     # pydantic-ai's regular activities (they hold no workflow task while the provider thinks)

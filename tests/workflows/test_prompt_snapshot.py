@@ -49,6 +49,7 @@ _NORMALISE = [
     (re.compile(r"\bt-snap-[0-9a-f]{10}\b"), "<workflow-id>"),
     (re.compile(r"\b(127\.0\.0\.1|localhost):\d+"), r"\1:<port>"),
     (re.compile(r"\brr-snapshot-[0-9a-f]{8}\b"), "<model>"),
+    (re.compile(r"\brr-[0-9a-f]{32}\b"), "<prompt-cache-key>"),
 ]
 
 
@@ -74,8 +75,10 @@ async def _first_request(client: Client, tq: str, settings: Settings, server: Op
 
 
 def _messages(body: dict[str, Any]) -> tuple[str, str]:
-    by_role = {m["role"]: m["content"] for m in body["messages"]}
-    return str(by_role["system"]), str(by_role["user"])
+    """The system messages (the static prompt, then the budget: one message per instruction) and the user's."""
+    system = "\n\n".join(str(m["content"]) for m in body["messages"] if m["role"] == "system")
+    [user] = [str(m["content"]) for m in body["messages"] if m["role"] == "user"]
+    return system, user
 
 
 def _tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -123,8 +126,13 @@ async def test_first_request_matches_the_snapshot(client, task_queue, settings, 
     assert not any(undescribed.values()), f"schema properties without a description: {undescribed}"
     assert "deliberately absent" not in tools[OUTPUT_TOOL]["description"]  # a developer note, not for the model
     assert tools[OUTPUT_TOOL]["description"] == prompts.OUTPUT_TOOL_DESCRIPTION
-    # the system prompt lists exactly the tools the request offers, and never a tool it does not
-    assert sorted(prompts.tool_names_in(system)) == sorted(tools)
+    # the system prompt is the static one every session shares (a provider's cache holds it), then the budget;
+    # it lists no tools (their definitions describe them), so it cannot name one the request does not offer
+    assert system.startswith(prompts.SYSTEM.rstrip()) and "\nBudget: at most 50 model requests" in system
+    assert body.get("prompt_cache_key", "").startswith("rr-")  # OpenAI's prompt cache: a key per session
+    # no skillbook, nothing to tag: the output schema leaves `skill_tags` out (each request would pay for it)
+    assert "skill_tags" not in tools[OUTPUT_TOOL]["parameters"]["properties"]
+    assert "SkillTag" not in json.dumps(tools[OUTPUT_TOOL]["parameters"])
     assert RECURSE_TOOL not in tools and "recurse" not in system + user  # a small trace: no children
     # the trace's own question and ground truth, said to come from the trace
     example = json.loads(EXAMPLE.read_text())
@@ -184,6 +192,16 @@ async def test_large_trace_offers_recurse_and_says_so(client, task_queue, settin
                                 question="What is 17 * 24?", ground_truth="408")
     system, user = _messages(body)
     tools = _tools(body)
-    assert RECURSE_TOOL in tools and sorted(prompts.tool_names_in(system)) == sorted(tools)
+    assert RECURSE_TOOL in tools and "its child sessions spend" in system  # the budget says children share it
     assert "recurse(prompt, context_code)" in user  # the large-trace strategy offers children
     assert "Question given to the agent: What is 17 * 24?\nGround truth: 408\n" in user  # the caller's
+
+
+async def test_skill_tags_are_asked_for_with_a_skillbook(client, task_queue, settings, tmp_path,
+                                                        openai_server: OpenAIServer) -> None:
+    body = await _first_request(client, task_queue, settings, openai_server, write_trace(tmp_path),
+                                skillbook="[math-00001] Check a product by estimating it.", mode="online")
+    tools = _tools(body)
+    assert "skill_tags" in tools[OUTPUT_TOOL]["parameters"]["properties"]
+    assert "SkillTag" in tools[OUTPUT_TOOL]["parameters"]["$defs"]
+    assert "get_skill" in tools

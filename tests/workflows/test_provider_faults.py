@@ -200,7 +200,8 @@ async def test_rejected_request_fails_fast_and_clearly(
     assert len(failed) == 1 and failed[0].failure.application_failure_info.non_retryable
     assert not _retried_failures(history) and _model_attempts(history) == []
     # the budget is not burned: nothing was answered, nothing is charged
-    assert out.raw["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "requests": 0}
+    assert out.raw["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "requests": 0,
+                                 "cache_read_tokens": 0, "cache_write_tokens": 0}
     assert not server.completed
     # `rr reflect` ends with one line saying why
     assert cli._finished(out) == rr.EXIT_INCOMPLETE
@@ -225,6 +226,8 @@ async def test_anthropic_messages_reflection(client, task_queue, settings, tmp_p
         "output_tokens": 2 * COMPLETION_TOKENS,
         "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS),
         "requests": 2,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
     assert _model_attempts(history) == [1, 1]
     first, second = server.requests
