@@ -10,9 +10,9 @@ One replayer replays them all, in one replay worker (`Replayer.workflow_replay_i
 (blobs are content-addressed and checked against their sha256, so any store that has one has the same
 bytes); the histories are fetched from the server several at a time, ahead of the replay. Before, each
 history had a replay worker of its own, built once per store until one held its payloads
-(`python -m bench.suite_replay`). Should a payload be in none of the stores, the histories not yet
-replayed are replayed one by one, store by store, as before, so that the failure names each history
-whose payloads are missing.
+(`python -m bench.suite_replay`). A payload in none of the stores fails the replay of its history, which
+the failures name (checked 2026-12-06 against an empty store); should the replay worker raise instead, the
+histories not yet replayed are replayed one by one, store by store, as before.
 """
 
 from __future__ import annotations
