@@ -132,6 +132,19 @@ class Workflows:
 
         return asyncio.run(get())
 
+    def wait_taken(self, wf_id: str, timeout: float = 30) -> None:
+        """Until a worker has taken `wf_id`: a workflow task of it completed (the history records it)."""
+
+        async def run() -> None:
+            handle = (await self._client()).get_workflow_handle(wf_id)
+            deadline = time.monotonic() + timeout
+            while not any(e.HasField("workflow_task_completed_event_attributes")
+                          for e in (await handle.fetch_history()).events):
+                assert time.monotonic() < deadline, f"no worker took {wf_id} within {timeout} s"
+                await asyncio.sleep(0.05)
+
+        asyncio.run(run())
+
     def terminate_running(self) -> list[str]:
         """Terminate every tracked reflection still Running; returns those that should have ended."""
         from temporalio.client import WorkflowExecutionStatus
@@ -193,7 +206,7 @@ def test_reflect_says_when_no_worker_takes_the_reflection(live, tmp_path: Path) 
         worker.wait_ready()
         run = Running("reflect", str(EXAMPLE), "--model", "scripted-paced-20", env=env)
         wfs.left_running.append(_started_id(run.wait_for("started reflection", 30)))
-        time.sleep(1)  # the worker has taken it
+        wfs.wait_taken(wfs.left_running[-1])  # the worker has taken it
         worker.kill()
         # the dead worker's task times out (4 s), then nobody takes it for RR_NO_WORKER_WARN_S
         warning = run.wait_for("no worker is polling", 30)

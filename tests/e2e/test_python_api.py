@@ -360,7 +360,12 @@ def test_a_call_that_ends_leaves_the_hosts_of_a_call_beside_it(on_server: Path) 
     async def main() -> tuple[ReflectorOutput, ReflectorOutput, bool]:
         long = asyncio.ensure_future(areflect(traces=MESSAGES, ground_truth="408", workflow_id=long_id,
                                               config=RRConfig(model="scripted-paced-20", max_requests=40)))
-        await asyncio.sleep(1.0)  # the long one has its host and has run cells
+        # the long one has its host and has run cells: its first cell is in its journal
+        journal = Settings.from_env().blob_dir / "sessions" / long_id
+        deadline = time.monotonic() + 60
+        while not any(journal.glob("*.json")) and not long.done():
+            assert time.monotonic() < deadline, "the long reflection ran no cell"
+            await asyncio.sleep(0.02)
         other = dataclasses.replace(Settings.from_env(), task_queue_setting=f"api-other-{uuid.uuid4().hex[:6]}")
         short = await areflect(traces=MESSAGES, agent_output=ANSWER, ground_truth="408", settings=other)
         overlapped = not long.done()
