@@ -24,7 +24,12 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from reflector.answers import answers_match, compare_actions
+from reflector.analysis.answers import answers_match, compare_actions
+from reflector.analysis.diagnosis import from_divergence
+from reflector.analysis.limits import SKILL_IDS_SHOWN, InputTooLarge
+from reflector.analysis.skillbook import Skill, check_skillbook, look_up, parse_skillbook
+from reflector.analysis.traces.budget import host_memory_bytes
+from reflector.analysis.traces.index import INDEX_SUFFIX, index_path, write_index
 from reflector.contract import (
     CLOSE_ACTIVITY,
     EXPORT_ACTIVITY,
@@ -46,14 +51,9 @@ from reflector.contract import (
     TraceRef,
     session_key,
 )
-from reflector.diagnosis import from_divergence
-from reflector.limits import SKILL_IDS_SHOWN, InputTooLarge
-from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
-from reflector.skillbook import Skill, check_skillbook, look_up, parse_skillbook
-from reflector.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
-from reflector.storage.stores import blocking, open_store
-from reflector.traces.budget import host_memory_bytes
-from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
+from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
+from reflector.runtime.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
+from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
 from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
@@ -122,7 +122,7 @@ class _Runtime:
     users: int = 0  # workers that hold it (`hold` / `release`): the last one to end stops its hosts
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
-        """A blob-store call (`reflector.storage.stores.blocking`)."""
+        """A blob-store call (`reflector.runtime.storage.stores.blocking`)."""
         return await blocking(self.store.remote, fn, *args)
 
 
@@ -282,7 +282,7 @@ def _rt() -> _Runtime:
 
 
 def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimits:
-    """The host's limits: the workflow's, and an address space sized for the trace (`reflector.traces.budget`)."""
+    """The host's limits: the workflow's, and an address space sized for the trace (`reflector.analysis.traces.budget`)."""
     ipath = index_path(str(trace_path))
     index_size = os.path.getsize(ipath) if os.path.exists(ipath) else None
     return SandboxLimits(
@@ -408,7 +408,7 @@ _SKILLBOOKS_KEPT = 2  # parsed skillbooks kept in memory per worker process (a b
 class _Skillbook:
     text: str
     skills: tuple[Skill, ...]
-    error: str | None  # over a cap (`reflector.skillbook.check_skillbook`)
+    error: str | None  # over a cap (`reflector.analysis.skillbook.check_skillbook`)
 
 
 _skillbooks: dict[str, _Skillbook] = {}
@@ -439,7 +439,7 @@ async def _skillbook(ref: SkillbookRef) -> _Skillbook:
 def _check_store(store: BlobStore, trace: TraceRef) -> None:
     """A reflection whose trace was uploaded to another blob store than this worker's fails now, for good,
     naming both stores (same task queue, different stores: an explicit RR_TASK_QUEUE shared by two setups)."""
-    from reflector.storage.identity import StoreMismatch, check_same_store
+    from reflector.runtime.storage.identity import StoreMismatch, check_same_store
 
     try:
         check_same_store(store, trace.store_id, trace.store_url)
@@ -487,7 +487,7 @@ async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
 
 @activity.defn(name=SKILL_LOOKUP_ACTIVITY)
 async def look_up_skill(inp: SkillLookupInput) -> str:
-    """A skill tool's answer from the session's skillbook blob (bounded: `reflector.skillbook.look_up`)."""
+    """A skill tool's answer from the session's skillbook blob (bounded: `reflector.analysis.skillbook.look_up`)."""
     book = await _skillbook(inp.skillbook)
     if book.error is not None:
         return f"ERROR: {book.error}"

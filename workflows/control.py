@@ -15,7 +15,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from temporalio import workflow
 
-from reflector.compaction import compacted_history, message_chars, microcompact, transcript_json
+from reflector.analysis.compaction import compacted_history, message_chars, microcompact, transcript_json
 from reflector.contract import SUMMARISE_ACTIVITY, ReflectorDeps, SummariseInput, SummariseResult
 from workflows.activity_options import MODEL_HEARTBEAT, MODEL_RETRY, SUMMARISE_TIMEOUT
 from workflows.rerun import reused_summary, reusing_step, reusing_summary

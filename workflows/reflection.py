@@ -24,9 +24,11 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
-    from reflector import prompts
-    from reflector import search_attributes as sa
-    from reflector.citations import check_citations
+    from reflector.analysis import prompts
+    from reflector.analysis.citations import check_citations
+    from reflector.analysis.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
+    from reflector.analysis.provider_errors import describe as describe_error
+    from reflector.analysis.skillbook import IDS_LINE, parse_skillbook
     from reflector.contract import (
         CANCEL_PATCH,
         CLOSE_ACTIVITY,
@@ -49,9 +51,7 @@ with workflow.unsafe.imports_passed_through():
         RunTrace,
         StopReason,
     )
-    from reflector.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
-    from reflector.provider_errors import describe as describe_error
-    from reflector.skillbook import IDS_LINE, parse_skillbook
+    from reflector.runtime import search_attributes as sa
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
     from workflows.agents import reflector_agent, synthesis_agent
     from workflows.local_model import local_model_requests

@@ -97,7 +97,7 @@ MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round 
 # Modules whose first use imports more from disk: imported before the lockdown, after which the
 # host (as nobody, under Landlock) may no longer be able to read the Python installation.
 PRELOAD_IMPORTS = (
-    "reflector.traces", "reflector.traces.lazy", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
+    "reflector.analysis.traces", "reflector.analysis.traces.lazy", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
     "unicodedata", "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
     "encodings.cp1252", "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
     "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
@@ -473,7 +473,7 @@ def _readable_paths() -> list[str]:
 
 def _index_path(trace_path: str) -> str:
     try:
-        from reflector.traces.index import index_path
+        from reflector.analysis.traces.index import index_path
     except ImportError:  # a host without the project's trace reader reads every trace whole
         return trace_path + "\0"  # a name no file has
     return index_path(trace_path)
@@ -481,8 +481,8 @@ def _index_path(trace_path: str) -> str:
 
 def _open_lazy(trace_fd: int, index_fd: int) -> tuple[Any, dict[str, Any]]:
     """The lazy view of a large trace: the index is read whole, the trace stays open on `trace_fd`."""
-    from reflector.traces.index import TraceIndex
-    from reflector.traces.lazy import open_view
+    from reflector.analysis.traces.index import TraceIndex
+    from reflector.analysis.traces.lazy import open_view
 
     with os.fdopen(index_fd, "rb") as fh:
         index = TraceIndex.from_bytes(fh.read())
@@ -498,7 +498,7 @@ def _load_trace_fd(fd: int | None, name: str, trace_format: str) -> Any:
     with os.fdopen(fd, "rb") as fh:
         raw = fh.read()
     try:
-        from reflector.traces import load_normalized_bytes
+        from reflector.analysis.traces import load_normalized_bytes
     except ImportError:
         return load_traces(None, trace_format) if not raw else _plain_json(raw, name, trace_format)
     fmt = None if trace_format in ("", "auto", "json", "jsonl") else trace_format

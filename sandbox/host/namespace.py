@@ -22,9 +22,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from reflector.toolkit import SANDBOX_HELPERS, TOOLKIT_DOC
-from reflector.toolkit.actors import actors_note
-from reflector.traces.lazy import LazySeq
+from reflector.analysis.toolkit import SANDBOX_HELPERS, TOOLKIT_DOC
+from reflector.analysis.toolkit.actors import actors_note
+from reflector.analysis.traces.lazy import LazySeq
 from sandbox.archive import ARCHIVE_MAX_BYTES, read_archive
 from sandbox.host.guards import (
     ATTR_HOOK,
@@ -78,7 +78,7 @@ def load_traces(trace_path: str | None, trace_format: str) -> Any:
     if trace_path is None:
         return None
     try:
-        from reflector.traces import load_normalized  # lazy: heavy, and maybe not there yet
+        from reflector.analysis.traces import load_normalized  # lazy: heavy, and maybe not there yet
     except ImportError:
         pass
     else:
@@ -106,7 +106,7 @@ def _size(value: Any) -> str:
 
 
 def _is_view(value: Any) -> bool:
-    """A canonical trace view (`reflector.traces.view`): its `raw` is the trace as read, the same data again."""
+    """A canonical trace view (`reflector.analysis.traces.view`): its `raw` is the trace as read, the same data again."""
     return isinstance(value, dict) and "raw" in value and ("steps" in value or "runs" in value)
 
 
@@ -220,7 +220,7 @@ class SandboxNamespace:
         lazy_roots: dict[str, LazySeq] | None = None,
     ) -> None:
         """Populate the namespace; called once per host. `archive_root`: the blob store `ARCHIVE` reads;
-        `lazy_roots`: the root sequences of a lazy `traces` (see `reflector.traces.lazy`)."""
+        `lazy_roots`: the root sequences of a lazy `traces` (see `reflector.analysis.traces.lazy`)."""
         self.archive_root = archive_root
         self.lazy_roots = dict(lazy_roots or {})
         scaffold: dict[str, Any] = {
@@ -239,7 +239,7 @@ class SandboxNamespace:
             "ARCHIVE": self.archive,
             "traces": traces,
             HISTORY: [],
-            **SANDBOX_HELPERS,  # the trace-analysis toolkit (reflector.toolkit): trusted, returns plain data
+            **SANDBOX_HELPERS,  # the trace-analysis toolkit (reflector.analysis.toolkit): trusted, returns plain data
         }
         for name in PRELOADED_MODULES:
             scaffold[name] = self.importer.proxy(name)

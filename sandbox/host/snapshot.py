@@ -72,7 +72,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from reflector.traces.lazy import LAZY_TYPES, resolve_ref
+from reflector.analysis.traces.lazy import LAZY_TYPES, resolve_ref
 from sandbox.host.guards import CELL_MODULE
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ _PLAIN: frozenset[type] = frozenset({dict, list, tuple, set, frozenset, bytearra
 _WALK: frozenset[type] = frozenset({dict, list, tuple})
 # Atomic values whose identity a restore could lose (None, bools and small ints are singletons anyway).
 _IDENTITY_ATOMS: frozenset[type] = frozenset({int, float, complex, str, bytes})
-# The lazy trace sequences (`reflector.traces.lazy`): immutable views of the trace file, written as
+# The lazy trace sequences (`reflector.analysis.traces.lazy`): immutable views of the trace file, written as
 # persistent references ("L", kind, start, stop, step) and resolved against the restored host's (or the
 # child's) own view of the same trace: a snapshot or an export never copies the trace.
 _LAZY: frozenset[type] = frozenset(LAZY_TYPES)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.devserver import is_reachable
+from reflector.runtime.devserver import is_reachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -150,7 +150,7 @@ def test_result_of_a_running_reflection_says_so(
     from reflector import client as c
     from reflector.client import connect
     from reflector.contract import ReflectionConfig
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
 
     async def start() -> str:
         client = await connect(temporal_server.address)

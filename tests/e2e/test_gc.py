@@ -26,13 +26,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 import reflector.testing.scripted  # noqa: F401  (registers the scripted models in this process too)
 import worker
 from reflector import client as rr
-from reflector import gc
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.devserver import DevServer
-from reflector.settings import Settings
-from reflector.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
-from reflector.storage.payloads import stored_digest
+from reflector.runtime import gc
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
+from reflector.runtime.storage.payloads import stored_digest
 from tests.support.fixtures import completed_activities, write_trace
 from tests.support.procs import REPO_ROOT, WorkerProcess
 

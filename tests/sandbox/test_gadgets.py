@@ -397,7 +397,7 @@ def test_snapshot_refuses_forged_builtin_module() -> None:
 
 # --- the model is told exactly what is importable --------------------------------------------------
 def test_prompt_lists_exactly_the_allowlist() -> None:
-    from reflector import prompts
+    from reflector.analysis import prompts
 
     text = prompts.render(prompts.SYSTEM, budget_line="B", tools="")
     assert allowed_modules_text() in text

@@ -522,8 +522,8 @@ class _NoExecutions:
 async def test_gc_ages_blobs_by_a_time_no_host_can_set(tmp_path: Path) -> None:
     """A breached host with the worker's uid back-dated (utime to 1970) a blob written a moment ago, before the
     history names it: gc must not take it for old. And a forward-dated one (utime to 2100) must still age."""
-    from reflector import gc
-    from reflector.storage.blobs import BlobStore
+    from reflector.runtime import gc
+    from reflector.runtime.storage.blobs import BlobStore
 
     store = BlobStore(tmp_path)
     fresh = store.path_for(store.put_bytes(b"a payload stored before its history event"))

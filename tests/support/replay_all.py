@@ -24,8 +24,8 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
     import worker
     from reflector.client import connect
     from reflector.contract import BATCH_WORKFLOW_NAME, WORKFLOW_NAME
-    from reflector.settings import Settings
-    from reflector.storage.blobs import BlobNotFound
+    from reflector.runtime.settings import Settings
+    from reflector.runtime.storage.blobs import BlobNotFound
 
     # the models the tests' subprocesses registered through RR_PLUGINS: a workflow resolves its model by name,
     # so a history of `scripted-paced-20` replays only where that model is known (as for `rr replay`)

@@ -1,14 +1,14 @@
 """The layout's rules, checked on the source (the AST of every module), so that they cannot erode.
 
 - `reflector/` is the ground floor: it never imports `workflows/` or `activities/`, and only the entry
-  points (the CLI, the Python API `reflector/api.py`) reach the composition root `worker`.
-- `sandbox/` imports only the trace reader (`reflector.traces`) and the toolkit (`reflector.toolkit`: pure
+  points (the CLI, the Python API `reflector/client/api.py`) reach the composition root `worker`.
+- `sandbox/` imports only the trace reader (`reflector.analysis.traces`) and the toolkit (`reflector.analysis.toolkit`: pure
   functions over the trace; it imports only the trace reader and the stdlib-only answer rules).
-- `reflector/traces/` is stdlib-only; `reflector/models.py` has no temporalio.
+- `reflector/analysis/traces/` is stdlib-only; `reflector/runtime/models.py` has no temporalio.
 - `workflows/` never imports `sandbox/`.
-- One module reads the environment (`reflector/settings.py`); the exceptions are processes of their own
+- One module reads the environment (`reflector/runtime/settings.py`); the exceptions are processes of their own
   that read the private variables their parent set for them.
-- Every durable name is spelled out once, in `reflector/contract.py`.
+- Every durable name is spelled out once, in `reflector/contract/`.
 - pydantic-ai's and temporalio's private modules are used in one module only.
 """
 
@@ -31,7 +31,7 @@ PROJECT = (*PACKAGES, "worker")
 READS_ITS_OWN_ENV = {
     "sandbox/host/main.py": "the sandbox host: isolation mode and test switches from its parent",
     "sandbox/zygote.py": "the fork server: installs each host's environment before the host starts",
-    "reflector/supervisor.py": "passes the environment on to its worker processes, which read it",
+    "reflector/runtime/supervisor.py": "passes the environment on to its worker processes, which read it",
     "sandbox/wire.py": "passes the worker's RR_SANDBOX_CGROUP on to the host environment it builds from scratch",
     "sandbox/isolation.py": "runs in the host: reads the cgroup base its worker put in the host's environment",
 }
@@ -83,7 +83,7 @@ def _offending(prefix: str, allowed: tuple[str, ...] = (), banned: tuple[str, ..
 
 def test_the_rules_see_every_layer() -> None:
     # a guard for the guards: if the walk found nothing, every rule below would pass vacuously
-    assert {"worker.py", "reflector/contract.py", "workflows/reflection.py", "sandbox/executor.py"} <= set(MODULES)
+    assert {"worker.py", "reflector/contract/__init__.py", "workflows/reflection.py", "sandbox/executor.py"} <= set(MODULES)
     assert "workflows.reflection" in _project_imports(MODULES["worker.py"])
 
 
@@ -92,20 +92,20 @@ def test_reflector_never_imports_workflows_or_activities() -> None:
     assert bad == {}
     entry = _offending("reflector", banned=("worker",))
     # the entry points: the CLI, and the Python API (`reflect` runs an in-process worker as `rr reflect` does)
-    assert set(entry) <= {"reflector/cli.py", "reflector/api.py"}, f"only entry points may reach the composition root: {entry}"
+    assert set(entry) <= {"reflector/cli/__init__.py", "reflector/client/api.py"}, f"only entry points may reach the composition root: {entry}"
 
 
 def test_sandbox_imports_only_the_trace_reader_and_the_toolkit() -> None:
-    allowed = ("sandbox", "reflector.traces", "reflector.toolkit")
+    allowed = ("sandbox", "reflector.analysis.traces", "reflector.analysis.toolkit")
     assert _offending("sandbox", allowed=allowed) == {}
 
 
 def test_the_toolkit_is_pure() -> None:
     # what a sandbox host loads from the project: the trace reader, the answer rules (stdlib-only text) and itself
-    allowed = ("reflector.toolkit", "reflector.traces", "reflector.answers")
-    assert _offending("reflector/toolkit", allowed=allowed) == {}
-    assert _offending("reflector/answers.py", banned=PROJECT) == {}
-    assert "reflector/toolkit/divergence.py" in MODULES  # the rule sees the package
+    allowed = ("reflector.analysis.toolkit", "reflector.analysis.traces", "reflector.analysis.answers")
+    assert _offending("reflector/analysis/toolkit", allowed=allowed) == {}
+    assert _offending("reflector/analysis/answers.py", banned=PROJECT) == {}
+    assert "reflector/analysis/toolkit/divergence.py" in MODULES  # the rule sees the package
 
 
 def test_workflows_never_import_the_sandbox() -> None:
@@ -116,16 +116,16 @@ def test_trace_reader_is_stdlib_only() -> None:
     stdlib = sys.stdlib_module_names
     bad = {}
     for rel, tree in MODULES.items():
-        if _under(rel, "reflector/traces"):
-            others = [m for m in _imports(tree) if m.split(".")[0] not in stdlib and not m.startswith("reflector.traces")]
+        if _under(rel, "reflector/analysis/traces"):
+            others = [m for m in _imports(tree) if m.split(".")[0] not in stdlib and not m.startswith("reflector.analysis.traces")]
             if others:
                 bad[rel] = sorted(others)
     assert bad == {}
-    assert any(_under(rel, "reflector/traces") for rel in MODULES)
+    assert any(_under(rel, "reflector/analysis/traces") for rel in MODULES)
 
 
 def test_models_resolution_has_no_temporalio() -> None:
-    assert not [m for m in _imports(MODULES["reflector/models.py"]) if m.startswith("temporalio")]
+    assert not [m for m in _imports(MODULES["reflector/runtime/models.py"]) if m.startswith("temporalio")]
 
 
 def _reads_env(tree: ast.Module) -> bool:
@@ -140,14 +140,14 @@ def _reads_env(tree: ast.Module) -> bool:
 
 def test_one_module_reads_the_environment() -> None:
     readers = {rel for rel, tree in MODULES.items() if _reads_env(tree) and not _under(rel, TEST_DOUBLES)}
-    assert "reflector/settings.py" in readers
-    assert readers - {"reflector/settings.py"} <= set(READS_ITS_OWN_ENV), sorted(readers)
+    assert "reflector/runtime/settings.py" in readers
+    assert readers - {"reflector/runtime/settings.py"} <= set(READS_ITS_OWN_ENV), sorted(readers)
 
 
 def _durable_values() -> dict[str, str]:
-    """The string (and tuple-of-string) constants `reflector/contract.py` itself defines."""
+    """The string (and tuple-of-string) constants `reflector/contract/` itself defines."""
     out = {}
-    for node in MODULES["reflector/contract.py"].body:
+    for node in MODULES["reflector/contract/__init__.py"].body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         name = node.targets[0].id
@@ -177,7 +177,7 @@ def _string_constants(tree: ast.Module) -> Iterator[tuple[int, str]]:
 
 # Literals spelled like a durable name that name something else (checked one by one, with the reason).
 COINCIDENTAL = {
-    ("reflector/toolkit/calls.py", "think"): "tau-bench's own `think` tool (NO_EFFECT_TOOLS), not rr's think tool",
+    ("reflector/analysis/toolkit/calls.py", "think"): "tau-bench's own `think` tool (NO_EFFECT_TOOLS), not rr's think tool",
 }
 
 
@@ -187,7 +187,7 @@ def test_every_durable_name_is_defined_once() -> None:
     bad = [
         f"{rel}:{line}: {value!r} (use reflector.contract.{durable[value]})"
         for rel, tree in MODULES.items()
-        if rel != "reflector/contract.py"
+        if rel != "reflector/contract/__init__.py"
         for line, value in _string_constants(tree)
         if value in durable and (rel, value) not in COINCIDENTAL
     ]

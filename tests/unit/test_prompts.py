@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reflector import prompts
+from reflector.analysis import prompts
 
 
 def test_render_leaves_braces_in_values_alone() -> None:
