@@ -363,7 +363,8 @@ def audit_replay_hooks() -> ReplayHooks:
     return ReplayHooks(make_replayer=lambda blob_dir, models: make_replayer(blob_dir, models=models), install=install)
 
 
-if __name__ == "__main__":
-    from reflector.cli import main
+if __name__ == "__main__":  # `python worker.py` runs the `rr worker` program (the composition root imports no entry point)
+    import runpy
 
-    raise SystemExit(main(["worker"]))
+    sys.argv = ["rr", "worker"]
+    runpy.run_module("reflector.cli", run_name="__main__", alter_sys=True)

@@ -17,7 +17,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.scope import current_store
-from reflector.analysis.batch.records import MAX_FACTS_BYTES, build_record, load_records
+from reflector.analysis.batch.records import MAX_FACTS_BYTES, build_record
 from reflector.analysis.batch.synthesis import synthesise
 from reflector.contract import (
     READ_MANIFEST_ACTIVITY,
@@ -33,7 +33,7 @@ from reflector.contract import (
     WriteRecordsInput,
 )
 from reflector.runtime.storage.blobs import BlobNotFound, BlobStore, blob_uri
-from reflector.runtime.storage.manifest import read_manifest_page
+from reflector.runtime.storage.manifest import load_records, read_manifest_page
 
 __all__ = ["ACTIVITIES", "read_manifest", "record_run", "write_records", "synthesise_batch"]
 

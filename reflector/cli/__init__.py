@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             processes = worker_processes(args.processes)
             if processes > 1:
-                return run_supervisor(processes)
+                return run_supervisor(processes, cmd=[sys.executable, "-m", "reflector.cli.worker_child"])
         from reflector.client import configure_core_logging
 
         configure_core_logging(worker_warnings=args.cmd in ("worker", "reflect"))

@@ -737,7 +737,7 @@ async def wait_for_batch(
 
 def load_batch_records(out: BatchOutput, settings: Settings) -> list[RunRecord]:
     """Every run's record of a finished batch, in run order, from the blob store."""
-    from reflector.analysis.batch.records import load_records
+    from reflector.runtime.storage.manifest import load_records
 
     return load_records(_open_store(settings), [out.records.sha256])
 

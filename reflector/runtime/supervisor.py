@@ -3,8 +3,8 @@
 One worker process is bound by the GIL (about one core: BENCHMARKS.md), so a many-core machine runs
 several. The supervisor only starts, watches, restarts and stops them; it never connects to Temporal.
 
-- Each child is `rr worker --processes 1` (this module run as a script, which first arranges to get
-  SIGTERM if the supervisor dies) with the supervisor's environment plus its share of the machine's
+- Each child is `rr worker --processes 1` (the command the CLI gives, `reflector/cli/worker_child.py`,
+  which first arranges to get SIGTERM if the supervisor dies: `die_with_parent`) with the supervisor's environment plus its share of the machine's
   slot budgets (`split_budgets`).
 - The children's output passes through, line by line; an `rr: error:` line of a child is held back
   and reported once by the supervisor.
@@ -94,10 +94,6 @@ def split_budgets(n: int) -> dict[str, str]:
     return out
 
 
-def _child_cmd() -> list[str]:
-    return [sys.executable, "-m", "reflector.runtime.supervisor"]
-
-
 @dataclass
 class _Child:
     index: int
@@ -118,13 +114,13 @@ class Supervisor:
         self,
         n: int,
         *,
-        cmd: list[str] | None = None,
+        cmd: list[str],
         out: IO[str] | None = None,
         err: IO[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.n = n
-        self.cmd = cmd or _child_cmd()
+        self.cmd = cmd
         shares = split_budgets(n)  # a bad budget setting: a SettingError before any child starts
         self.env = {**os.environ, **shares, PROCESSES_ENV: "1", _PARENT_ENV: str(os.getpid())}
         self.shares = shares
@@ -279,15 +275,15 @@ class Supervisor:
         return None
 
 
-def run_supervisor(n: int) -> int:
-    """`rr worker --processes N` (N > 1): the supervisor's exit code."""
-    sup = Supervisor(n)
+def run_supervisor(n: int, cmd: list[str]) -> int:
+    """`rr worker --processes N` (N > 1), each child started by `cmd`: the supervisor's exit code."""
+    sup = Supervisor(n, cmd=cmd)
     shares = ", ".join(f"{name}={value}" for name, value in sup.shares.items())
     sup._say(f"rr worker: supervisor pid={os.getpid()} starting {n} worker processes, each with {shares}")
     return sup.run()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In a child: get SIGTERM when the supervisor dies (Linux), and exit if it is gone already."""
     parent = os.environ.get(_PARENT_ENV, "")
     if sys.platform == "linux":
@@ -301,10 +297,3 @@ def _die_with_parent() -> None:
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(0)
 
-
-if __name__ == "__main__":  # a supervisor's child: the single-process worker
-    _die_with_parent()
-    from reflector.cli import run
-
-    sys.argv = ["rr", "worker", "--processes", "1"]
-    run()

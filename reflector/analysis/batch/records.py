@@ -12,7 +12,6 @@ Two sources, kept apart:
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +19,8 @@ from typing import Any
 from reflector.analysis.answers import answers_match, compare_actions, missing_outputs
 from reflector.analysis.traces import TraceError, iter_runs, load_normalized_bytes
 from reflector.contract import RecordRunInput, ReflectorOutput, RunOutcome, RunRecord
-from reflector.runtime.storage.blobs import BlobStore
 
-__all__ = ["TraceRunFacts", "trace_facts", "build_record", "mode_label", "load_records", "MAX_FACTS_BYTES"]
+__all__ = ["TraceRunFacts", "trace_facts", "build_record", "mode_label", "MAX_FACTS_BYTES"]
 
 TEXT_CHARS = 300
 LEARNING_CHARS = 200
@@ -186,8 +184,3 @@ def _with_diagnosis(modes: list[str], out: ReflectorOutput) -> list[str]:
     if d is None or modes != ["failed_unexplained"]:
         return modes
     return [f"diagnosis:{d.kind.replace('_', ' ')}" + (f" in {d.tool}" if d.tool else "")]
-
-
-def load_records(store: BlobStore, blobs: list[str]) -> list[RunRecord]:
-    """Every record of the given blobs (each a JSON list of records: a page, or all of a batch's), in order."""
-    return [RunRecord.model_validate(r) for sha in blobs for r in json.loads(store.get_bytes(sha))]

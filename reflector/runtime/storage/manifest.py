@@ -11,7 +11,8 @@ Two ways in:
   size limit, is a broken run; a file that does not parse is an input error (nothing is started).
 
 The manifest is JSONL, one `BatchRun` per line in index order, so the workflow reads it page by page
-from a byte offset (`read_manifest_page`) and never holds the list of runs in its history.
+from a byte offset (`read_manifest_page`) and never holds the list of runs in its history. The runs'
+records are JSON pages too (`load_records`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from typing import Any
 
 from reflector.analysis.traces import TraceError, detect_format
 from reflector.analysis.traces.scan import BrokenLine, iter_records
-from reflector.contract import BatchRun, ManifestPage, ManifestRef, TraceRef
+from reflector.contract import BatchRun, ManifestPage, ManifestRef, RunRecord, TraceRef
 from reflector.runtime.storage.blobs import BlobStore, blob_uri
 from reflector.runtime.storage.identity import store_id_of
 
-__all__ = ["RunSource", "expand_paths", "iter_sources", "split_file", "write_manifest", "read_manifest_page"]
+__all__ = ["RunSource", "expand_paths", "iter_sources", "split_file", "write_manifest", "read_manifest_page", "load_records"]
 
 TRACE_SUFFIXES = (".json", ".jsonl")
 _ID_KEYS = ("run_id", "id", "session_id", "trace_id")
@@ -172,3 +173,7 @@ def read_manifest_page(store: BlobStore, ref: ManifestRef, offset: int, first_in
                                  f"expected {first_index + len(runs)}")
             runs.append(run)
         return ManifestPage(runs=runs, next_offset=f.tell())
+
+def load_records(store: BlobStore, blobs: list[str]) -> list[RunRecord]:
+    """Every record of the given blobs (each a JSON list of records: a page, or all of a batch's), in order."""
+    return [RunRecord.model_validate(r) for sha in blobs for r in json.loads(store.get_bytes(sha))]
