@@ -1,4 +1,9 @@
-"""`rr` command line: argument parsing and printing only; the logic lives in `reflector.client`."""
+"""`rr` command line: argument parsing and printing only; the logic lives in `reflector.client`.
+
+Here: the parser, `main` and `run` (the console script), the signals, `rr reflect -` (stdin) and the
+dispatch to one module per command group: `reflect`, `inspect` (result, status, list), `history`
+(replay, export, audit, rerun), `admin` (setup, gc, cancel), `serve` (server, worker); `common` is
+what they share."""
 
 from __future__ import annotations
 
@@ -10,31 +15,27 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from reflector.cli.admin import _cancel, _gc, _setup
+from reflector.cli.common import _err, _say
+from reflector.cli.history import _audit, _export, _replay, _rerun
+from reflector.cli.inspect import _list, _result, _status
+from reflector.cli.reflect import _reflect
+from reflector.cli.serve import _server, _worker
 from reflector.runtime.settings import SettingError, Settings
 
 __all__ = ["main", "run"]
 
 DISTRIBUTION = "durable-recursive-reflector"
-STDIN_NAME = "<stdin>"  # how a trace read from stdin (`rr reflect -`) is named in messages and `rr list`
 _STDIN_CHUNK = 1024 * 1024
 
 
-def _err(msg: str, code: int = 2) -> int:
-    _stop_progress()
-    print(f"rr: error: {msg}", file=sys.stderr)
-    return code
 
 
-def _stop_progress() -> None:
-    """End a live progress view before a message is printed under it (a no-op unless one was shown)."""
-    view = sys.modules.get("reflector.client.progress_view")
-    if view is not None:
-        view.stop_all()
 
 
 def _version() -> str:
@@ -205,25 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
         if args.cmd == "server":
-            from reflector.runtime.devserver import run_foreground
-            from reflector.runtime.settings import usable_dir
-
-            usable_dir(settings.home, "RR_HOME")
-            return run_foreground(settings.db_file, port=args.port, ui_port=args.ui_port, home=settings.home)
+            return _server(args, settings)
         if args.cmd == "worker":
-            from reflector.runtime.supervisor import run_supervisor, worker_processes
-
-            processes = worker_processes(args.processes)
-            if processes > 1:
-                return run_supervisor(processes, cmd=[sys.executable, "-m", "reflector.cli.worker_child"])
+            return _worker(args, settings)
         from reflector.client import configure_core_logging
 
         configure_core_logging(worker_warnings=args.cmd in ("worker", "reflect"))
-        if args.cmd == "worker":
-            from worker import run_worker
-
-            asyncio.run(run_worker(settings))
-            return 0
         if args.cmd == "reflect" and "-" in args.trace:
             return _reflect_stdin(args, settings)
         return asyncio.run(_dispatch(args, settings))
@@ -315,573 +303,38 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     return _err(f"unknown command {args.cmd}")
 
 
-def _say(msg: str) -> None:
-    print(f"rr: {msg}", file=sys.stderr, flush=True)
-
-
-async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
-    from reflector import client as c
-    from reflector.analysis.traces import TraceError
-    from reflector.client.render import render_progress, render_reflection
-    from reflector.contract import ReflectionConfig
-    from reflector.runtime.models import HEURISTIC, is_llm
-
-    model = args.model or settings.model or HEURISTIC
-    overrides: dict[str, object] = {"model": model}
-    if args.max_requests is not None:
-        if args.max_requests < 1:
-            raise c.ReflectError("--max-requests must be at least 1")
-        overrides["max_requests"] = args.max_requests
-    if args.max_tokens is not None:
-        if args.max_tokens < 1:
-            raise c.ReflectError("--max-tokens must be at least 1")
-        overrides["max_tokens"] = args.max_tokens
-    if args.recursion is not None:
-        overrides["recursion"] = args.recursion
-    c.check_id(args.id)  # before anything is uploaded or started
-    c.check_task_texts(question=args.question, ground_truth=args.ground_truth, feedback=args.feedback)
-    skillbook: Path | None = None  # uploaded to the blob store by build_input (`reflector.client.upload_skillbook`)
-    if args.skillbook:
-        skillbook = Path(args.skillbook)
-        if not skillbook.is_file():
-            raise c.ReflectError(f"skillbook file not found: {skillbook}")
-    if args.batch or len(args.trace) > 1 or Path(args.trace[0]).is_dir():
-        return await _reflect_batch(args, settings, ReflectionConfig(**overrides), skillbook)
-    if args.concurrency is not None:
-        raise c.ReflectError("--concurrency is for a batch (several traces, a directory, or --batch)")
-    spooled: Path | None = getattr(args, "stdin_trace", None)  # `rr reflect -` (see _reflect_stdin)
-    try:
-        trace = c.upload_trace(args.trace[0], settings)
-    except (c.ReflectError, TraceError) as e:
-        if spooled is None:
-            raise
-        raise c.ReflectError(str(e).replace(str(spooled), STDIN_NAME)) from None
-    finally:
-        if spooled is not None:
-            spooled.unlink(missing_ok=True)  # in the blob store now (or refused)
-    inp = c.build_input(
-        trace,
-        question=args.question or "",
-        ground_truth=args.ground_truth,
-        feedback=args.feedback,
-        skillbook=skillbook,
-        mode=args.mode,
-        config=ReflectionConfig(**overrides),
-        settings=settings,
-    )
-    if not is_llm(model):
-        _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
-    f = _Follower("reflection", render_progress, settings)
-    rt: c.Runtime | None = None
-    try:
-        from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
-
-        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([model])) as rt:
-            f.address, f.client = rt.address, rt.client
-            handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id,
-                                              trace_name=STDIN_NAME if spooled else Path(args.trace[0]).name)
-            f.wf_id = handle.id
-            _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
-            await rt.ensure_worker(handle)
-            out = await c.wait_for_result(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                          on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
-            f.finish(out, inp.config)
-    except asyncio.CancelledError:  # Ctrl-C (asyncio.run cancels this task on SIGINT)
-        if not f.wf_id or rt is None:
-            raise  # nothing started: the plain "interrupted"
-        return _interrupted(f.wf_id, rt, settings, f.tty)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
-    return _finished(out)
-
-
-async def _rerun(args: argparse.Namespace, settings: Settings) -> int:
-    from reflector import client as c
-    from reflector.client.render import render_progress, render_reflection
-    from reflector.client.rerun import plan_rerun, rerun_line
-    from reflector.runtime.models import is_llm
-
-    overrides: dict[str, object] = {}
-    for flag, name in (("--max-requests", "max_requests"), ("--max-tokens", "max_tokens")):
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1:
-                raise c.ReflectError(f"{flag} must be at least 1")
-            overrides[name] = value
-    f = _Follower("reflection", render_progress, settings)
-    rt: c.Runtime | None = None
-    try:
-        from reflector.runtime.models import (
-            SHIPPED_FAMILIES,  # the origin's model is known only once it is read
-        )
-        from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
-
-        models = [args.model] if args.model else list(SHIPPED_FAMILIES)
-        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker(models)) as rt:
-            f.address, f.client = rt.address, rt.client
-            plan = await plan_rerun(rt.client, settings, args.id, args.from_step, model=args.model,
-                                    config_overrides=overrides)
-            model = plan.input.config.model
-            if not is_llm(model):
-                _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
-            handle = await c.start_reflection(rt.client, plan.input, settings.task_queue, args.new_id,
-                                              trace_name=plan.origin.trace_name)
-            f.wf_id = handle.id
-            _say(f"started reflection {handle.id}: rerun of {args.id} from step {args.from_step} of "
-                 f"{plan.origin.steps} (reusing {len(plan.prefix.responses)} responses, {len(plan.prefix.cells)} "
-                 f"cells, {len(plan.prefix.children)} children) with {model}, on {rt.address}")
-            await rt.ensure_worker(handle)
-            out = await c.wait_for_result(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                          on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
-            f.finish(out, plan.input.config)
-    except asyncio.CancelledError:
-        if not f.wf_id or rt is None:
-            raise
-        return _interrupted(f.wf_id, rt, settings, f.tty)
-    line = rerun_line(out)
-    if line:
-        _say(line)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
-    return _finished(out)
-
-
-async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: object, skillbook: Path | None) -> int:
-    from reflector import client as c
-    from reflector.client.batch_render import render_batch, render_batch_progress
-    from reflector.contract import ReflectionConfig
-    from reflector.runtime.models import is_llm
-
-    assert isinstance(config, ReflectionConfig)
-    if args.question or args.ground_truth is not None or args.feedback is not None:
-        raise c.ReflectError("--question, --ground-truth and --feedback are for one trace: in a batch each run "
-                             "carries its own")
-    manifest = c.upload_batch(args.trace, settings, split=args.batch)
-    inp = c.build_batch_input(manifest, config=config, skillbook=skillbook, mode=args.mode,
-                              concurrency=args.concurrency, settings=settings)
-    if not is_llm(config.model):
-        _say(f"model: {config.model} — a deterministic rule-based driver of the real tools, not an LLM")
-    f = _Follower("batch", render_batch_progress, settings)
-    rt: c.Runtime | None = None
-    try:
-        from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
-
-        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([config.model])) as rt:
-            f.address = rt.address
-            handle = await c.start_batch(rt.client, inp, settings.task_queue, args.id,
-                                         name=", ".join(Path(t).name for t in args.trace)[:200])
-            f.wf_id = handle.id
-            _say(f"started batch {f.wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}")
-            await rt.ensure_worker(handle)
-            out = await c.wait_for_batch(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                         on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
-            f.finish(out)
-    except asyncio.CancelledError:  # Ctrl-C: the batch goes on durably
-        if not f.wf_id or rt is None:
-            raise
-        return _interrupted(f.wf_id, rt, settings, f.tty, "batch")
-    result = c.batch_result(out, settings)
-    print(result.model_dump_json(indent=2) if args.json else render_batch(result), end="\n" if args.json else "")
-    return _batch_finished(result)
-
-
-def _batch_finished(out: object) -> int:
-    from reflector import client as c
-    from reflector.contract import BatchOutput
-
-    assert isinstance(out, BatchOutput)
-    if out.cancelled:
-        _say(f"the batch was CANCELLED ({out.reflected} runs reflected, {out.failed} failed before it stopped): "
-             f"exit code {c.EXIT_CANCELLED}")
-        return c.EXIT_CANCELLED
-    if c.is_batch_complete(out):
-        return 0
-    _say(f"the batch is INCOMPLETE ({out.failed} runs could not be reflected on, "
-         f"{out.synthesis.incomplete_reflections} reflections stopped early): exit code {c.EXIT_INCOMPLETE}")
-    return c.EXIT_INCOMPLETE
-
-
-def _finished(out: object) -> int:
-    from reflector import client as c
-    from reflector.contract import ReflectorOutput
-
-    assert isinstance(out, ReflectorOutput)
-    if c.is_complete(out):
-        return 0
-    if c.is_cancelled(out):
-        _say(f"the reflection was CANCELLED (rr cancel): the text is built from its findings so far: "
-             f"exit code {c.EXIT_CANCELLED}")
-        return c.EXIT_CANCELLED
-    stop = out.raw.get("rr_trace", {}).get("stop_reason")
-    error = " ".join(str(out.raw.get("error") or "").split()) if stop == "error" else ""  # e.g. the provider's complaint
-    _say(f"the reflection is INCOMPLETE (stop reason: {stop}{': ' + error if error else ''}): "
-         f"exit code {c.EXIT_INCOMPLETE}")
-    return c.EXIT_INCOMPLETE
-
-
-class _Follower:
-    """The live progress (`reflector.client.progress_view`) and the no-worker notices `rr reflect` shows while it
-    waits for a `noun` ("reflection" or "batch"); `wf_id` and `address` are filled in once it has started
-    (setting `wf_id` starts the elapsed clock), `client` to show the running children's progress too."""
-
-    def __init__(self, noun: str, render: Callable[..., str], settings: Settings) -> None:
-        from reflector.client.progress_view import ProgressDisplay
-
-        self.noun, self.render, self.settings = noun, render, settings
-        self.display = ProgressDisplay(render, title=noun)
-        self.tty = self.display.tty
-        self._wf_id = self.address = ""
-        self.client: Any = None
-        self._chain: Any = None  # a `reflector.client.status.ChainFollower` once there is a client
-
-    @property
-    def wf_id(self) -> str:
-        return self._wf_id
-
-    @wf_id.setter
-    def wf_id(self, value: str) -> None:
-        self._wf_id = value
-        self.display.title = f"{self.noun} {value}"
-        self.display.start_clock()
-
-    async def progress(self, p: object) -> None:
-        from reflector.client.status import ChainFollower
-        from reflector.contract import BatchProgress, Progress
-
-        assert isinstance(p, Progress | BatchProgress)
-        if isinstance(p, Progress) and self.client is not None:
-            self._chain = self._chain or ChainFollower(self.client)
-            self.display.update(p, await self._chain(p))
-        else:
-            self.display.update(p)
-
-    def end_line(self) -> None:
-        self.display.stop()
-
-    def finish(self, out: object, config: object = None) -> None:
-        """The summary line (the final numbers, from the result), shown also when no poll saw any progress."""
-        from reflector import client as c
-        from reflector.client.progress_view import summary_line
-        from reflector.client.status import final_progress
-        from reflector.contract import BatchOutput, BatchProgress, ReflectionConfig, ReflectorOutput
-
-        elapsed = self.display.elapsed
-        if isinstance(out, BatchOutput):
-            p = BatchProgress(phase="done", total=out.n_runs, done=out.reflected, failed=out.failed,
-                              continued_as_new=out.continued_as_new)
-            outcome = "CANCELLED" if out.cancelled else "completed" if c.is_batch_complete(out) else "INCOMPLETE"
-            self.display.finish(summary_line(self.noun, self.wf_id, outcome, elapsed, p))
-            return
-        assert isinstance(out, ReflectorOutput)
-        stop = out.raw.get("rr_trace", {}).get("stop_reason")
-        outcome = "CANCELLED" if c.is_cancelled(out) else "completed" if c.is_complete(out) else f"INCOMPLETE ({stop})"
-        cfg = config if isinstance(config, ReflectionConfig) else None
-        self.display.finish(summary_line(self.noun, self.wf_id, outcome, elapsed, final_progress(out, cfg)))
-
-    def no_worker(self, waited: float) -> None:
-        self.display.note(
-            f"rr: no worker is polling task queue {self.settings.task_queue!r} on {self.address}: {self.noun} "
-            f"{self.wf_id} has waited {waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, "
-            f"RR_TASK_QUEUE and RR_BLOB_DIR), or press Ctrl-C (the {self.noun} stays; `rr result {self.wf_id}` "
-            "follows it later)")
-
-    def worker_back(self) -> None:
-        self.display.note(f"rr: a worker took {self.noun} {self.wf_id}")
-
-
-def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool, noun: str = "reflection") -> int:
-    from reflector.client import Runtime
-
-    assert isinstance(rt, Runtime)
-    _stop_progress()  # (`tty`: kept for callers; the live view ends itself)
-    ns = settings.namespace
-    print(f"rr: error: interrupted: {noun} {wf_id} was not stopped; it goes on durably on {rt.address} "
-          f"(namespace {ns!r})", file=sys.stderr)
-    _say(f"  follow it: rr result {wf_id}")
-    _say(f"  cancel it: rr cancel {wf_id}")
-    if rt.local_worker:
-        _say(f"  this process ran its only worker: the {noun} continues when a worker runs (`rr worker` "
-             f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})")
-    if rt.embedded_server:
-        _say(f"  the embedded server of this RR_HOME stops when no rr process of it runs; the {noun} is saved in "
-             f"{settings.db_file}: the commands above (same RR_HOME) start it again")
-    return 130
-
-
-async def _result(args: argparse.Namespace, settings: Settings) -> int:
-    from temporalio.client import WorkflowExecutionStatus
-
-    from reflector import client as c
-    from reflector.client.batch_render import render_batch, render_batch_progress
-    from reflector.client.render import render_progress, render_reflection
-    from reflector.contract import BATCH_WORKFLOW_NAME, PROGRESS_QUERY, BatchProgress, Progress
-
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        handle = rt.client.get_workflow_handle(args.id)
-        desc = await handle.describe()
-        is_batch = desc.workflow_type == BATCH_WORKFLOW_NAME
-        if desc.status == WorkflowExecutionStatus.RUNNING:
-            line = "  (no worker is running it right now)"
-            try:
-                # a query waits for a worker; with none taking the reflection's tasks it would only time out
-                if not await c.waiting_for_worker(handle):
-                    if is_batch:
-                        line = render_batch_progress(await handle.query(
-                            PROGRESS_QUERY, result_type=BatchProgress, rpc_timeout=c.QUERY_TIMEOUT))
-                    else:
-                        line = render_progress(
-                            await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
-                        )
-            except Exception:  # progress is best effort; the state (running) is not
-                pass
-            return _err(f"{'batch' if is_batch else 'reflection'} {args.id} is still running:{line}", 3)
-        if desc.status == WorkflowExecutionStatus.CANCELED:  # cancelled by a worker older than cancelled outputs
-            return _err(f"{'batch' if is_batch else 'reflection'} {args.id} was cancelled before it returned any "
-                        "findings (no output)", c.EXIT_CANCELLED)
-        if is_batch:
-            batch = await c.fetch_batch_result(rt.client, args.id, settings)
-            print(batch.model_dump_json(indent=2) if args.json else render_batch(batch), end="\n" if args.json else "")
-            return _batch_finished(batch)
-        out = await c.fetch_result(rt.client, args.id)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
-    return _finished(out)
-
-
-async def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from reflector import client as c
-    from reflector.client.status import status_command
-
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        return await status_command(rt.client, args.id, as_json=args.json, follow_it=args.follow)
-
-
-async def _replay(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from reflector import client as c
-    from reflector.client.audit import replay as rp
-    from reflector.client.audit.events import models_of
-    from reflector.client.audit.histories import BundleError, iter_runs, load_bundle
-    from reflector.runtime.storage.blobs import BlobNotFound
-    from reflector.runtime.storage.payloads import blob_dir_of
-    from worker import replay_factory  # the composition root: the workflows and their models
-
-    def line(r: rp.RunReplay) -> None:
-        if not args.json:
-            print(rp.render_line(r), flush=True)
-
-    path = Path(args.id)
-    report: rp.ReplayReport
-    if path.exists() or path.suffix.lower() == ".json":  # an export file, a JSON history, a --split directory
-        if not path.exists():
-            return _err(f"{args.id}: no such file")
-        try:
-            bundle = load_bundle(path)
-        except BundleError as e:
-            return _err(str(e))
-        firsts = (r.history.events[0] for r in bundle.runs if r.history.events)
-        report = await rp.replay_all(rp.as_stream(bundle.runs), root_id=bundle.root_id, source=str(path),
-                                     blob_dir=settings.blob_dir, make_replayer=replay_factory,
-                                     models=models_of(firsts, settings.blob_dir) or None, on_run=line)
-    else:
-        async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-            blob_dir = blob_dir_of(rt.client.data_converter) or settings.blob_dir
-            try:
-                # every session of a tree (a batch's runs too) uses the root's model: prepare only that one
-                first = [ev async for ev in _first_event(rt.client, args.id)]
-                report = await rp.replay_all(iter_runs(rt.client, args.id, blob_dir), root_id=args.id,
-                                             source="server", blob_dir=blob_dir, make_replayer=replay_factory,
-                                             models=models_of(first, blob_dir) or None, on_run=line)
-            except (BundleError, BlobNotFound) as e:
-                return _err(f"replay of {args.id}: {e}", 1)
-    print(json.dumps(report.to_json(), indent=2) if args.json else rp.render_summary(report))
-    return 0 if report.ok else 1
-
-
-async def _first_event(client: Any, workflow_id: str) -> Any:
-    """The first event of a workflow's latest run (an async generator of at most one)."""
-    async for event in client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1):
-        yield event
-        return
-
-
-async def _export(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-    import tempfile
-
-    from reflector import client as c
-    from reflector.client.audit.histories import BundleError, ExportSummary, export
-    from reflector.runtime.storage.blobs import BlobNotFound
-    from reflector.runtime.storage.payloads import blob_dir_of
-
-    split = Path(args.split) if args.split else None
-    if split is not None:
-        if split.exists() and (not split.is_dir() or any(split.iterdir())):
-            return _err(f"--split {split}: not an empty directory")
-        split.mkdir(parents=True, exist_ok=True)
-    target = Path(args.output) if args.output else None
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        blob_dir = blob_dir_of(rt.client.data_converter) or settings.blob_dir
-        try:
-            summary: ExportSummary
-            if target is not None:  # written beside the target, renamed into place once complete
-                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "w", encoding="utf-8") as out:
-                        summary = await export(rt.client, args.id, blob_dir, out=out)
-                    os.replace(tmp, target)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-            else:
-                summary = await export(rt.client, args.id, blob_dir, out=None if split else sys.stdout,
-                                       split_dir=split)
-        except (BundleError, BlobNotFound) as e:
-            return _err(f"export of {args.id}: {e}", 1)
-    where = str(target) if target else (f"{summary.histories} files in {split}" if split else "stdout")
-    _say(f"exported {summary.histories} histor{'y' if summary.histories == 1 else 'ies'} ({summary.events} events) "
-         f"of {args.id} to {where}")
-    if summary.partial:
-        _say(f"{args.id} is still running: exported the histories so far; partial: {', '.join(summary.partial)}")
-    if args.json and (target or split):
-        print(json.dumps(summary.to_json(), indent=2))
-    return 0
-
-
-async def _audit(args: argparse.Namespace, settings: Settings) -> int:
-    from reflector import client as c
-    from reflector.client.audit.build import audit_file, audit_workflow
-    from reflector.client.audit.histories import BundleError
-    from reflector.client.audit.render_html import render_html
-    from reflector.client.audit.render_text import render_text
-    from reflector.runtime.storage.payloads import blob_dir_of
-    from worker import audit_replay_hooks  # the composition root: the workflows that replay the histories
-
-    hooks = audit_replay_hooks()
-    path = Path(args.id)
-    if path.suffix.lower() == ".json" and not path.is_file():
-        return _err(f"{args.id}: no such file")
-    if path.is_file():
-        try:
-            audit = await audit_file(path, settings.blob_dir, hooks)
-        except BundleError as e:
-            return _err(str(e))
-    else:
-        async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-            blob_dir = blob_dir_of(rt.client.data_converter) or settings.blob_dir
-            audit = await audit_workflow(rt.client, args.id, blob_dir, hooks)
-    if args.html:
-        Path(args.html).write_text(render_html(audit), encoding="utf-8")
-        _say(f"wrote the audit of {audit.root_id} to {args.html}")
-    elif args.json:
-        print(audit.model_dump_json(indent=2))
-    else:
-        print(render_text(audit), end="")
-    return 0
-
-
-async def _gc(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from reflector import client as c
-    from reflector.runtime import gc
-
-    if settings.s3_url is not None:
-        raise c.ReflectError(f"rr gc manages a file blob store; RR_BLOB_URL is {settings.s3_url}: expire its objects "
-                             "with the bucket's lifecycle rules; rr gc does not sweep S3")
-    try:
-        min_age = gc.parse_duration(args.min_age)
-    except ValueError as e:
-        raise c.ReflectError(f"--min-age: {e}") from None
-    if not settings.address_explicit and not settings.db_file.exists():
-        # an embedded server started on a new database would list no workflow: everything would look unused
-        raise c.ReflectError(f"no embedded server database {settings.db_file} and no TEMPORAL_ADDRESS: nothing "
-                             "can say which blobs are in use (set TEMPORAL_ADDRESS)")
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        try:
-            report = await gc.run_gc(gc.TemporalSource(rt.client), settings.blob_dir, min_age_s=min_age,
-                                     dry_run=args.dry_run)
-        except gc.GCRefused as e:
-            return _err(f"gc removed nothing: {e}", 1)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(gc.render_report(report), end="")
-    return 0
-
-
-async def _list(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from reflector import client as c
-    from reflector.client import ops
-    from reflector.runtime.search_attributes import register_hint
-
-    if args.limit < 1:
-        raise c.ReflectError("--limit must be at least 1")
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        listing = await ops.list_reflections(rt.client, status=args.status, limit=args.limit,
-                                             include_children=args.all)
-    if listing.missing_attributes:
-        _say(f"rr's search attributes are not registered in namespace {settings.namespace!r} "
-             f"(missing: {', '.join(listing.missing_attributes)}): model, stop reason and totals are read from "
-             f"results where they can be; to register them {register_hint(settings.namespace)}")
-    if args.json:
-        print(json.dumps([r.to_json() for r in listing.rows], indent=2))
-    elif listing.rows:
-        print(ops.render_rows(listing.rows), end="")
-    else:
-        _say("no reflection matches" + (f" (--status {args.status})" if args.status else ""))
-    return 0
-
-
-async def _cancel(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from reflector import client as c
-    from reflector.client import ops
-    from reflector.client.batch_render import render_batch
-    from reflector.client.render import render_reflection
-    from reflector.contract import BatchOutput, ReflectorOutput
-
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        try:
-            res = await ops.cancel(rt.client, args.id, wait_s=max(0.0, args.wait))
-        except ops.NotFound:
-            return _err(f"no reflection with id {args.id!r}")
-        out = res.output
-        text = ""
-        if isinstance(out, BatchOutput):
-            text = render_batch(c.batch_result(out, settings))
-        elif isinstance(out, ReflectorOutput):
-            text = render_reflection(out)
-    _say(ops.render_cancel(res))
-    if args.json:
-        print(json.dumps(res.to_json(), indent=2))
-    elif text:
-        print(text, end="")
-    return {"cancelled": 0, "finished": 0, "already_closed": c.EXIT_NOT_RUNNING, "cancel_requested": 3}[res.outcome]
-
-
-async def _setup(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from reflector import client as c
-    from reflector.contract import SEARCH_ATTRIBUTES
-    from reflector.runtime import search_attributes as sa
-
-    async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        try:
-            added = await sa.register(rt.client)
-        except sa.RegistrationError as e:
-            return _err(str(e), 1)
-    if args.json:
-        print(json.dumps({"namespace": settings.namespace, "added": added,
-                          "registered": dict(SEARCH_ATTRIBUTES)}, indent=2))
-    else:
-        print(f"search attributes in namespace {settings.namespace!r}: "
-              + (f"added {', '.join(added)}" if added else "all registered already")
-              + f" ({', '.join(f'{n} {t}' for n, t in SEARCH_ATTRIBUTES.items())})")
-    return 0
-
-
-if __name__ == "__main__":
-    run()
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+

@@ -26,8 +26,8 @@ import pytest
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 
-from reflector import cli
 from reflector import client as rr
+from reflector.cli import common as cli
 from reflector.contract import ReflectionConfig, ReflectorOutput
 from reflector.runtime.settings import Settings
 from reflector.testing.anthropic_server import AnthropicServer
