@@ -253,7 +253,6 @@ OVER_THE_CAP: dict[str, int] = {
     "sandbox/isolation.py": 1019,
     "reflector/client/api.py": 967,
     "sandbox/executor.py": 922,
-    "reflector/client/__init__.py": 787,
     "sandbox/host/namespace.py": 643,
     "sandbox/host/main.py": 632,
     "sandbox/host/guards.py": 604,
