@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reflector.client.api import RRConfig, RRStep, areflect, reflect
+    from reflector.client.ace import RRStep
+    from reflector.client.api import RRConfig, areflect, reflect
     from reflector.client.trace_sandbox import ExecutionResult, ExecutionTimeoutError, TraceSandbox
     from reflector.contract import ReflectorDeps as RRDeps
     from reflector.contract import ReflectorOutput
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
 __all__ = ["reflect", "areflect", "RRConfig", "RRStep", "ReflectorOutput", "RRDeps", "TraceSandbox",
            "ExecutionResult", "ExecutionTimeoutError"]
 
-_API = {"reflect", "areflect", "RRConfig", "RRStep", "ReflectorOutput"}
+_API = {"reflect", "areflect", "RRConfig", "ReflectorOutput"}
 # ACE's other public names of its RR (`ace.steps.rr_step.__all__`), as rr has them: where they live, their name there
-_ACE_NAMES = {"RRDeps": ("reflector.contract", "ReflectorDeps"), "TraceSandbox": ("reflector.client.trace_sandbox", "TraceSandbox"),
+_ACE_NAMES = {"RRStep": ("reflector.client.ace", "RRStep"), "RRDeps": ("reflector.contract", "ReflectorDeps"), "TraceSandbox": ("reflector.client.trace_sandbox", "TraceSandbox"),
               "ExecutionResult": ("reflector.client.trace_sandbox", "ExecutionResult"),
               "ExecutionTimeoutError": ("reflector.client.trace_sandbox", "ExecutionTimeoutError")}
 

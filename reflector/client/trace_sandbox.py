@@ -88,7 +88,7 @@ class TraceSandbox:
 
     async def _start(self, timeout: float) -> None:
         from reflector.analysis.traces import detect_format
-        from reflector.client.api import _dump, _plain_trace
+        from reflector.client.api_traces import _dump, _plain_trace
         from reflector.runtime.settings import Settings
         from sandbox.executor import SubprocessExecutor
         from sandbox.protocol import SandboxLimits

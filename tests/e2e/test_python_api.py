@@ -25,14 +25,8 @@ from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect
 from reflector.analysis.ledger import UsageSummary
 from reflector.analysis.traces import TraceError
 from reflector.client import ReflectError
-from reflector.client.api import (
-    IN_MEMORY,
-    _Answer,
-    _place_answer,
-    _skillbook_text,
-    _trace_file,
-    _with_reflections,
-)
+from reflector.client.ace import _with_reflections
+from reflector.client.api_traces import IN_MEMORY, _Answer, _place_answer, _skillbook_text, _trace_file
 from reflector.contract import ReflectionConfig
 from reflector.runtime.devserver import free_port, is_reachable
 from reflector.runtime.settings import Settings

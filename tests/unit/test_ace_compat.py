@@ -17,7 +17,9 @@ from pydantic_ai.models.test import TestModel
 from reflector import ReflectorOutput, RRConfig, RRStep
 from reflector.analysis.model_names import UnmappedModelName, from_litellm
 from reflector.analysis.traces import TraceError, detect_format, normalize
-from reflector.client.api import _handed_off, _per_request_callback, _trace_file, _with_ace_raw
+from reflector.client.ace import _handed_off
+from reflector.client.api import _per_request_callback, _with_ace_raw
+from reflector.client.api_traces import _trace_file
 from reflector.contract import ExtractedLearning, SkillTag
 from reflector.runtime.models import check_model_name
 from reflector.runtime.settings import Settings
