@@ -11,8 +11,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from reflector.client.connect import ReflectError, task_timeout_for
 from reflector.client.runs import _follow
+from reflector.client.temporal import ReflectError, task_timeout_for
 from reflector.client.upload import _open_store, check_id, upload_skillbook, upload_trace
 from reflector.contract import (
     BATCH_WORKFLOW_NAME,

@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import PendingWorkflowTaskState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from reflector.client.connect import QUERY_TIMEOUT, ReflectError, task_timeout_for
+from reflector.client.temporal import QUERY_TIMEOUT, ReflectError, task_timeout_for
 from reflector.client.upload import check_id, new_workflow_id
 from reflector.contract import (
     PROGRESS_QUERY,

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.client import Client, WorkflowHandle
 
-from reflector.client.connect import FIRST_TASK_WAIT_S, ReflectError, check_namespace, has_pollers
 from reflector.client.runs import waiting_for_worker
+from reflector.client.temporal import FIRST_TASK_WAIT_S, ReflectError, check_namespace, has_pollers
 from reflector.runtime import telemetry
 from reflector.runtime.connection import describe_target, open_client
 from reflector.runtime.homeserver import HomeServer

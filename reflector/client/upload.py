@@ -10,7 +10,7 @@ from typing import IO, cast
 from reflector.analysis.traces import TraceFormat, check_trace_file, detect_format, read_trace_file
 from reflector.analysis.traces.budget import explain_refusal
 from reflector.analysis.traces.index import INDEX_SUFFIX, write_index
-from reflector.client.connect import ReflectError
+from reflector.client.temporal import ReflectError
 from reflector.contract import (
     ReflectionConfig,
     ReflectionInput,

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing of reflections, turned on by RR_OTEL (`Settings.otel`); off by default.
 
-What is traced, once per process (`install`), by the Temporal client plugin that `reflector.client.connect`
+What is traced, once per process (`install`), by the Temporal client plugin that `reflector.client.temporal`
 adds (a worker built on that client gets it from the client, so it is never registered twice):
 
 - Temporal: temporalio's `OpenTelemetryPlugin` with its Temporal spans: `StartWorkflow:` on the client,
