@@ -11,7 +11,7 @@ from reflector.runtime.settings import Settings
 
 
 def _server(args: argparse.Namespace, settings: Settings) -> int:
-    from reflector.runtime.devserver import run_foreground
+    from reflector.runtime.foreground import run_foreground
     from reflector.runtime.settings import usable_dir
 
     usable_dir(settings.home, "RR_HOME")
