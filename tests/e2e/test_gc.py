@@ -28,7 +28,7 @@ import worker
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.runtime import gc
+from reflector.runtime import gc, gc_sources
 from reflector.runtime.devserver import DevServer
 from reflector.runtime.settings import Settings
 from reflector.runtime.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
@@ -197,8 +197,8 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
 
 
 def _stored_payloads(events: Sequence[HistoryEvent]) -> list[str]:
-    holders = gc._payload_holders(HistoryEvent.DESCRIPTOR)
-    return [d for e in events for p in gc._payloads(e, holders) if (d := stored_digest(p)) is not None]
+    holders = gc_sources._payload_holders(HistoryEvent.DESCRIPTOR)
+    return [d for e in events for p in gc_sources._payloads(e, holders) if (d := stored_digest(p)) is not None]
 
 
 class FailingSource(gc.TemporalSource):
