@@ -257,7 +257,6 @@ OVER_THE_CAP: dict[str, int] = {
     "sandbox/host/guards.py": 604,
     "sandbox/sessions.py": 591,
     "activities/sandbox.py": 544,
-    "reflector/analysis/toolkit/trace_back.py": 508,
     "sandbox/host/safe_modules.py": 501,
 }
 

@@ -32,9 +32,10 @@ from reflector.analysis.toolkit.calls import expected_actions, is_write, tool_ca
 from reflector.analysis.toolkit.diff import diff_values
 from reflector.analysis.toolkit.divergence import diff_actions, first_divergence
 from reflector.analysis.toolkit.failing import failing_calls
+from reflector.analysis.toolkit.policy import requirements
 from reflector.analysis.toolkit.root import root_cause
 from reflector.analysis.toolkit.search import search_steps
-from reflector.analysis.toolkit.trace_back import contradictions, provenance, requirements
+from reflector.analysis.toolkit.trace_back import contradictions, provenance
 
 __all__ = [
     "tool_calls",

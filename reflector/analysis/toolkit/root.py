@@ -40,13 +40,12 @@ from reflector.analysis.toolkit.actors import POSITIONAL, final_statement, suspe
 from reflector.analysis.toolkit.calls import NO_EFFECT_TOOLS, check_run, is_write, iter_steps, parse_args
 from reflector.analysis.toolkit.divergence import first_divergence
 from reflector.analysis.toolkit.failing import failing_calls
+from reflector.analysis.toolkit.policy import MAX_RULES, _requirements
 from reflector.analysis.toolkit.trace_back import (
-    MAX_RULES,
     _contradictions,
     _distinctive,
     _has,
     _leaves,
-    _requirements,
     _snippet,
     _spans,
     canonical,
