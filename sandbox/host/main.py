@@ -54,6 +54,7 @@ import time
 from typing import Any, NoReturn
 
 from sandbox.archive import ARCHIVE_MAX_BYTES, check_archive_name, decode_archive
+from sandbox.confinement import lockdown
 from sandbox.host.guards import ALLOWED_MODULES, GuardError
 from sandbox.host.namespace import SandboxNamespace, format_exception, load_traces
 from sandbox.host.output import truncate
@@ -70,10 +71,9 @@ from sandbox.isolation import (
     IsolationMode,
     IsolationReport,
     IsolationUnavailable,
-    enter_namespaces,
-    lockdown,
     parse_mode,
 )
+from sandbox.namespaces import enter_namespaces
 from sandbox.wire import (
     CHANNEL_BROKEN_EXIT,
     MAX_ERROR_CHARS,

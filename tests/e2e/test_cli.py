@@ -113,7 +113,7 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
 def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
     import signal
 
-    from sandbox.isolation import landlock_abi
+    from sandbox.confinement import landlock_abi
 
     if sys.platform != "linux" or landlock_abi() < 1:
         pytest.skip("needs Linux with Landlock")

@@ -44,7 +44,7 @@ READS_ITS_OWN_ENV = {
     "sandbox/zygote.py": "the fork server: installs each host's environment before the host starts",
     "reflector/runtime/supervisor.py": "passes the environment on to its worker processes, which read it",
     "sandbox/wire.py": "passes the worker's RR_SANDBOX_CGROUP on to the host environment it builds from scratch",
-    "sandbox/isolation.py": "runs in the host: reads the cgroup base its worker put in the host's environment",
+    "sandbox/cgroups.py": "runs in the host: reads the cgroup base its worker put in the host's environment",
 }
 TEST_DOUBLES = "reflector/testing"  # scripted models configured by the environment of the test using them
 PRIVATE_API_HOME = "workflows/local_model.py"
@@ -250,7 +250,6 @@ MAX_LINES = 500
 # Still to split (issue 30), at most this long: the list may only shrink.
 OVER_THE_CAP: dict[str, int] = {
     "sandbox/host/snapshot.py": 1054,
-    "sandbox/isolation.py": 1019,
     "sandbox/executor.py": 922,
     "sandbox/host/namespace.py": 643,
     "sandbox/host/main.py": 632,
