@@ -53,7 +53,8 @@ from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.runtime.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
-from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
+from sandbox.executor import SubprocessExecutor
+from sandbox.hostproc import sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager

@@ -229,7 +229,7 @@ def test_stale_host_workdirs_of_dead_workers_are_swept(tmp_path) -> None:
     import os
     import subprocess
 
-    from sandbox.executor import sweep_stale_workdirs
+    from sandbox.hostproc import sweep_stale_workdirs
     from sandbox.wire import WORKDIR_PREFIX
 
     dead = subprocess.Popen(["true"])

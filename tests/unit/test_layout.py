@@ -250,7 +250,7 @@ MAX_LINES = 500
 # Still to split (issue 30), at most this long: the list may only shrink.
 OVER_THE_CAP: dict[str, int] = {
     "sandbox/host/snapshot.py": 1054,
-    "sandbox/executor.py": 922,
+    "sandbox/executor.py": 566,
     "sandbox/host/namespace.py": 643,
     "sandbox/host/main.py": 632,
     "sandbox/host/guards.py": 604,
