@@ -249,7 +249,6 @@ def test_the_composition_root_never_imports_the_cli() -> None:
 MAX_LINES = 500
 # Still to split (issue 30), at most this long: the list may only shrink.
 OVER_THE_CAP: dict[str, int] = {
-    "sandbox/host/snapshot.py": 1054,
     "sandbox/executor.py": 566,
     "sandbox/host/namespace.py": 643,
     "sandbox/host/main.py": 632,
