@@ -170,7 +170,7 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None, budget_s: float
     helpers = [(name, src) for name, (_fn, src) in ns._helpers.items()]
     for name, (fn, _src) in ns._helpers.items():
         _check_helper(name, fn)
-    hashes = getattr(ns, "hashes", None)  # sandbox.host.namespace.IdentityHashes
+    hashes = getattr(ns, "hashes", None)  # sandbox.host.hashes.IdentityHashes
     if hashes is not None and hashes.live():
         raise SnapshotRefused("hash() was taken of objects still alive (their numbers are session state)")
     meta = {

@@ -250,7 +250,6 @@ MAX_LINES = 500
 # Still to split (issue 30), at most this long: the list may only shrink.
 OVER_THE_CAP: dict[str, int] = {
     "sandbox/executor.py": 566,
-    "sandbox/host/namespace.py": 643,
     "sandbox/host/guards.py": 604,
     "sandbox/sessions.py": 591,
     "sandbox/host/safe_modules.py": 501,
