@@ -249,7 +249,7 @@ def test_the_composition_root_never_imports_the_cli() -> None:
 MAX_LINES = 500
 # Still to split (issue 30), at most this long: the list may only shrink.
 OVER_THE_CAP: dict[str, int] = {
-    "sandbox/executor.py": 566,
+    "sandbox/executor.py": 565,
     "sandbox/host/guards.py": 604,
     "sandbox/sessions.py": 591,
     "sandbox/host/safe_modules.py": 501,
