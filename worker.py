@@ -43,15 +43,15 @@ from activities import sandbox as sandbox_activities
 from activities.provider_failures import CompactProviderFailures
 from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
-from reflector import telemetry
-from reflector.admission import AdmissionControl, StartDelay
-from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
-from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
-from reflector.settings import SettingError, Settings, usable_dir
-from reflector.storage.identity import store_id
-from reflector.storage.payloads import blob_dir_of, replay_storage
-from reflector.storage.stores import check_store, describe_store
+from reflector.client.audit.histories import CLOSE_EVENTS
+from reflector.runtime import telemetry
+from reflector.runtime.admission import AdmissionControl, StartDelay
+from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
+from reflector.runtime.settings import SettingError, Settings, usable_dir
+from reflector.runtime.storage.identity import store_id
+from reflector.runtime.storage.payloads import blob_dir_of, replay_storage
+from reflector.runtime.storage.stores import check_store, describe_store
 from sandbox.isolation import IsolationUnavailable
 from workflows.agents import MODEL_ACTIVITIES
 from workflows.batch import BatchReflectionWorkflow
@@ -60,7 +60,7 @@ from workflows.reflection import ReflectionWorkflow
 __all__ = ["build_worker", "run_worker", "in_process_worker", "make_replayer", "replay", "replay_workflow", "ReplayReport", "WORKFLOWS"]
 
 if TYPE_CHECKING:
-    from reflector.audit.capture import ReplayHooks
+    from reflector.client.audit.capture import ReplayHooks
 
 log = logging.getLogger("rr.worker")
 
@@ -158,7 +158,7 @@ def build_worker(
         workflow_slots = FixedSizeSlotSupplier(max_concurrent_workflow_tasks)
     else:
         # how many reflections this worker advances at once follows how late its event loop runs
-        # (reflector/admission.py: a fixed count idles at slow models and collapses when raised)
+        # (reflector/runtime/admission.py: a fixed count idles at slow models and collapses when raised)
         workflow_slots = admission or workflow_admission()
     activity_slots: FixedSizeSlotSupplier | AdmissionControl
     if max_concurrent_activities is not None:
@@ -209,13 +209,13 @@ def build_worker(
 async def run_worker(settings: Settings | None = None) -> None:
     """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
     settings = settings or Settings.from_env()
-    from reflector.connection import describe_target
-    from reflector.devserver import is_reachable
+    from reflector.runtime.connection import describe_target
+    from reflector.runtime.devserver import is_reachable
 
     async with AsyncExitStack() as stack:
         if not settings.address_explicit:
             # nothing configured: the embedded server of RR_HOME, shared with the home's other rr processes
-            # (started when none runs; leased for as long as this worker runs: `reflector.homeserver`)
+            # (started when none runs; leased for as long as this worker runs: `reflector.runtime.homeserver`)
             from reflector.client import lease_home_server
 
             try:
@@ -230,7 +230,7 @@ async def run_worker(settings: Settings | None = None) -> None:
 
 
 async def _serve(settings: Settings) -> None:
-    from reflector.connection import describe_target
+    from reflector.runtime.connection import describe_target
 
 
     usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
@@ -240,7 +240,7 @@ async def _serve(settings: Settings) -> None:
     except IsolationUnavailable as exc:
         raise SettingError(str(exc)) from None
     try:
-        client = await connect(settings=settings)  # address, namespace, TLS, API key: reflector.connection
+        client = await connect(settings=settings)  # address, namespace, TLS, API key: reflector.runtime.connection
     except RuntimeError as exc:  # gone since the reachability check, or a TLS / credentials failure
         raise SettingError(f"cannot connect to the Temporal server at {describe_target(settings)}: "
                            f"{' '.join(str(exc).split())}") from None
@@ -317,7 +317,7 @@ async def replay(client: Client, workflow_id: str, settings: Settings | None = N
     """`replay_workflow`, saying whether the history replayed was a running reflection's (partial) one.
 
     The latest run of `workflow_id` only: `rr replay` replays every run of its continue-as-new chain and
-    every child (`reflector.audit.replay.replay_all` over `reflector.audit.histories.iter_runs`)."""
+    every child (`reflector.client.audit.replay.replay_all` over `reflector.client.audit.histories.iter_runs`)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     running = not history.events or history.events[-1].event_type not in CLOSE_EVENTS
     blob_dir = blob_dir_of(client.data_converter) or (settings or Settings.from_env()).blob_dir
@@ -329,7 +329,7 @@ def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: Workflow
                   models: Sequence[str] | None = None) -> Replayer:
     """A `Replayer` for reflections and batches that reads external payloads from `blob_dir` and never writes.
 
-    `unsandboxed_workflow_runner` (the workflows run unsandboxed): e.g. `reflector.audit.replay.CommandRecorder`,
+    `unsandboxed_workflow_runner` (the workflows run unsandboxed): e.g. `reflector.client.audit.replay.CommandRecorder`,
     which records the commands the code produces (to name what it did at a diverging event). `models`: the
     models the histories use (e.g. `rr audit` reads them from the inputs), prepared instead of every shipped
     provider family (whose imports cost seconds)."""
@@ -346,14 +346,14 @@ def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: Workflow
 
 
 def replay_factory(blob_dir: Path | str, runner: WorkflowRunner, models: Sequence[str] | None = None) -> Replayer:
-    """`make_replayer` with `runner` for the (unsandboxed) workflows: what `reflector.audit.replay` replays with."""
+    """`make_replayer` with `runner` for the (unsandboxed) workflows: what `reflector.client.audit.replay` replays with."""
     return make_replayer(blob_dir, unsandboxed_workflow_runner=runner, models=models)
 
 
 def audit_replay_hooks() -> ReplayHooks:
     """What `rr audit` replays histories with: `make_replayer`, and the installer of the workflow-side
     model-request capture (`workflows.local_model.request_capture`; reflector/ never imports workflows/)."""
-    from reflector.audit.capture import ReplayHooks
+    from reflector.client.audit.capture import ReplayHooks
     from workflows import local_model
 
     def install(callback: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
@@ -363,7 +363,8 @@ def audit_replay_hooks() -> ReplayHooks:
     return ReplayHooks(make_replayer=lambda blob_dir, models: make_replayer(blob_dir, models=models), install=install)
 
 
-if __name__ == "__main__":
-    from reflector.cli import main
+if __name__ == "__main__":  # `python worker.py` runs the `rr worker` program (the composition root imports no entry point)
+    import runpy
 
-    raise SystemExit(main(["worker"]))
+    sys.argv = ["rr", "worker"]
+    runpy.run_module("reflector.cli", run_name="__main__", alter_sys=True)

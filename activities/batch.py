@@ -17,9 +17,8 @@ from typing import Any
 from temporalio import activity
 
 from activities.scope import current_store
-from reflector.batch.records import MAX_FACTS_BYTES, build_record, load_records
-from reflector.batch.split import read_manifest_page
-from reflector.batch.synthesis import synthesise
+from reflector.analysis.batch.records import MAX_FACTS_BYTES, build_record
+from reflector.analysis.batch.synthesis import synthesise
 from reflector.contract import (
     READ_MANIFEST_ACTIVITY,
     RECORD_RUN_ACTIVITY,
@@ -33,7 +32,8 @@ from reflector.contract import (
     TraceRef,
     WriteRecordsInput,
 )
-from reflector.storage.blobs import BlobNotFound, BlobStore, blob_uri
+from reflector.runtime.storage.blobs import BlobNotFound, BlobStore, blob_uri
+from reflector.runtime.storage.manifest import load_records, read_manifest_page
 
 __all__ = ["ACTIVITIES", "read_manifest", "record_run", "write_records", "synthesise_batch"]
 

@@ -53,12 +53,12 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from reflector.contract import FORGET_ACTIVITY, session_key
-from reflector.settings import Settings
-from reflector.storage.blobs import RESPONSES_DIR
-from reflector.storage.stores import blocking, mirror_for
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import RESPONSES_DIR
+from reflector.runtime.storage.stores import blocking, mirror_for
 
 if TYPE_CHECKING:
-    from reflector.storage.s3 import S3Mirror
+    from reflector.runtime.storage.s3 import S3Mirror
 
 __all__ = [
     "configure",

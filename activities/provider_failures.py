@@ -27,7 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from reflector.provider_errors import describe
+from reflector.analysis.provider_errors import describe
 
 __all__ = ["CompactProviderFailures", "compact_provider_failure", "ProviderFailureLogLine"]
 

@@ -1,7 +1,7 @@
 """`rr rerun`'s local activities: answer a reused step from the origin's recorded prefix.
 
 A rerun (`reflector.contract.RerunOf`) starts with the origin's prefix stored as one blob
-(`RerunPrefix`, written by `reflector.rerun`). While the new session is inside that prefix the
+(`RerunPrefix`, written by `reflector.client.rerun`). While the new session is inside that prefix the
 workflow asks these activities instead of the model, the sandbox or a child workflow; each answer is
 recorded in the new history as a local-activity marker, so the rerun is itself durable and replays
 from its own history. Nothing here calls a model or runs a cell.

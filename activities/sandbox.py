@@ -24,7 +24,11 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from reflector.answers import answers_match, compare_actions
+from activities.facts import FACTS_CODE, _facts
+from reflector.analysis.limits import SKILL_IDS_SHOWN, InputTooLarge
+from reflector.analysis.skillbook import Skill, check_skillbook, look_up, parse_skillbook
+from reflector.analysis.traces.budget import host_memory_bytes
+from reflector.analysis.traces.index import INDEX_SUFFIX, index_path, write_index
 from reflector.contract import (
     CLOSE_ACTIVITY,
     EXPORT_ACTIVITY,
@@ -42,20 +46,15 @@ from reflector.contract import (
     PrepareSessionResult,
     SkillbookRef,
     SkillLookupInput,
-    TraceFacts,
     TraceRef,
     session_key,
 )
-from reflector.diagnosis import from_divergence
-from reflector.limits import SKILL_IDS_SHOWN, InputTooLarge
-from reflector.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
-from reflector.skillbook import Skill, check_skillbook, look_up, parse_skillbook
-from reflector.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
-from reflector.storage.stores import blocking, open_store
-from reflector.traces.budget import host_memory_bytes
-from reflector.traces.index import INDEX_SUFFIX, index_path, write_index
+from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
+from reflector.runtime.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
+from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
-from sandbox.executor import SubprocessExecutor, sweep_stale_workdirs
+from sandbox.executor import SubprocessExecutor
+from sandbox.hostproc import sweep_stale_workdirs
 from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
@@ -77,39 +76,10 @@ __all__ = [
     "ACTIVITIES",
 ]
 
-FACTS_MARKER = "RR_FACTS "
-FACTS_TEXT_CHARS = 4_000  # the trace's question / feedback kept in `TraceFacts` (the prompt shows at most 1,500)
-# Read what the deterministic fallback needs from the already-loaded trace (no second parse here).
-# What the deterministic fallback compares (run once per session, journaled like any cell): the final
-# answer and the ground truth, and, where the trace has expected actions (tau-bench), the agent's
-# actions and the expected ones, so actions are compared with actions, never with text. Each part is
-# bounded so the printed line stays valid JSON; its helper is removed again from the namespace.
-FACTS_CODE = """def rr_facts_line():
-    view = traces if isinstance(traces, dict) else {}
-    truth = task.get("ground_truth") or view.get("ground_truth")
-    facts = {"final_answer": view.get("final_answer"), "ground_truth": truth,
-             "question": view.get("question"), "feedback": view.get("feedback")}
-    acts = {"actions": view.get("actions"), "expected_actions": view.get("expected_actions")}
-    if isinstance(acts["expected_actions"], list) and len(json.dumps(acts, default=str)) < 40000:
-        facts.update(acts)
-    if isinstance(acts["expected_actions"], list) or view.get("expected_outputs"):
-        try:
-            div = first_divergence(view)
-        except Exception as e:
-            div = {"error": repr(e)[:200]}
-        if isinstance(div, dict):
-            facts["divergence"] = {k: div.get(k) for k in ("kind", "step", "tool", "argument", "actual",
-                                                           "expected", "where", "error")}
-    text = json.dumps(facts, default=str)
-    if len(text) > 45000:
-        text = json.dumps({k: None if facts[k] is None else str(facts[k])[:20000]
-                           for k in ("final_answer", "ground_truth", "question", "feedback")})
-    return "RR_FACTS " + text
-print(rr_facts_line())
-del rr_facts_line"""
-
 
 log = logging.getLogger("rr.sandbox")
+
+
 T = TypeVar("T")
 
 
@@ -122,13 +92,19 @@ class _Runtime:
     users: int = 0  # workers that hold it (`hold` / `release`): the last one to end stops its hosts
 
     async def io(self, fn: Callable[..., T], *args: Any) -> T:
-        """A blob-store call (`reflector.storage.stores.blocking`)."""
+        """A blob-store call (`reflector.runtime.storage.stores.blocking`)."""
         return await blocking(self.store.remote, fn, *args)
 
 
 _runtime: _Runtime | None = None  # the process default: activities run outside a worker (tools, tests)
+
+
 _runtimes: dict[tuple[object, ...], _Runtime] = {}
+
+
 _warned = False
+
+
 RUNTIME: ContextVar[_Runtime | None] = ContextVar("rr_sandbox_runtime", default=None)
 """The runtime of the worker running the current activity (bound by `activities.scope.BindWorkerScope`)."""
 
@@ -282,7 +258,7 @@ def _rt() -> _Runtime:
 
 
 def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimits:
-    """The host's limits: the workflow's, and an address space sized for the trace (`reflector.traces.budget`)."""
+    """The host's limits: the workflow's, and an address space sized for the trace (`reflector.analysis.traces.budget`)."""
     ipath = index_path(str(trace_path))
     index_size = os.path.getsize(ipath) if os.path.exists(ipath) else None
     return SandboxLimits(
@@ -372,35 +348,11 @@ async def _run(
     )
 
 
-def _facts(outcome: CellOutcome) -> TraceFacts:
-    for line in outcome.output.splitlines():
-        if line.startswith(FACTS_MARKER):
-            try:
-                data = json.loads(line[len(FACTS_MARKER) :])
-            except ValueError:  # a cut-off line (a cell's output is bounded): no facts, no wrong claim
-                return TraceFacts()
-            if not isinstance(data, dict):
-                return TraceFacts()
-            final, truth = data.get("final_answer"), data.get("ground_truth")
-            final = None if final is None else str(final)
-            truth = None if truth is None else str(truth)
-            # the trace's own question and feedback, for the task prompt (a few KB at most: its fields are cut)
-            told = {k: str(data[k])[:FACTS_TEXT_CHARS] for k in ("question", "feedback") if data.get(k) is not None}
-            diagnosis = from_divergence(data.get("divergence"), [outcome.seq])
-            if isinstance(data.get("expected_actions"), list):
-                ok, missing, unexpected = compare_actions(data.get("actions"), data["expected_actions"])
-                return TraceFacts(
-                    final_answer=final, ground_truth=truth, answer_correct=ok, actions_checked=ok is not None,
-                    missing_actions=missing[:20], unexpected_actions=unexpected[:20], diagnosis=diagnosis, **told,
-                )
-            return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth),
-                              diagnosis=diagnosis, **told)
-    return TraceFacts()
-
-
 SKILLBOOK_BLOB_KEY = "rr_skillbook_blob"
 """In a session's init blob: the `SkillbookRef` whose text is the sandbox variable `skillbook` (the init stays
 small; a session's hosts, a rebuilt one too, read the skillbook blob)."""
+
+
 _SKILLBOOKS_KEPT = 2  # parsed skillbooks kept in memory per worker process (a batch's runs share one)
 
 
@@ -408,7 +360,7 @@ _SKILLBOOKS_KEPT = 2  # parsed skillbooks kept in memory per worker process (a b
 class _Skillbook:
     text: str
     skills: tuple[Skill, ...]
-    error: str | None  # over a cap (`reflector.skillbook.check_skillbook`)
+    error: str | None  # over a cap (`reflector.analysis.skillbook.check_skillbook`)
 
 
 _skillbooks: dict[str, _Skillbook] = {}
@@ -439,7 +391,7 @@ async def _skillbook(ref: SkillbookRef) -> _Skillbook:
 def _check_store(store: BlobStore, trace: TraceRef) -> None:
     """A reflection whose trace was uploaded to another blob store than this worker's fails now, for good,
     naming both stores (same task queue, different stores: an explicit RR_TASK_QUEUE shared by two setups)."""
-    from reflector.storage.identity import StoreMismatch, check_same_store
+    from reflector.runtime.storage.identity import StoreMismatch, check_same_store
 
     try:
         check_same_store(store, trace.store_id, trace.store_url)
@@ -487,7 +439,7 @@ async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
 
 @activity.defn(name=SKILL_LOOKUP_ACTIVITY)
 async def look_up_skill(inp: SkillLookupInput) -> str:
-    """A skill tool's answer from the session's skillbook blob (bounded: `reflector.skillbook.look_up`)."""
+    """A skill tool's answer from the session's skillbook blob (bounded: `reflector.analysis.skillbook.look_up`)."""
     book = await _skillbook(inp.skillbook)
     if book.error is not None:
         return f"ERROR: {book.error}"

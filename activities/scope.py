@@ -24,9 +24,9 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore
-from reflector.storage.stores import open_store
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import BlobStore
+from reflector.runtime.storage.stores import open_store
 
 __all__ = ["BindWorkerScope", "STORE", "current_store"]
 

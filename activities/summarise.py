@@ -15,10 +15,10 @@ from temporalio import activity
 
 from activities.sandbox import grant_archive
 from activities.scope import current_store
-from reflector.compaction import SUMMARY_MARKER
+from reflector.analysis.compaction import SUMMARY_MARKER
 from reflector.contract import SUMMARISE_ACTIVITY, SummariseInput, SummariseResult
-from reflector.models import resolve_model
-from reflector.storage.stores import blocking
+from reflector.runtime.models import resolve_model
+from reflector.runtime.storage.stores import blocking
 
 __all__ = ["summarise", "render_transcript"]
 

@@ -18,7 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     import bench.scripts  # noqa: F401  (registers the bench models)
     from reflector.contract import ReflectionDraft
-    from reflector.models import HEURISTIC
+    from reflector.runtime.models import HEURISTIC
     from workflows.agents import model_resolver
 
 anchor_tools: FunctionToolset[None] = FunctionToolset(id="anchor_tools")

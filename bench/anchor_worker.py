@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.anchor import AnchorWorkflow
-from reflector.models import prepare_workflow_side
+from reflector.runtime.models import prepare_workflow_side
 
 
 async def main() -> None:

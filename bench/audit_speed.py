@@ -4,7 +4,7 @@ Two subjects: (1) the largest file in tests/replay/histories (offline: `rr audit
 run here by `bench-audit-60` (a scripted in-process model: a cell, a child, then cells that print ~900
 characters each until the context is summarised, continue-as-new, and so on: 60 model requests of the root
 in all, plus the child's and the summaries). For (2) both paths are timed: from the server
-(`reflector.audit.build.audit_workflow`: read every run and child, replay, build) and the CLI on its export
+(`reflector.client.audit.build.audit_workflow`: read every run and child, replay, build) and the CLI on its export
 (`rr audit FILE --json`, a subprocess: Python start and imports included). Medians of `--reps`.
 
     python -m bench.audit_speed [--reps 5]
@@ -28,13 +28,13 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bench.common import median, start_bench_env, table
 from reflector import client as rr
-from reflector.audit.build import audit_file, audit_workflow
-from reflector.audit.histories import collect, dump_bundle
-from reflector.audit.render_html import render_html
-from reflector.audit.render_text import render_text
 from reflector.client import connect
+from reflector.client.audit.build import audit_file, audit_workflow
+from reflector.client.audit.histories import collect, dump_bundle
+from reflector.client.audit.render_html import render_html
+from reflector.client.audit.render_text import render_text
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL, ReflectionConfig
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import synthesis_aware
 from worker import audit_replay_hooks, build_worker
 
@@ -102,7 +102,7 @@ async def main() -> None:
         imports = []  # what every `rr audit` process pays before it reads anything: Python and rr's imports
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import reflector.cli, reflector.audit.build, worker"], env=cli_env,
+            subprocess.run([sys.executable, "-c", "import reflector.cli, reflector.client.audit.build, worker"], env=cli_env,
                            cwd=REPO_ROOT, check=True, stdin=subprocess.DEVNULL)
             imports.append(time.perf_counter() - t0)
         print(f"python + imports of a CLI process: {median(imports):.3f} s median; load average {os.getloadavg()}")

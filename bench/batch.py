@@ -27,8 +27,8 @@ from bench.common import bench_home, table
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import BatchOutput
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 from reflector.testing.tau_runs import synthetic_runs
 from worker import build_worker
 

@@ -76,8 +76,8 @@ from bench.common import table
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.devserver import DevServer, free_port
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer, free_port
+from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer, request_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -439,7 +439,7 @@ async def run_setup(
     """One setup from scratch (server, OpenAI server, workers), the jobs on it, everything stopped after.
 
     `derived_queue`: nothing but RR_HOME names the store and no RR_TASK_QUEUE is set: workers and client
-    derive the queue from the store's id, as a user's setup does (`reflector.storage.identity`)."""
+    derive the queue from the store's id, as a user's setup does (`reflector.runtime.storage.identity`)."""
     root.mkdir(parents=True, exist_ok=True)
     home = root / "home"
     stats = RunStats(label, len(jobs), root=root)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from reflector import client as rr
 from reflector.contract import ReflectionConfig, TraceRef
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 
 TRACE = {
     "question": "What is 17 * 24?",

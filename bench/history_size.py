@@ -21,8 +21,8 @@ from bench.common import bench_home, table, upload_bench_trace
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 from worker import build_worker
 
 

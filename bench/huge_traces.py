@@ -67,10 +67,10 @@ from temporalio.service import RPCError
 
 from bench.common import table
 from bench.gen_traces import SHAPES, generate, parse_size
+from reflector.analysis.traces.index import INDEX_SUFFIX
 from reflector.client import has_pollers
 from reflector.contract import LOCAL_MODEL_SUFFIX, PREPARE_ACTIVITY, RUN_CELL_ACTIVITY
-from reflector.devserver import DevServer
-from reflector.traces.index import INDEX_SUFFIX
+from reflector.runtime.devserver import DevServer
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.05

@@ -51,8 +51,8 @@ from bench.quality_labels import (
 from bench.tau_critical_labels import CRITICAL, LABEL_DATE, LABELLER
 from reflector import client as rr
 from reflector.contract import ReflectionConfig
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 
 # Published on the same split (the Who&When paper, Table 1, GPT-4o with the ground truth): the best of
 # its methods for each level, and random choice.

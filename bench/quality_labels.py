@@ -1,11 +1,11 @@
 """Labels and scoring for `bench/quality.py`: what the reflection should have found, and whether it did.
 
 This module is the benchmark's answer key. It is written apart from the reflector's toolkit
-(`reflector/toolkit/`) on purpose: a score computed with the code under test would measure nothing.
+(`reflector/analysis/toolkit/`) on purpose: a score computed with the code under test would measure nothing.
 
 ## tau-bench label rules (a run with reward < 1)
 
-Only *write* actions count (tools not starting with a read-only prefix, `reflector.answers.READ_ONLY_PREFIXES`:
+Only *write* actions count (tools not starting with a read-only prefix, `reflector.analysis.answers.READ_ONLY_PREFIXES`:
 what tau-bench's grader compares through the database), and the agent's failed calls changed nothing.
 
 1. Exact matches first: each expected write is matched with an unused successful agent write of the same
@@ -49,7 +49,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from reflector.answers import READ_ONLY_PREFIXES
+from reflector.analysis.answers import READ_ONLY_PREFIXES
 
 __all__ = [
     "ECHO_MIN_CHARS",

@@ -41,7 +41,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = REPO_ROOT / "tests" / "replay" / "histories"
@@ -116,8 +116,8 @@ def _median_run(args: tuple[str, ...], env: dict[str, str], repeat: int) -> tupl
 
 async def _warm(path: Path, blob_dir: Path, repeat: int) -> float:
     import worker
-    from reflector.audit.histories import load_bundle
-    from reflector.audit.replay import as_stream, recording_replayer, replay_runs
+    from reflector.client.audit.histories import load_bundle
+    from reflector.client.audit.replay import as_stream, recording_replayer, replay_runs
 
     bundle = load_bundle(path)
     replayer = recording_replayer(blob_dir, worker.replay_factory)
@@ -135,7 +135,7 @@ async def _generate(env: dict[str, str]) -> tuple[str, Path, dict[str, object], 
     """Run the 60-request reflection on a fresh embedded server; returns its id, its export file, its usage."""
     from bench.common import start_bench_env
     from reflector import client as rr
-    from reflector.audit.histories import export
+    from reflector.client.audit.histories import export
     from reflector.contract import ReflectionConfig
     from worker import build_worker
 

@@ -5,7 +5,7 @@ then the answer: 20 steps), holding every reply `--latency` seconds. For each la
 times: a fresh reflection (20 requests paid), then a rerun of it from step 15 with another model
 name (the same server). "requests paid" is the server's count of requests it answered during that
 reflection; "plan s" is the client reading the origin's histories and storing the prefix blob
-(`reflector.rerun.plan_rerun`), included in the rerun's wall time.
+(`reflector.client.rerun.plan_rerun`), included in the rerun's wall time.
 
     python -m bench.rerun [--latency 0,1] [--reps 3] [--steps 20] [--from-step 15]
 """
@@ -21,8 +21,8 @@ import uuid
 from bench.common import median, start_bench_env, table
 from reflector import client as rr
 from reflector.client import connect
+from reflector.client.rerun import plan_rerun
 from reflector.contract import ReflectionConfig
-from reflector.rerun import plan_rerun
 from reflector.testing.openai_server import OpenAIServer
 from worker import build_worker
 

@@ -32,8 +32,8 @@ async def child(model: str, runs: int, rtt_ms: float) -> None:
     import bench.scripts  # noqa: F401  (registers the bench models)
     from bench.common import start, upload_bench_trace
     from reflector.client import connect
-    from reflector.settings import Settings
-    from reflector.storage.stores import mirror_for
+    from reflector.runtime.settings import Settings
+    from reflector.runtime.storage.stores import mirror_for
     from worker import build_worker
 
     settings = Settings.from_env()
@@ -80,8 +80,8 @@ def run_child(mode: str, model: str, runs: int, rtt_ms: float, base_env: dict[st
 def micro(s3_env: dict[str, str], rtt_ms: float, n: int = 40) -> list[list[object]]:
     """The S3 work of one cell (its journal entry) and of one in-process model request (the cache lookup,
     a miss, and the response stored), timed directly: file store vs S3, median of `n`."""
-    from reflector.settings import Settings
-    from reflector.storage.stores import mirror_for
+    from reflector.runtime.settings import Settings
+    from reflector.runtime.storage.stores import mirror_for
     from sandbox.journal import Journal
 
     saved = dict(os.environ)
@@ -122,7 +122,7 @@ def micro(s3_env: dict[str, str], rtt_ms: float, n: int = 40) -> list[list[objec
 
 
 def main(reps: int, rtts: list[float], models: list[str]) -> None:
-    from reflector.devserver import DevServer
+    from reflector.runtime.devserver import DevServer
     from tests.support.s3_server import s3_server
 
     root = Path(tempfile.mkdtemp(prefix="rr-s3bench-"))

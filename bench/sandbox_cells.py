@@ -108,8 +108,8 @@ async def _direct(n: int) -> tuple[list[float], list[float], list[float], list[f
 async def main(n: int, reps: int) -> None:
     from bench.common import bench_home, median, table, upload_bench_trace
     from reflector.client import connect
-    from reflector.devserver import DevServer
-    from reflector.settings import Settings
+    from reflector.runtime.devserver import DevServer
+    from reflector.runtime.settings import Settings
     from worker import build_worker
 
     direct, in_process, prefill_cold, prefill_pool = await _direct(n)

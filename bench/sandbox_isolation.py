@@ -76,8 +76,8 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
     from bench.common import upload_bench_trace
     from bench.sandbox_cells import CellsWorkflow
     from reflector.client import connect
-    from reflector.devserver import DevServer
-    from reflector.settings import Settings
+    from reflector.runtime.devserver import DevServer
+    from reflector.runtime.settings import Settings
     from worker import build_worker
 
     trace = upload_bench_trace(Settings.from_env())

@@ -14,7 +14,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 
 STEPS = (10, 20)
 LATENCIES_MS = (0, 200)  # what bench/overhead.py runs

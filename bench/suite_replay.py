@@ -26,7 +26,7 @@ import reflector.testing.scripted  # noqa: F401  (registers the scripted models)
 from bench.common import median, start_bench_env, table
 from reflector import client as rr
 from reflector.contract import BATCH_WORKFLOW_NAME, WORKFLOW_NAME, ReflectionConfig
-from reflector.storage.blobs import BlobNotFound
+from reflector.runtime.storage.blobs import BlobNotFound
 
 
 async def _before(address: str, blob_dirs: Sequence[Path]) -> tuple[int, list[str]]:
@@ -35,7 +35,7 @@ async def _before(address: str, blob_dirs: Sequence[Path]) -> tuple[int, list[st
 
     import worker
     from reflector.client import connect
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
 
     client = await connect(address, settings=Settings.from_env())
     replayers = [worker.make_replayer(d) for d in dict.fromkeys(blob_dirs)]

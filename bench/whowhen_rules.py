@@ -1,4 +1,4 @@
-"""The rules of `reflector.toolkit.actors.suspect_mistake`, scored on the labelled Who&When failures.
+"""The rules of `reflector.analysis.toolkit.actors.suspect_mistake`, scored on the labelled Who&When failures.
 
     python -m bench.whowhen_rules [SHARED_TRACES_DIR]     (default ../shared/traces)
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from bench.common import table
 from bench.quality_labels import WHOWHEN_LABEL_KEYS
-from reflector.toolkit.actors import COMBINATION, RULES, suspect_mistake
-from reflector.traces import normalize
+from reflector.analysis.toolkit.actors import COMBINATION, RULES, suspect_mistake
+from reflector.analysis.traces import normalize
 
 RANDOM = {"agent": 0.291, "step": 0.191}  # the dataset's paper, Table 1, same split
 PUBLISHED = {"agent": 0.543, "step": 0.255}  # GPT-4o with the ground truth: all-at-once / step-by-step

@@ -12,9 +12,9 @@ import signal
 import bench.scripts  # noqa: F401
 from activities import sandbox as sandbox_activities
 from bench.anchor import AnchorWorkflow
-from reflector.admission import AdmissionControl
 from reflector.client import connect
-from reflector.settings import Settings
+from reflector.runtime.admission import AdmissionControl
+from reflector.runtime.settings import Settings
 from worker import activity_admission, build_worker, workflow_admission
 
 

@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 class Replica(Protocol):
-    """Where a journal is mirrored (`reflector.storage.s3.S3Mirror`): paths are local paths under its root."""
+    """Where a journal is mirrored (`reflector.runtime.storage.s3.S3Mirror`): paths are local paths under its root."""
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
     def push_bytes(self, path: Path | str, data: bytes) -> None: ...

@@ -18,7 +18,7 @@ import sys
 from collections import deque
 
 from sandbox import isolation as isolation_defaults
-from sandbox.executor import START_TIMEOUT_S, _exchange, _HostProc, _kill_host, _kill_sync, _launch
+from sandbox.hostproc import START_TIMEOUT_S, _exchange, _HostProc, _kill_host, _kill_sync, _launch
 from sandbox.isolation import IsolationMode
 
 __all__ = ["HostPool"]

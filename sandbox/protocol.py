@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 # Live sandbox hosts a worker process keeps (least recently used ones are stopped; their state comes
-# back from the journal). The worker's `RR_MAX_LIVE_SANDBOXES` defaults to it (`reflector.settings`).
+# back from the journal). The worker's `RR_MAX_LIVE_SANDBOXES` defaults to it (`reflector.runtime.settings`).
 MAX_LIVE_HOSTS = 256
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:@=+-]{1,200}$"  # session ids usable as a file name as they are
 

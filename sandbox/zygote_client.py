@@ -3,7 +3,7 @@
 `sandbox.executor` launches hosts through it (`_zygote(python)`, then `_Zygote.spawn`); a host it forked
 is a `_ForkedProcess`, the parts of `asyncio.subprocess.Process` the executor uses. Whether hosts are
 forked at all is the caller's choice (`SubprocessExecutor(zygote=...)`; the worker's
-`RR_SANDBOX_ZYGOTE`, read in `reflector.settings`).
+`RR_SANDBOX_ZYGOTE`, read in `reflector.runtime.settings`).
 """
 
 from __future__ import annotations

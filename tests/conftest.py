@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import sandbox.isolation
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 
 # A suite started as a background job of a non-interactive shell (`./.ci/run &`) inherits SIGINT ignored, and
 # every `rr` subprocess would inherit that too (exec keeps an ignored signal): the tests that press Ctrl-C

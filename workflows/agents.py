@@ -15,9 +15,9 @@ from pydantic_ai.capabilities import ResolveModelId
 from pydantic_ai.models import Model
 from temporalio import workflow
 
-from reflector import prompts
+from reflector.analysis import prompts
 from reflector.contract import AGENT_NAME, OUTPUT_TOOL, SYNTH_AGENT_NAME, ReflectionDraft, ReflectorDeps
-from reflector.models import HEURISTIC, resolve_model, workflow_side_model
+from reflector.runtime.models import HEURISTIC, resolve_model, workflow_side_model
 from workflows.activity_options import BASE_ACTIVITY, MODEL_ACTIVITY
 from workflows.control import SessionControl, continue_as_new
 from workflows.local_model import LocalModelDurability, local_model_activities

@@ -31,8 +31,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, Workflow
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from reflector import search_attributes as sa
-    from reflector.batch.synthesis import llm_feedback, llm_question
+    from reflector.analysis.batch.synthesis import llm_feedback, llm_question
     from reflector.contract import (
         BATCH_WORKFLOW_NAME,
         CANCEL_PATCH,
@@ -57,7 +56,8 @@ with workflow.unsafe.imports_passed_through():
         SynthesiseBatchResult,
         WriteRecordsInput,
     )
-    from reflector.models import is_llm
+    from reflector.runtime import search_attributes as sa
+    from reflector.runtime.models import is_llm
     from workflows.activity_options import BATCH_ACTIVITY_TIMEOUT, BATCH_RETRY
     from workflows.state import await_cancel_safe, clear_cancellation
 

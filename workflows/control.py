@@ -18,8 +18,8 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tools import ToolDefinition
 from temporalio import workflow
 
-from reflector import prompts
-from reflector.compaction import compacted_history, message_chars, microcompact, transcript_json
+from reflector.analysis import prompts
+from reflector.analysis.compaction import compacted_history, message_chars, microcompact, transcript_json
 from reflector.contract import OUTPUT_TOOL, SUMMARISE_ACTIVITY, ReflectorDeps, SummariseInput, SummariseResult
 from workflows.activity_options import MODEL_HEARTBEAT, MODEL_RETRY, SUMMARISE_TIMEOUT
 from workflows.rerun import reused_summary, reusing_step, reusing_summary

@@ -3,7 +3,7 @@
 `TemporalDurability` whose in-process model requests run as local activities on the workflow's
 worker, and whose provider requests run as pydantic-ai's regular activities.
 
-Two paths, chosen per request by where the model answers (`reflector.models.answers_in_process`):
+Two paths, chosen per request by where the model answers (`reflector.runtime.models.answers_in_process`):
 
 - A model that answers inside the worker (`heuristic`, `FunctionModel`, `TestModel`) runs as a local
   activity (below): no server round trip and no message history in the history per step.
@@ -60,7 +60,7 @@ from temporalio.workflow import ActivityConfig
 
 from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
 from reflector.contract import AGENT_NAME, LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX, PROVIDER_MODEL_PATCH
-from reflector.models import answers_in_process
+from reflector.runtime.models import answers_in_process
 from workflows.rerun import maybe_reused_response
 from workflows.state import await_cancel_safe
 
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 request_capture: Callable[[Any], None] | None = None
-"""Audit side channel (`reflector.audit.capture`): called in workflow code with every model request's
+"""Audit side channel (`reflector.client.audit.capture`): called in workflow code with every model request's
 params (pydantic-ai's `ModelRequestParams`), during replay too. None in production; it only records and
 never changes a command."""
 

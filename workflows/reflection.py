@@ -24,9 +24,12 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.usage import UsageLimits
 
-    from reflector import prompts
-    from reflector import search_attributes as sa
-    from reflector.citations import check_citations
+    from reflector.analysis import prompts
+    from reflector.analysis.citations import check_citations
+    from reflector.analysis.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
+    from reflector.analysis.prompt_cache import caches, with_prompt_cache
+    from reflector.analysis.provider_errors import describe as describe_error
+    from reflector.analysis.skillbook import IDS_LINE, parse_skillbook
     from reflector.contract import (
         CANCEL_PATCH,
         CLOSE_ACTIVITY,
@@ -51,10 +54,7 @@ with workflow.unsafe.imports_passed_through():
         RunTrace,
         StopReason,
     )
-    from reflector.limits import MAX_INLINE_SKILLBOOK_CHARS, SKILL_IDS_SHOWN
-    from reflector.prompt_cache import caches, with_prompt_cache
-    from reflector.provider_errors import describe as describe_error
-    from reflector.skillbook import IDS_LINE, parse_skillbook
+    from reflector.runtime import search_attributes as sa
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
     from workflows.agents import reflector_agent, synthesis_agent
     from workflows.local_model import local_model_requests
@@ -389,7 +389,7 @@ async def _despite_cancel(handle: asyncio.Future[Any]) -> Any:
 
 def _model_settings(config: ReflectionConfig, session_id: str) -> ModelSettings:
     """Temperature 0.0 unless the caller passed settings (then theirs), with the provider's prompt caching on
-    unless those settings say otherwise (`reflector.prompt_cache`; an OpenAI cache key per session)."""
+    unless those settings say otherwise (`reflector.analysis.prompt_cache`; an OpenAI cache key per session)."""
     settings: dict[str, Any] = dict(config.model_settings) if config.model_settings else {"temperature": 0.0}
     if caches(config.model) and workflow.patched(PROMPT_CACHE_PATCH):
         settings = with_prompt_cache(config.model, settings, session_id=session_id) or settings

@@ -16,6 +16,7 @@ import anyio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from reflector.analysis.ledger import Ledger, UsageRecord
     from reflector.contract import (
         EXPORT_ACTIVITY,
         RUN_CELL_ACTIVITY,
@@ -32,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         ReflectionInput,
         TraceFacts,
     )
-    from reflector.ledger import Ledger, UsageRecord
 
 from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
 

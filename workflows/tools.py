@@ -18,8 +18,10 @@ from pydantic_ai.toolsets import FunctionToolset
 from temporalio import workflow
 from temporalio.workflow import ParentClosePolicy
 
-from reflector import search_attributes as sa
-from reflector.citations import cell_header
+from reflector.analysis.citations import cell_header
+from reflector.analysis.ledger import UsageRecord
+from reflector.analysis.limits import MAX_CONTEXT_CODE_CHARS, MAX_SKILL_QUERY_CHARS, MAX_TASK_TEXT_CHARS
+from reflector.analysis.skillbook import parse_skillbook
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     RECURSE_TOOL,
@@ -35,9 +37,7 @@ from reflector.contract import (
     ReflectorOutput,
     SkillLookupInput,
 )
-from reflector.ledger import UsageRecord
-from reflector.limits import MAX_CONTEXT_CODE_CHARS, MAX_SKILL_QUERY_CHARS, MAX_TASK_TEXT_CHARS
-from reflector.skillbook import parse_skillbook
+from reflector.runtime import search_attributes as sa
 from workflows.activity_options import CELL_RETRY
 from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
@@ -136,7 +136,7 @@ async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str
 
 
 def _over_cap(prompt: str, context_code: str) -> str | None:
-    """Why `recurse`'s arguments cannot become a child's input (`reflector.limits`), or None."""
+    """Why `recurse`'s arguments cannot become a child's input (`reflector.analysis.limits`), or None."""
     if len(prompt) > MAX_TASK_TEXT_CHARS:
         return (f"`prompt` is {len(prompt):,} characters, over the limit of {MAX_TASK_TEXT_CHARS:,}: ask a short "
                 "sub-question (the child sees your variables; put data there, or slice it in `context_code`)")

@@ -21,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 
 SLOW_LOOP_ENV = "RR_TEST_SLOW_LOOP"  # iterations of the slow cell (read when the cell is written)
 
@@ -308,7 +308,7 @@ register_model("scripted-plan-gated", lambda: FunctionModel(gated_plan, model_na
 def citing_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """Two cells, then learnings whose evidence cites them: one citation that holds, one quote the cell
     never printed, one cell that never ran, and one learning citing nothing."""
-    from reflector.citations import header_cell
+    from reflector.analysis.citations import header_cell
 
     outputs = _returns(messages)
     cells = ["print('failing tool: book_reservation (3 errors)')", "print({'seat': '12A', 'status': 'taken'})"]

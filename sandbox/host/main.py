@@ -51,12 +51,16 @@ import os
 import resource
 import sys
 import time
-from typing import Any, NoReturn
+from typing import Any
 
-from sandbox.archive import ARCHIVE_MAX_BYTES, check_archive_name, decode_archive
+from sandbox.archive import check_archive_name, decode_archive
+from sandbox.confinement import lockdown
+from sandbox.host.frames import _answer_size, _channel_broken, _read_request, _within_bounds, _write_reply
 from sandbox.host.guards import ALLOWED_MODULES, GuardError
-from sandbox.host.namespace import SandboxNamespace, format_exception, load_traces
+from sandbox.host.namespace import SandboxNamespace, format_exception
 from sandbox.host.output import truncate
+from sandbox.host.preload import _preload as _preload  # the zygote preloads through this module
+from sandbox.host.preload import _readable_paths
 from sandbox.host.snapshot import (
     DataIndex,
     SnapshotRefused,
@@ -65,22 +69,17 @@ from sandbox.host.snapshot import (
     take_export,
     take_snapshot,
 )
+from sandbox.host.trace_fds import _index_path, _load_trace_fd, _open_lazy
 from sandbox.isolation import (
     ISOLATION_ENV,
     IsolationMode,
     IsolationReport,
     IsolationUnavailable,
-    enter_namespaces,
-    lockdown,
     parse_mode,
 )
+from sandbox.namespaces import enter_namespaces
 from sandbox.wire import (
-    CHANNEL_BROKEN_EXIT,
     MAX_ERROR_CHARS,
-    MAX_NAME_CHARS,
-    MAX_NAMES,
-    MAX_PAYLOAD_BYTES,
-    NOTE_MAX_CHARS,
     TEST_MISSING_ENV,
     TEST_UNGUARDED_ENV,
     held_signals,
@@ -93,17 +92,11 @@ from sandbox.wire import (
 
 __all__ = ["main", "apply_rlimits"]
 
+
 MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round trip to the worker)
-# Modules whose first use imports more from disk: imported before the lockdown, after which the
-# host (as nobody, under Landlock) may no longer be able to read the Python installation.
-PRELOAD_IMPORTS = (
-    "reflector.traces", "reflector.traces.lazy", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
-    "unicodedata", "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
-    "encodings.cp1252", "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
-    "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
-)
+
+
 CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
-# MAX_ERROR_CHARS (sandbox.wire): tracebacks of deep recursion are long; head+tail is enough to fix the cell
 
 
 class _Null:
@@ -449,69 +442,6 @@ class _BrokeredNamespace(SandboxNamespace):
         return decode_archive(name, data)
 
 
-def _preload(names: tuple[str, ...] = ()) -> None:
-    import importlib
-
-    for name in names or (*PRELOAD_IMPORTS, *sorted(ALLOWED_MODULES)):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-
-
-def _readable_paths() -> list[str]:
-    """What a locked-down host may still read: the Python installation and this project's packages."""
-    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    for entry in sys.path:
-        full = os.path.abspath(entry) if entry else ""
-        if full and full != project and os.path.isdir(full) and full != os.getcwd():
-            paths.add(full)
-    paths.update(os.path.join(project, pkg) for pkg in ("sandbox", "reflector"))
-    return sorted(paths)
-
-
-def _index_path(trace_path: str) -> str:
-    try:
-        from reflector.traces.index import index_path
-    except ImportError:  # a host without the project's trace reader reads every trace whole
-        return trace_path + "\0"  # a name no file has
-    return index_path(trace_path)
-
-
-def _open_lazy(trace_fd: int, index_fd: int) -> tuple[Any, dict[str, Any]]:
-    """The lazy view of a large trace: the index is read whole, the trace stays open on `trace_fd`."""
-    from reflector.traces.index import TraceIndex
-    from reflector.traces.lazy import open_view
-
-    with os.fdopen(index_fd, "rb") as fh:
-        index = TraceIndex.from_bytes(fh.read())
-    if os.fstat(trace_fd).st_size != index.size:
-        raise ValueError(f"the trace's index is for {index.size:,} bytes, the trace has {os.fstat(trace_fd).st_size:,}")
-    return open_view(trace_fd, index)
-
-
-def _load_trace_fd(fd: int | None, name: str, trace_format: str) -> Any:
-    """Load the trace from the fd opened before the lockdown (the path is no longer reachable)."""
-    if fd is None:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read()
-    try:
-        from reflector.traces import load_normalized_bytes
-    except ImportError:
-        return load_traces(None, trace_format) if not raw else _plain_json(raw, name, trace_format)
-    fmt = None if trace_format in ("", "auto", "json", "jsonl") else trace_format
-    return load_normalized_bytes(raw, name, fmt)
-
-
-def _plain_json(raw: bytes, name: str, trace_format: str) -> Any:
-    text = raw.decode("utf-8-sig", errors="replace")
-    if trace_format == "jsonl" or name.endswith(".jsonl"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    return json.loads(text)
-
-
 def _describe(exc: BaseException) -> str:
     try:
         text = format_exception(exc)
@@ -522,67 +452,6 @@ def _describe(exc: BaseException) -> str:
     elif isinstance(exc, RecursionError):
         text += "\n(hint: recursion too deep; use an explicit stack or loop)"
     return truncate(text, MAX_ERROR_CHARS)[0]
-
-
-def _channel_broken() -> NoReturn:
-    """End the host now: a frame broke off half-way, so nothing more on the channel can be trusted
-    to start where a frame starts. No cleanup, no message (either could fail or run cell code);
-    the worker sees the exit status, stops the session's host and rebuilds it from the journal."""
-    os._exit(CHANNEL_BROKEN_EXIT)
-
-
-def _answer_size(reply: dict[str, Any]) -> int:
-    """The byte count of an `ok` answer; a missing or impossible one is a broken frame."""
-    size = reply.get("size")
-    if type(size) is not int or not 0 <= size <= ARCHIVE_MAX_BYTES:
-        raise ValueError(f"an answer with an impossible size {size!r}")
-    return size
-
-
-def _read_request(proto_in: int) -> tuple[dict[str, Any], bytes | None]:
-    """One request and its raw bytes (restore, inherit); `EOFError` when the worker closed the channel
-    between requests. Anything else that goes wrong (a malformed frame, a size out of bounds, a
-    MemoryError) ends the host: the request is never half-read and acted on. Runs with the signals
-    held (`main`), so no handler can raise in the middle."""
-    try:
-        req = read_frame_fd(proto_in)
-        payload: bytes | None = None
-        if req.get("op") in ("restore", "inherit"):
-            size = req.get("size")
-            if type(size) is not int or not 0 <= size <= MAX_PAYLOAD_BYTES:
-                raise ValueError(f"a payload size out of bounds: {size!r}")
-            payload = read_exact(proto_in, size)
-    except EOFError:  # only between frames (`read_frame_fd`)
-        raise
-    except BaseException:
-        _channel_broken()
-    return req, payload
-
-
-def _within_bounds(resp: dict[str, Any]) -> None:
-    """Cut what the contract bounds (`sandbox.wire`) and the worker checks: an error text of any op
-    (a SyntaxError quotes its whole line), and name lists (a variable name has no length limit)."""
-    error = resp.get("error")
-    if type(error) is str and len(error) > MAX_ERROR_CHARS + NOTE_MAX_CHARS:
-        resp["error"] = truncate(error, MAX_ERROR_CHARS)[0]
-    for key in ("skipped", "shadowed"):
-        names = resp.get(key)
-        if type(names) is list and (len(names) > MAX_NAMES or any(len(str(n)) > MAX_NAME_CHARS for n in names)):
-            cut = [str(n) if len(str(n)) <= MAX_NAME_CHARS else str(n)[: MAX_NAME_CHARS - 12] + "... (cut)" for n in names]
-            if len(cut) > MAX_NAMES:
-                cut = [*cut[: MAX_NAMES - 1], f"... and {len(cut) - MAX_NAMES + 1:,} more"]
-            resp[key] = cut
-
-
-def _write_reply(proto_out: int, resp: dict[str, Any], out: bytes | None) -> None:
-    """The reply frame and its raw bytes (snapshot, export), whole or not at all (then the host ends).
-    Runs with the signals held (`main`)."""
-    try:
-        write_frame_fd(proto_out, resp)
-        if out is not None:
-            _write_all(proto_out, out)
-    except BaseException:
-        _channel_broken()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -624,9 +493,3 @@ def main(argv: list[str] | None = None) -> int:
             resp["n"] = req["n"]  # the worker matches every reply to its request
         _write_reply(proto_out, resp, out)
         out = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

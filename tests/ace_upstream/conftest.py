@@ -20,8 +20,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def rr_on_the_session_server(temporal_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from reflector.heuristic import make_heuristic_model
-    from reflector.models import _factories, register_model
+    from reflector.analysis.heuristic import make_heuristic_model
+    from reflector.runtime.models import _factories, register_model
     from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 
     for name in list(os.environ):

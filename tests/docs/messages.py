@@ -41,9 +41,9 @@ USER_FACING = {
 # sequences, the heuristic's cell), whose errors are cell output the model reads.
 SANDBOX_SIDE = (
     "reflector/testing/",
-    "reflector/toolkit/",
-    "reflector/traces/lazy.py",
-    "reflector/heuristic/findings_cell.py",
+    "reflector/analysis/toolkit/",
+    "reflector/analysis/traces/lazy.py",
+    "reflector/analysis/heuristic/findings_cell.py",
 )
 
 

@@ -46,8 +46,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect  # noqa: E402
-from reflector.devserver import free_port  # noqa: E402
-from reflector.traces import TraceError  # noqa: E402
+from reflector.analysis.traces import TraceError  # noqa: E402
+from reflector.runtime.devserver import free_port  # noqa: E402
 from tests.support.api_env import isolate, on_session_server  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

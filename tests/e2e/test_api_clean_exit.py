@@ -2,7 +2,7 @@
 
 Before the fix a script like `tests/support/api_script.py` could abort at interpreter exit ("Fatal Python
 error: PyGILState_Release", SIGABRT): Temporal's core threads were still alive while CPython finalized.
-Now each call runs on a core runtime of its own that is gone when `reflect` returns (`reflector.api`).
+Now each call runs on a core runtime of its own that is gone when `reflect` returns (`reflector.client.api`).
 
 The script runs 20 times, one after another (the suite's other worker runs beside it), each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
 free RR_EMBEDDED_PORT, so that each starts its own embedded dev server and in-process worker (the path that
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.devserver import free_port
+from reflector.runtime.devserver import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20

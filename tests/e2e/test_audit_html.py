@@ -18,10 +18,10 @@ import pytest
 
 import tests.support.audit_script as script
 from reflector import client as rr
-from reflector.audit.histories import collect, dump_bundle
 from reflector.client import connect
+from reflector.client.audit.histories import collect, dump_bundle
 from reflector.contract import ReflectionConfig
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import ACE_TRACE, write_trace
 

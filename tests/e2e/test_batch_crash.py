@@ -14,7 +14,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import BatchOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from reflector.testing.tau_runs import synthetic_runs
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.procs import WorkerProcess
@@ -89,7 +89,7 @@ async def test_a_batch_resumes_after_its_worker_is_killed(crash_env: dict[str, s
 
 async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Temporal server is stopped mid-batch and started again on the same SQLite file and port."""
-    from reflector.devserver import DevServer, free_port
+    from reflector.runtime.devserver import DevServer, free_port
 
     server = DevServer(tmp_path / "temporal.sqlite", port=free_port(), ui=False, log_file=tmp_path / "server.log")
     address = await server.astart(timeout=60)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.devserver import is_reachable
+from reflector.runtime.devserver import is_reachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -113,7 +113,7 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
 def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
     import signal
 
-    from sandbox.isolation import landlock_abi
+    from sandbox.confinement import landlock_abi
 
     if sys.platform != "linux" or landlock_abi() < 1:
         pytest.skip("needs Linux with Landlock")
@@ -150,7 +150,7 @@ def test_result_of_a_running_reflection_says_so(
     from reflector import client as c
     from reflector.client import connect
     from reflector.contract import ReflectionConfig
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
 
     async def start() -> str:
         client = await connect(temporal_server.address)

@@ -50,8 +50,8 @@ def _without_ids(out: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.slow
 async def test_reflect_from_stdin_is_the_reflection_of_the_file(home: Path, temporal_server) -> None:
-    from reflector import search_attributes as sa
     from reflector.client import connect
+    from reflector.runtime import search_attributes as sa
 
     env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
            "RR_TASK_QUEUE": f"rr-stdin-{uuid.uuid4().hex[:8]}"}  # no other worker: rr runs one in-process

@@ -20,7 +20,7 @@ import reflector.testing.scripted  # noqa: F401  (registers the scripted models 
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import comparable, write_trace
 from tests.support.procs import WorkerProcess, assert_no_completed_request_ran_twice, read_model_log

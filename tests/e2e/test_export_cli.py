@@ -133,7 +133,7 @@ def test_a_running_reflection_is_exported_and_replayed_as_far_as_it_goes(reflect
     async def start() -> None:
         from reflector import client as c
         from reflector.contract import ReflectionConfig
-        from reflector.settings import Settings
+        from reflector.runtime.settings import Settings
 
         settings = Settings.from_env()
         client = await c.connect(env["TEMPORAL_ADDRESS"], settings=settings)

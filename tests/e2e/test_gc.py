@@ -26,13 +26,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 import reflector.testing.scripted  # noqa: F401  (registers the scripted models in this process too)
 import worker
 from reflector import client as rr
-from reflector import gc
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.devserver import DevServer
-from reflector.settings import Settings
-from reflector.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
-from reflector.storage.payloads import stored_digest
+from reflector.runtime import gc, gc_sources
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
+from reflector.runtime.storage.payloads import stored_digest
 from tests.support.fixtures import completed_activities, write_trace
 from tests.support.procs import REPO_ROOT, WorkerProcess
 
@@ -197,8 +197,8 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
 
 
 def _stored_payloads(events: Sequence[HistoryEvent]) -> list[str]:
-    holders = gc._payload_holders(HistoryEvent.DESCRIPTOR)
-    return [d for e in events for p in gc._payloads(e, holders) if (d := stored_digest(p)) is not None]
+    holders = gc_sources._payload_holders(HistoryEvent.DESCRIPTOR)
+    return [d for e in events for p in gc_sources._payloads(e, holders) if (d := stored_digest(p)) is not None]
 
 
 class FailingSource(gc.TemporalSource):

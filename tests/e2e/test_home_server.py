@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from reflector.devserver import free_port, is_reachable
-from reflector.homeserver import live_server
+from reflector.runtime.devserver import free_port, is_reachable
+from reflector.runtime.homeserver import live_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from reflector.devserver import is_reachable
-from reflector.settings import SettingError, env_flag
+from reflector.runtime.devserver import is_reachable
+from reflector.runtime.settings import SettingError, env_flag
 from tests.e2e.test_cli import _one_line_error, _rr_cmd
 from tests.support.procs import WorkerProcess
 
@@ -113,7 +113,7 @@ class Workflows:
         """A reflection on a task queue nobody polls: it stays Running until terminated."""
         from reflector import client as c
         from reflector.contract import ReflectionConfig
-        from reflector.settings import Settings
+        from reflector.runtime.settings import Settings
 
         async def start() -> str:
             client = await self._client()

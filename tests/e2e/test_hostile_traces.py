@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.traces import MAX_NESTING
+from reflector.analysis.traces import MAX_NESTING
 from tests.e2e.test_cli import _one_line_error, rr
 
 pytestmark = pytest.mark.timeout(120)

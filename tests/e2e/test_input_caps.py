@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.limits import MAX_SKILL_IDS, MAX_TASK_TEXT_CHARS, MAX_WORKFLOW_ID_CHARS
+from reflector.analysis.limits import MAX_SKILL_IDS, MAX_TASK_TEXT_CHARS, MAX_WORKFLOW_ID_CHARS
 from tests.e2e.test_cli import _one_line_error
 from tests.e2e.test_hostile_cli import rr
 
@@ -47,7 +47,7 @@ def _skillbook_100mb(path: Path) -> Path:
 
 @pytest.fixture
 def env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
     from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 
     e = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
@@ -98,8 +98,8 @@ def test_capped_cli_inputs_fail_fast_with_one_line(env: dict[str, str], tmp_path
 
 
 def test_capped_python_api_inputs_raise_the_same_line(env: dict[str, str]) -> None:
-    from reflector.api import reflect
     from reflector.client import ReflectError
+    from reflector.client.api import reflect
 
     big = "x" * (100 * MB)
     for kwargs, needle in (({"question": big}, "the question (--question) is 104,857,600 characters"),
@@ -116,9 +116,9 @@ def test_capped_python_api_inputs_raise_the_same_line(env: dict[str, str]) -> No
 
 
 def test_a_batch_over_its_run_cap_is_refused() -> None:
+    from reflector.analysis.limits import MAX_BATCH_RUNS
     from reflector.client import ReflectError, build_batch_input
     from reflector.contract import ManifestRef
-    from reflector.limits import MAX_BATCH_RUNS
 
     with pytest.raises(ReflectError, match="MAX_BATCH_RUNS"):
         build_batch_input(ManifestRef(sha256="0" * 64, size=1, n_runs=MAX_BATCH_RUNS + 1))

@@ -141,7 +141,7 @@ def test_cancel_without_a_worker_is_requested_and_says_so(
 ) -> None:
     from reflector import client as c
     from reflector.contract import ReflectionConfig
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
 
     env = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address}
     monkeypatch.setenv("RR_HOME", env["RR_HOME"])

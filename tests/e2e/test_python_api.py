@@ -1,4 +1,4 @@
-"""The Python API (`reflector.api`): `reflect` / `areflect` on every kind of trace, `RRStep` as a pipeline step
+"""The Python API (`reflector.client.api`): `reflect` / `areflect` on every kind of trace, `RRStep` as a pipeline step
 and as a reflector, `RRConfig`'s seed defaults and their mapping, and the errors a caller gets.
 
 Reflections run on the session's dev server (TEMPORAL_ADDRESS set, a private task queue: each call runs
@@ -22,13 +22,14 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect
-from reflector.api import IN_MEMORY, _Answer, _place_answer, _skillbook_text, _trace_file, _with_reflections
+from reflector.analysis.ledger import UsageSummary
+from reflector.analysis.traces import TraceError
 from reflector.client import ReflectError
+from reflector.client.ace import _with_reflections
+from reflector.client.api_traces import IN_MEMORY, _Answer, _place_answer, _skillbook_text, _trace_file
 from reflector.contract import ReflectionConfig
-from reflector.devserver import free_port, is_reachable
-from reflector.ledger import UsageSummary
-from reflector.settings import Settings
-from reflector.traces import TraceError
+from reflector.runtime.devserver import free_port, is_reachable
+from reflector.runtime.settings import Settings
 from tests.support.api_env import isolate, on_session_server
 from tests.support.fixtures import ACE_TRACE, write_trace
 
@@ -87,7 +88,7 @@ def test_import_of_reflector_stays_light() -> None:
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     plain, api = p.stdout.splitlines()
-    assert plain == "[]"  # `import reflector` (the sandbox host's `reflector.traces` too) imports none of them
+    assert plain == "[]"  # `import reflector` (the sandbox host's `reflector.analysis.traces` too) imports none of them
     assert api == "['pydantic']"  # the API's names: its types, not the Temporal client or pydantic-ai
 
 

@@ -21,10 +21,10 @@ import pytest
 
 import reflector.testing.scripted  # noqa: F401  (registers the scripted models in this process too)
 from reflector import client as rr
-from reflector.audit.events import local_activity
 from reflector.client import connect
+from reflector.client.audit.events import local_activity
 from reflector.contract import RUN_CELL_ACTIVITY, ReflectionConfig, session_key
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.fixtures import comparable, write_trace
 from tests.support.procs import WorkerProcess, assert_no_completed_request_ran_twice, read_model_log
 from tests.support.s3_server import S3Server, s3_server

@@ -222,7 +222,7 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
     code = (
         "import asyncio, sys\n"
         "from reflector import client as c\n"
-        "from reflector.settings import Settings\n"
+        "from reflector.runtime.settings import Settings\n"
         "async def main():\n"
         "    s = Settings.from_env()\n"
         "    cl = await c.connect(s.address, settings=s)\n"
@@ -251,7 +251,7 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         assert "rr worker" in notice
     finally:
         rr_term = subprocess.run(
-            [sys.executable, "-c", "import asyncio, sys\nfrom reflector import client as c\nfrom reflector.settings "
+            [sys.executable, "-c", "import asyncio, sys\nfrom reflector import client as c\nfrom reflector.runtime.settings "
              "import Settings\nasync def m():\n    s = Settings.from_env()\n    cl = await c.connect(s.address, "
              "settings=s)\n    await cl.get_workflow_handle(sys.argv[1]).terminate('test cleanup')\nasyncio.run(m())\n"
              "import os; os._exit(0)\n",  # as above: no interpreter finalization

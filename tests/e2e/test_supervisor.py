@@ -22,7 +22,7 @@ import reflector.testing.scripted  # noqa: F401  (registers the scripted models 
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.e2e.test_cli import rr as rr_cli
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import write_trace

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 
 pytestmark = [pytest.mark.server]
 

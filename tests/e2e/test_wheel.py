@@ -63,10 +63,10 @@ def _env(installed: Path, **extra: str) -> dict[str, str]:
 
 def test_the_wheel_holds_the_data_files_and_the_composition_root(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for pattern in ("reflector/prompts/*.md", "reflector/examples/*.json", "reflector/examples/*.jsonl"):
+    for pattern in ("reflector/analysis/prompts/*.md", "reflector/examples/*.json", "reflector/examples/*.jsonl"):
         for f in REPO_ROOT.glob(pattern):
             assert f.relative_to(REPO_ROOT).as_posix() in names, f
-    assert any(n.startswith("reflector/prompts/") and n.endswith(".md") for n in names)
+    assert any(n.startswith("reflector/analysis/prompts/") and n.endswith(".md") for n in names)
     assert any(n.startswith("reflector/examples/") for n in names)
     assert "worker.py" in names  # the top-level composition root (py-modules)
     # every module of the packages, and nothing of the tests
@@ -84,11 +84,11 @@ def test_the_installed_copy_loads_its_prompts_and_examples(installed: Path, tmp_
 import json, sys
 from importlib import resources
 from pathlib import Path
-import reflector, reflector.prompts as prompts, worker, sandbox.host.main
+import reflector, reflector.analysis.prompts as prompts, worker, sandbox.host.main
 root = Path(sys.argv[1]).resolve()
 mods = {m.__name__: Path(m.__file__).resolve() for m in (reflector, prompts, worker, sandbox.host.main)}
 assert all(root in p.parents for p in mods.values()), mods
-texts = {f.name: f.read_text(encoding="utf-8") for f in resources.files("reflector.prompts").iterdir() if f.name.endswith(".md")}
+texts = {f.name: f.read_text(encoding="utf-8") for f in resources.files("reflector.analysis.prompts").iterdir() if f.name.endswith(".md")}
 examples = {}
 for f in resources.files("reflector").joinpath("examples").iterdir():
     if f.name.endswith((".json", ".jsonl")):
@@ -100,7 +100,7 @@ print(json.dumps({"prompts": sorted(texts), "system": len(prompts.SYSTEM), "task
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
-    assert got["prompts"] == sorted(f.name for f in (REPO_ROOT / "reflector" / "prompts").glob("*.md"))
+    assert got["prompts"] == sorted(f.name for f in (REPO_ROOT / "reflector" / "analysis" / "prompts").glob("*.md"))
     assert got["system"] > 1000 and got["task"] > 0
     assert got["examples"] == {f.name: f.stat().st_size for f in (REPO_ROOT / "reflector" / "examples").iterdir()
                                if f.suffix in (".json", ".jsonl")}

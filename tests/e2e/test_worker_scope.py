@@ -18,8 +18,8 @@ import pytest
 from reflector import client as rr
 from reflector.client import connect
 from reflector.contract import ReflectionConfig, ReflectorOutput, session_key
-from reflector.settings import Settings
-from reflector.storage.blobs import RESPONSES_DIR, SESSIONS_DIR
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import RESPONSES_DIR, SESSIONS_DIR
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import write_trace
 

@@ -23,8 +23,8 @@ async def main(name: str, model: str) -> None:
     from reflector import client as rr
     from reflector.client import connect
     from reflector.contract import ReflectionConfig
-    from reflector.devserver import DevServer
-    from reflector.settings import Settings
+    from reflector.runtime.devserver import DevServer
+    from reflector.runtime.settings import Settings
     from tests.support.fixtures import write_trace
     from worker import build_worker
 

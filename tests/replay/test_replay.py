@@ -16,7 +16,7 @@ from temporalio.worker import Replayer
 
 import reflector.testing.scripted  # noqa: F401  (the recorded runs used the scripted models)
 from reflector.contract import ReflectionInput, ReflectorOutput
-from reflector.models import prepare_workflow_side
+from reflector.runtime.models import prepare_workflow_side
 from workflows.reflection import WORKFLOW_NAME, ReflectionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
-from sandbox import executor as executor_mod
-from sandbox.executor import SubprocessExecutor, _exchange, _HostDied, _ProtocolError, _read_reply
+from sandbox import hostproc as executor_mod
+from sandbox.executor import SubprocessExecutor
+from sandbox.hostproc import _exchange, _HostDied, _ProtocolError, _read_reply
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 from sandbox.wire import (

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from activities.sandbox import FACTS_CODE, _facts
+from activities.facts import FACTS_CODE, _facts
 from reflector.contract import CellOutcome
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import TEST_LIMITS

@@ -371,7 +371,7 @@ def test_no_proxy_hands_out_a_pickle_registry() -> None:
 
 
 def test_snapshot_pickler_ignores_later_copyreg_entries() -> None:
-    from sandbox.host.snapshot import _Pickler
+    from sandbox.host.snapshot_pickle import _Pickler
 
     class Late:
         pass
@@ -388,7 +388,8 @@ def test_snapshot_pickler_ignores_later_copyreg_entries() -> None:
 
 
 def test_snapshot_refuses_forged_builtin_module() -> None:
-    from sandbox.host.snapshot import SnapshotRefused, _Pickler
+    from sandbox.host.snapshot import SnapshotRefused
+    from sandbox.host.snapshot_pickle import _Pickler
 
     forged = type("range", (), {"__module__": "builtins", "__reduce_ex__": lambda self, p: (print, ("x",))})
     with pytest.raises(SnapshotRefused):
@@ -397,7 +398,7 @@ def test_snapshot_refuses_forged_builtin_module() -> None:
 
 # --- the model is told exactly what is importable --------------------------------------------------
 def test_prompt_lists_exactly_the_allowlist() -> None:
-    from reflector import prompts
+    from reflector.analysis import prompts
 
     text = prompts.SYSTEM
     assert allowed_modules_text() in text

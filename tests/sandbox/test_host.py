@@ -131,7 +131,7 @@ async def test_describe_traces_loaded_from_file(tmp_path: Path, payload: object)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(payload))
     ex = SubprocessExecutor(TEST_LIMITS)
-    await ex.start(str(path), "auto", {})  # loaded via reflector.traces when present (it normalises)
+    await ex.start(str(path), "auto", {})  # loaded via reflector.analysis.traces when present (it normalises)
     r = await ex.run_cell("print(type(traces).__name__, len(traces))")
     kind, size = r.stdout.split()
     r = await ex.run_cell("describe_traces(max_preview=200)")
@@ -229,7 +229,7 @@ def test_stale_host_workdirs_of_dead_workers_are_swept(tmp_path) -> None:
     import os
     import subprocess
 
-    from sandbox.executor import sweep_stale_workdirs
+    from sandbox.hostproc import sweep_stale_workdirs
     from sandbox.wire import WORKDIR_PREFIX
 
     dead = subprocess.Popen(["true"])

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from sandbox import isolation
+from sandbox import cgroups, confinement, isolation
+from sandbox.confinement import landlock_abi, seccomp_program
 from sandbox.executor import SubprocessExecutor
-from sandbox.isolation import landlock_abi, seccomp_program
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import SECRET_VALUE, TEST_LIMITS
 
@@ -98,14 +98,14 @@ def test_both_tables_deny_the_same_calls() -> None:
         "utime", "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "setxattrat",
         "removexattr", "lremovexattr", "fremovexattr", "removexattrat",
     }
-    assert wanted <= set(isolation._DENIED)
+    assert wanted <= set(confinement._DENIED)
     generic_lacks = {"inotify_init", "chmod", "chown", "lchown", "utime", "utimes", "futimesat"}
-    for arch, table in isolation._SYSCALLS.items():
+    for arch, table in confinement._SYSCALLS.items():
         assert wanted - generic_lacks <= set(table), (arch, sorted(wanted - set(table)))
         program = seccomp_program(arch, 2)
         ks = {int.from_bytes(program[i + 4 : i + 8], "little") for i in range(0, len(program), 8)}
         assert {table[n] for n in wanted if n in table} <= ks, arch
-    assert {"inotify_init", "chmod", "utime"} <= set(isolation._SYSCALLS["x86_64"])
+    assert {"inotify_init", "chmod", "utime"} <= set(confinement._SYSCALLS["x86_64"])
 
 
 # -- point 7: memory outside the rlimits --------------------------------------------------------------------------------
@@ -165,16 +165,16 @@ def _fake_cgroup(root: Path) -> Path:
 
 def test_cgroup_detection_says_why_not(tmp_path: Path) -> None:
     base = _fake_cgroup(tmp_path)
-    assert isolation.find_cgroup_base(str(base)) == (str(base), "")
+    assert cgroups.find_cgroup_base(str(base)) == (str(base), "")
     (base / "cgroup.subtree_control").write_text("cpu\n")
-    found, why = isolation.find_cgroup_base(str(base))
+    found, why = cgroups.find_cgroup_base(str(base))
     assert found is None and "does not enable memory and pids" in why
     (base / "cgroup.controllers").write_text("cpu hugetlb\n")
-    found, why = isolation.find_cgroup_base(str(base))
+    found, why = cgroups.find_cgroup_base(str(base))
     assert found is None and "no memory or pids controller" in why
-    found, why = isolation.find_cgroup_base(str(tmp_path))
+    found, why = cgroups.find_cgroup_base(str(tmp_path))
     assert found is None and "not a cgroup v2 directory" in why
-    found, why = isolation.find_cgroup_base(None)  # this machine: said precisely, never silently
+    found, why = cgroups.find_cgroup_base(None)  # this machine: said precisely, never silently
     assert (found is None) == bool(why)
 
 
@@ -522,8 +522,8 @@ class _NoExecutions:
 async def test_gc_ages_blobs_by_a_time_no_host_can_set(tmp_path: Path) -> None:
     """A breached host with the worker's uid back-dated (utime to 1970) a blob written a moment ago, before the
     history names it: gc must not take it for old. And a forward-dated one (utime to 2100) must still age."""
-    from reflector import gc
-    from reflector.storage.blobs import BlobStore
+    from reflector.runtime import gc
+    from reflector.runtime.storage.blobs import BlobStore
 
     store = BlobStore(tmp_path)
     fresh = store.path_for(store.put_bytes(b"a payload stored before its history event"))

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from sandbox.confinement import landlock_abi, seccomp_program
 from sandbox.executor import SubprocessExecutor
-from sandbox.isolation import IsolationReport, landlock_abi, parse_mode, seccomp_program
+from sandbox.isolation import IsolationReport, parse_mode
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 from tests.sandbox.conftest import SECRET_NAME, SECRET_VALUE, TEST_LIMITS

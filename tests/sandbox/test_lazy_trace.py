@@ -1,6 +1,6 @@
 """A large trace in a real sandbox host: read through its record index, never parsed whole.
 
-The host opens the index beside the trace (`reflector.traces.index.index_path`) before the lockdown and
+The host opens the index beside the trace (`reflector.analysis.traces.index.index_path`) before the lockdown and
 gives cells the lazy view; snapshots and child exports refer to it instead of copying it.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from reflector.traces import normalize
-from reflector.traces.index import build_index, index_path
+from reflector.analysis.traces import normalize
+from reflector.analysis.traces.index import build_index, index_path
 from sandbox.executor import SubprocessExecutor
 from tests.sandbox.conftest import TEST_LIMITS
 
@@ -123,8 +123,8 @@ def test_the_lazy_sequences_do_not_pickle_outside_the_host(lazy_trace: tuple[str
     """Only the host's pickler (persistent references) can write them: plain pickling refuses."""
     import os
 
-    from reflector.traces.index import TraceIndex
-    from reflector.traces.lazy import open_view
+    from reflector.analysis.traces.index import TraceIndex
+    from reflector.analysis.traces.lazy import open_view
 
     path, _ = lazy_trace
     fd = os.open(path, os.O_RDONLY)

@@ -462,7 +462,7 @@ def test_only_the_listed_globals_load() -> None:
     import sys
     import types
 
-    from sandbox.host.snapshot import _GLOBALS, _DataUnpickler
+    from sandbox.host.snapshot_data import _GLOBALS, _DataUnpickler
 
     unpickler = _DataUnpickler(io.BytesIO(b""), None)
     modules = (builtins, os, operator, functools, copyreg, pickle, sys, types, importlib, codecs, io,
@@ -501,7 +501,7 @@ def test_constructors_refuse_arguments_their_own_reduce_never_writes(func: str, 
     import fractions
     import itertools
 
-    from sandbox.host.snapshot import _RE_COMPILE, _checked_call
+    from sandbox.host.snapshot_data import _RE_COMPILE, _checked_call
 
     target = {
         "defaultdict": collections.defaultdict, "_compile": _RE_COMPILE, "Fraction": fractions.Fraction,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reflector.traces.index import build_index, index_path
+from reflector.analysis.traces.index import build_index, index_path
 from sandbox.executor import SubprocessExecutor
 from tests.sandbox.conftest import CONTAINED, TEST_LIMITS, attempt
 

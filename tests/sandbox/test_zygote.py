@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import zygote_client
+from sandbox.confinement import landlock_abi
 from sandbox.executor import SubprocessExecutor
-from sandbox.isolation import landlock_abi
 from tests.sandbox.conftest import TEST_LIMITS
 
 pytestmark = [

@@ -16,9 +16,9 @@ import signal
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from reflector.citations import header_cell
+from reflector.analysis.citations import header_cell
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import synthesis_aware
 
 NAME = "scripted-audit"

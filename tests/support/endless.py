@@ -14,7 +14,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, Tool
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import synthesis_aware
 
 MODEL = "scripted-endless"

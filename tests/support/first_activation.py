@@ -46,7 +46,7 @@ async def main(address: str, models: list[str]) -> dict[str, dict[str, object]]:
     from reflector import client as rr
     from reflector.client import connect
     from reflector.contract import ReflectionConfig, ReflectionInput
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
     from reflector.testing.openai_server import OpenAIServer
     from tests.support.fixtures import write_trace
     from worker import build_worker

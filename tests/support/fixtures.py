@@ -43,8 +43,8 @@ def comparable(out: object, *, drop_model: bool = False) -> dict:  # type: ignor
 
 def payload_text(payload: object) -> str:
     """A history payload's JSON text, following an external-storage reference into the blob store."""
-    from reflector.settings import Settings
-    from reflector.storage.payloads import resolve
+    from reflector.runtime.settings import Settings
+    from reflector.runtime.storage.payloads import resolve
 
     return resolve(payload, Settings.from_env().blob_dir).data.decode(errors="replace")  # type: ignore[arg-type]
 

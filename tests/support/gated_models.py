@@ -17,7 +17,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector.contract import EXECUTE_CODE_TOOL
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import _plan, plan_script, synthesis_aware
 
 MODEL = "status-gated-plan"

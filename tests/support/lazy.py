@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import open_view
+from reflector.analysis.traces.index import TraceIndex, build_index
+from reflector.analysis.traces.lazy import open_view
 
 
 def lazy_view(path: Path) -> Iterator[dict[str, Any]]:

@@ -26,7 +26,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.converter import DataConverter, ExternalStorage
 from temporalio.worker import Replayer
 
-from reflector.storage.blobs import BlobNotFound, BlobStore
+from reflector.runtime.storage.blobs import BlobNotFound, BlobStore
 
 __all__ = ["replay_server_histories", "TEST_PLUGINS"]
 
@@ -57,7 +57,7 @@ class AnyOfStores(BlobStore):
 def _replayer_over(dirs: Sequence[Path]) -> Replayer:
     """`worker.make_replayer` (the workflows, plugins and converter `rr replay` uses) reading from every store."""
     import worker
-    from reflector.storage.payloads import ReadOnlyBlobStorageDriver, payload_threshold
+    from reflector.runtime.storage.payloads import ReadOnlyBlobStorageDriver, payload_threshold
 
     base = worker.make_replayer(dirs[0])
     driver = ReadOnlyBlobStorageDriver(dirs[0])
@@ -74,7 +74,7 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
     """(histories replayed, failures): every closed `ReflectionWorkflow` / `BatchReflectionWorkflow` run."""
     from reflector.client import connect
     from reflector.contract import BATCH_WORKFLOW_NAME, WORKFLOW_NAME
-    from reflector.settings import Settings
+    from reflector.runtime.settings import Settings
 
     # the models the tests' subprocesses registered through RR_PLUGINS: a workflow resolves its model by name,
     # so a history of `scripted-paced-20` replays only where that model is known (as for `rr replay`)

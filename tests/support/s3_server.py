@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reflector.devserver import free_port
+from reflector.runtime.devserver import free_port
 
 
 @dataclass(frozen=True)

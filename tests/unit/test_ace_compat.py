@@ -15,12 +15,14 @@ import pytest
 from pydantic_ai.models.test import TestModel
 
 from reflector import ReflectorOutput, RRConfig, RRStep
-from reflector.api import _handed_off, _per_request_callback, _trace_file, _with_ace_raw
+from reflector.analysis.model_names import UnmappedModelName, from_litellm
+from reflector.analysis.traces import TraceError, detect_format, normalize
+from reflector.client.ace import _handed_off
+from reflector.client.api import _per_request_callback, _with_ace_raw
+from reflector.client.api_traces import _trace_file
 from reflector.contract import ExtractedLearning, SkillTag
-from reflector.model_names import UnmappedModelName, from_litellm
-from reflector.models import check_model_name
-from reflector.settings import Settings
-from reflector.traces import TraceError, detect_format, normalize
+from reflector.runtime.models import check_model_name
+from reflector.runtime.settings import Settings
 
 # ACE's RRStep._build_traces_dict (ace/steps/rr_step.py, 0.13.0) and EvaluateStep's trace (ace/steps/evaluate.py)
 ACE_RR_TRACE = {"question": "What is 15 x 24?", "ground_truth": "360", "feedback": "Incorrect. The answer is 360.",
@@ -254,7 +256,7 @@ def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(tmp_path: Path, monkeypatc
 def test_a_name_that_is_not_provider_model_says_which_forms_are_accepted(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from reflector import reflect
-    from reflector.models import UnknownModelError
+    from reflector.runtime.models import UnknownModelError
 
     monkeypatch.setenv("RR_HOME", str(tmp_path))
     with pytest.raises(UnknownModelError) as e:

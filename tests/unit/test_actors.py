@@ -1,4 +1,4 @@
-"""`actors`, `timeline` and `suspect_mistake` (reflector/toolkit/actors.py) on hand-written conversations:
+"""`actors`, `timeline` and `suspect_mistake` (reflector/analysis/toolkit/actors.py) on hand-written conversations:
 for each rule, what makes it fire and what does not; and their shape on the real Who&When files."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from reflector.contract import DIAGNOSIS_KINDS
-from reflector.toolkit.actors import (
+from reflector.analysis.toolkit.actors import (
     COMBINATION,
     POSITIONAL,
     QUOTE_CHARS,
@@ -19,7 +18,8 @@ from reflector.toolkit.actors import (
     suspect_mistake,
     timeline,
 )
-from reflector.traces import load_normalized, normalize
+from reflector.analysis.traces import load_normalized, normalize
+from reflector.contract import DIAGNOSIS_KINDS
 
 TASK = "How many clients get the sunset design?"
 OPEN = {"role": "assistant", "name": "Planner", "content": f"You are given a task.\n# General Task\n{TASK}\n## Plan\n1. read"}

@@ -1,4 +1,4 @@
-"""Admission control (`reflector.admission`): the limit follows the event loop's lag, gated polls wait
+"""Admission control (`reflector.runtime.admission`): the limit follows the event loop's lag, gated polls wait
 for a slot, sticky polls and eager tasks never do, slots are never taken back."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from reflector.admission import AdmissionControl
+from reflector.runtime.admission import AdmissionControl
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The one actor rule every adapter applies (reflector/traces/agents.py, issue 28), on every dialect; a
+"""The one actor rule every adapter applies (reflector/analysis/traces/agents.py, issue 28), on every dialect; a
 Magentic-One style trace that names its agents only in `role`; and attribution that follows the evidence
 when the agents are renamed and reordered."""
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from reflector.analysis.toolkit import actors, root_cause, suspect_mistake, timeline
+from reflector.analysis.traces import load_normalized, normalize
+from reflector.analysis.traces.agents import agent_of, normalise_agent
+from reflector.analysis.traces.lazy import Steps
 from reflector.contract import Diagnosis, ReflectionDraft
-from reflector.toolkit import actors, root_cause, suspect_mistake, timeline
-from reflector.traces import load_normalized, normalize
-from reflector.traces.agents import agent_of, normalise_agent
-from reflector.traces.lazy import Steps
 from tests.support.lazy import lazy_view
 from tests.support.magentic import AGENTS, MAGENTIC_ONE, MISTAKE, renamed, swapped_reports
 

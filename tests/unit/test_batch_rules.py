@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from reflector.batch.records import build_record
-from reflector.batch.split import (
+from reflector.analysis.batch.records import build_record
+from reflector.analysis.batch.synthesis import synthesise
+from reflector.analysis.traces import TraceError
+from reflector.contract import BatchRun, RecordRunInput, ReflectorOutput, RunRecord, SkillTag, TraceRef
+from reflector.runtime.storage.blobs import BlobStore
+from reflector.runtime.storage.manifest import (
     RunSource,
     expand_paths,
     iter_sources,
@@ -17,11 +21,7 @@ from reflector.batch.split import (
     split_file,
     write_manifest,
 )
-from reflector.batch.synthesis import synthesise
-from reflector.contract import BatchRun, RecordRunInput, ReflectorOutput, RunRecord, SkillTag, TraceRef
-from reflector.storage.blobs import BlobStore
 from reflector.testing.tau_runs import tau_run
-from reflector.traces import TraceError
 
 
 def _no_upload(path: Path) -> TraceRef:
@@ -162,7 +162,7 @@ def test_iter_sources_turns_an_unreadable_file_into_a_broken_run(tmp_path: Path)
 
 
 def test_the_reward_is_the_label_when_the_trace_has_one() -> None:
-    from reflector.batch.records import TraceRunFacts, outcome_of
+    from reflector.analysis.batch.records import TraceRunFacts, outcome_of
 
     # a tau-bench run whose calls differ in arguments that leave the same state still earned 1
     assert outcome_of(TraceRunFacts(reward=1.0, answer_correct=False)) == "success"

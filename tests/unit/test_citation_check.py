@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reflector.citations import cell_header, check_citations, cited_cells, header_cell, quote_printed
+from reflector.analysis.citations import cell_header, check_citations, cited_cells, header_cell, quote_printed
 from reflector.contract import ExtractedLearning
 
 OUTPUTS = {
@@ -59,8 +59,8 @@ def test_escaped_and_shortened_quotes_match() -> None:
 
 
 def test_rendered_reflection_shows_one_checked_entry_per_cited_cell() -> None:
+    from reflector.client.render import render_reflection
     from reflector.contract import ReflectorOutput
-    from reflector.render import render_reflection
 
     learnings = [ExtractedLearning(learning="a", atomicity_score=0.5, evidence='cell 3: "steps 12"; cell 3 "tool"'),
                  ExtractedLearning(learning="b", atomicity_score=0.5, evidence='cell 5: "answer was 43"; cell 9'),

@@ -26,7 +26,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML comes with the dev extra")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
-SETTINGS = REPO_ROOT / "reflector" / "settings.py"
+SETTINGS = REPO_ROOT / "reflector" / "runtime" / "settings.py"
 
 # What only the workers may get: the provider SDKs' keys and endpoints ...
 PROVIDER_SECRETS = (
@@ -439,7 +439,7 @@ def _package_sources(package: str, *globs: str) -> str:
 def test_rr_variables_are_the_ones_settings_reads(services: dict[str, dict[str, Any]]) -> None:
     source = SETTINGS.read_text()
     unread = sorted(n for n in _rr_service_names(services) if n.startswith("RR_") and f'"{n}"' not in source)
-    assert not unread, f"reflector/settings.py does not read {unread}"
+    assert not unread, f"reflector/runtime/settings.py does not read {unread}"
 
 
 def test_temporal_variables_are_the_ones_rr_or_temporalio_reads(services: dict[str, dict[str, Any]]) -> None:
@@ -450,7 +450,7 @@ def test_temporal_variables_are_the_ones_rr_or_temporalio_reads(services: dict[s
     names = sorted(n for n in _rr_service_names(services) if n.startswith("TEMPORAL_"))
     assert names
     unread = [n for n in names if f'"{n}"' not in source and n.encode() not in bridge]
-    assert not unread, f"neither reflector/settings.py nor temporalio reads {unread}"
+    assert not unread, f"neither reflector/runtime/settings.py nor temporalio reads {unread}"
 
 
 def test_aws_variables_are_the_ones_boto3_reads(services: dict[str, dict[str, Any]]) -> None:
@@ -459,7 +459,7 @@ def test_aws_variables_are_the_ones_boto3_reads(services: dict[str, dict[str, An
     names = sorted(n for n in _rr_service_names(services) if n.startswith("AWS_"))
     assert set(BLOB_VARS) - {"RR_BLOB_URL"} <= set(names)
     unread = [n for n in names if f"'{n}'" not in source and f'"{n}"' not in source]
-    assert not unread, f"neither botocore nor reflector/settings.py reads {unread}"
+    assert not unread, f"neither botocore nor reflector/runtime/settings.py reads {unread}"
 
 
 def test_provider_variables_are_the_ones_the_provider_sdks_read() -> None:

@@ -1,6 +1,6 @@
-"""The Temporal connection every client uses: what `reflector.settings.load_temporal` resolves through
+"""The Temporal connection every client uses: what `reflector.runtime.settings.load_temporal` resolves through
 temporalio's envconfig (TEMPORAL_* variables, TOML profiles), the `Client.connect` arguments
-`reflector.connection` makes of it, and a one-line `SettingError` for each configuration that cannot work.
+`reflector.runtime.connection` makes of it, and a one-line `SettingError` for each configuration that cannot work.
 
 The resolved arguments are compared with what `temporalio.envconfig` itself makes of the same
 environment, so rr connects exactly as any Temporal SDK client configured the same way would.
@@ -17,8 +17,8 @@ import pytest
 from temporalio.envconfig import ClientConfig
 from temporalio.service import TLSConfig
 
-from reflector.connection import connect_config, describe_target
-from reflector.settings import DEFAULT_ADDRESS, SettingError, Settings, TemporalConnect, load_temporal
+from reflector.runtime.connection import connect_config, describe_target
+from reflector.runtime.settings import DEFAULT_ADDRESS, SettingError, Settings, TemporalConnect, load_temporal
 
 API_KEY = "rr-test-secret-api-key-0123456789"
 CA, CERT, KEY = b"-----CA PEM-----\n", b"-----CLIENT CERT PEM-----\n", b"-----CLIENT KEY PEM-----\n"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 from temporalio.client import Client
 
-from reflector.devserver import (
+from reflector.runtime.devserver import (
     DevServer,
     DevServerError,
     find_temporal_binary,
@@ -51,7 +51,7 @@ def test_binary_found_without_path(finder: str) -> None:
     """A bare venv interpreter with a system-only PATH still finds the shipped binaries."""
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PATH"}}
     env["PATH"] = "/usr/bin:/bin"
-    code = f"import reflector.devserver as d; print(d.{finder}())"
+    code = f"import reflector.runtime.devserver as d; print(d.{finder}())"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
     )
@@ -66,7 +66,7 @@ def test_finders_in_process() -> None:
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import reflector.devserver as devserver
+    import reflector.runtime.devserver as devserver
 
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))

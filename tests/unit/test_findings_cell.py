@@ -1,4 +1,4 @@
-"""The heuristic's inspection cell: the file `reflector/heuristic/findings_cell.py`, read as text."""
+"""The heuristic's inspection cell: the file `reflector/analysis/heuristic/findings_cell.py`, read as text."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import hashlib
 import json
 from importlib import resources
 
-from reflector.heuristic import FINDINGS_CELL
-from reflector.storage.payloads import DEFAULT_THRESHOLD_BYTES
-from reflector.toolkit import SANDBOX_HELPERS
+from reflector.analysis.heuristic import FINDINGS_CELL
+from reflector.analysis.toolkit import SANDBOX_HELPERS
+from reflector.runtime.storage.payloads import DEFAULT_THRESHOLD_BYTES
 
 # The cell's text is the code argument of an `execute_code` call recorded in every heuristic
 # workflow history: a different text is a different program for histories already written. Change
@@ -25,7 +25,7 @@ def test_loaded_cell_is_the_recorded_program() -> None:
 
 
 def test_stand_in_line_is_replaced() -> None:
-    text = resources.files("reflector.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
+    text = resources.files("reflector.analysis.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
     first, _, rest = text.partition("\n")
     assert first.startswith("from SANDBOX_VARIABLES import ")
     code_lines = [ln for ln in rest.splitlines(keepends=True) if not ln.lstrip().startswith("#")]
@@ -36,7 +36,7 @@ def test_stand_in_line_is_replaced() -> None:
 
 def test_the_cell_uses_only_names_the_sandbox_preloads() -> None:
     # every name the stand-in line imports is a sandbox variable or a toolkit helper
-    text = resources.files("reflector.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
+    text = resources.files("reflector.analysis.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
     names = text.partition(" import ")[2].partition("  #")[0].split(", ")
     assert set(names) <= {"task", "traces", *SANDBOX_HELPERS}
 

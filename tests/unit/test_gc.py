@@ -16,12 +16,12 @@ from temporalio.api.history.v1 import HistoryEvent, MarkerRecordedEventAttribute
 from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 from temporalio.converter import JSONProtoPayloadConverter
 
-from reflector import gc
-from reflector.compaction import transcript_json
+from reflector.analysis.compaction import transcript_json
 from reflector.contract import PAYLOAD_DRIVER_NAME, TraceRef, session_key
-from reflector.storage import inventory as inv
-from reflector.storage.blobs import BlobStore, blob_uri, derived_source
-from reflector.storage.payloads import ForeignReference, stored_digest
+from reflector.runtime import gc
+from reflector.runtime.storage import inventory as inv
+from reflector.runtime.storage.blobs import BlobStore, blob_uri, derived_source
+from reflector.runtime.storage.payloads import ForeignReference, stored_digest
 
 NOW = 1_000_000.0
 OLD = NOW - 7200
@@ -373,8 +373,9 @@ async def test_an_execution_listed_only_the_second_time_is_read(store: tuple[Pat
 
 def test_cli_refuses_to_guess_without_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from reflector import cli, devserver
+    from reflector import cli
     from reflector import client as rr_client
+    from reflector.runtime import devserver
 
     monkeypatch.setattr(rr_client, "configure_core_logging", lambda **_kw: None)  # the process's Runtime stays
     monkeypatch.setenv("RR_HOME", str(tmp_path))

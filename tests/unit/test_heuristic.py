@@ -1,7 +1,7 @@
 """The offline `heuristic` model, driven through a real pydantic-ai Agent.
 
 The `execute_code` tool here is a test-only harness: it `exec`s the cell in a dict namespace with
-`traces`/`task` and the toolkit (`reflector.toolkit.SANDBOX_HELPERS`, as the sandbox preloads them) and
+`traces`/`task` and the toolkit (`reflector.analysis.toolkit.SANDBOX_HELPERS`, as the sandbox preloads them) and
 captures print output. Production runs the same cell in the sandbox (tests/workflows run it there).
 """
 
@@ -29,8 +29,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.function import AgentInfo
 from pydantic_ai.tools import ToolDefinition
 
-from reflector.contract import ReflectionDraft
-from reflector.heuristic import (
+from reflector.analysis.heuristic import (
     FINDINGS_CELL,
     HEURISTIC_NAME,
     SIMPLE_CELL,
@@ -38,8 +37,9 @@ from reflector.heuristic import (
     make_heuristic_model,
     parse_findings,
 )
-from reflector.toolkit import SANDBOX_HELPERS
-from reflector.traces import load_normalized, normalize
+from reflector.analysis.toolkit import SANDBOX_HELPERS
+from reflector.analysis.traces import load_normalized, normalize
+from reflector.contract import ReflectionDraft
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "reflector" / "examples"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -461,7 +461,7 @@ def test_tau_bench_expected_outputs_are_looked_for_in_what_the_agent_said() -> N
 
 
 def test_answer_rules_compare_actions_by_name_and_arguments() -> None:
-    from reflector.answers import compare_actions, missing_outputs
+    from reflector.analysis.answers import compare_actions, missing_outputs
 
     expected = [{"name": "get_user_details", "arguments": {"user_id": "u"}},
                 {"name": "book", "arguments": {"x": 1, "y": [1.0, {"b": 2, "a": 1}]}},

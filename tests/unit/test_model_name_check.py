@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic_ai.models import Model, infer_model
 
-from reflector import models
 from reflector.client import ReflectError, build_input
 from reflector.contract import ReflectionConfig, TraceRef
+from reflector.runtime import models
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from reflector import ops
-from reflector import search_attributes as sa
+from reflector.client import ops
 from reflector.contract import SEARCH_ATTRIBUTES, TraceRef
+from reflector.runtime import search_attributes as sa
 
 
 def test_queries_per_status_with_and_without_the_attributes() -> None:

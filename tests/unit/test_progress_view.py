@@ -6,10 +6,16 @@ import io
 
 from rich.console import Console
 
-from reflector.batch.render import render_batch_progress
+from reflector.client.batch_render import render_batch_progress
+from reflector.client.progress_view import (
+    ProgressDisplay,
+    batch_view,
+    reflection_view,
+    stop_all,
+    summary_line,
+)
+from reflector.client.render import clock, render_progress
 from reflector.contract import BatchProgress, ChildProgress, Progress
-from reflector.progress_view import ProgressDisplay, batch_view, reflection_view, stop_all, summary_line
-from reflector.render import clock, render_progress
 
 ROOT = Progress(
     phase="waiting for child", iterations=3, cells=2, failed_cells=1, requests=3, total_tokens=1_234,

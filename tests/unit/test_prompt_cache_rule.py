@@ -1,10 +1,10 @@
-"""The prompt-caching rule (`reflector.prompt_cache`) and the usage it reports (`reflector.ledger`)."""
+"""The prompt-caching rule (`reflector.analysis.prompt_cache`) and the usage it reports (`reflector.analysis.ledger`)."""
 
 from __future__ import annotations
 
-from reflector.api import RRConfig
-from reflector.ledger import Ledger, UsageRecord
-from reflector.prompt_cache import cache_key, with_prompt_cache
+from reflector.analysis.ledger import Ledger, UsageRecord
+from reflector.analysis.prompt_cache import cache_key, with_prompt_cache
+from reflector.client.api import RRConfig
 
 
 def test_caching_is_on_where_the_provider_has_it() -> None:

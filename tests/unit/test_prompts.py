@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reflector import prompts
+from reflector.analysis import prompts
 
 
 def test_render_leaves_braces_in_values_alone() -> None:
@@ -85,7 +85,7 @@ def test_every_output_field_is_described() -> None:
 
 
 def test_task_prompt_shows_cell_1_without_the_signatures_the_system_prompt_gives() -> None:
-    from reflector.toolkit import TOOLKIT_DOC
+    from reflector.analysis.toolkit import TOOLKIT_DOC
 
     cell_1 = f"traces: dict (9 keys)\n{TOOLKIT_DOC}\n  ['steps']: list (4 items)\npreview:\n" + "x" * 50
     shown = prompts.shown_preview(cell_1, limit=10_000)

@@ -1,4 +1,4 @@
-"""`reflector.provider_errors.describe`: a provider's error as one clear line (a failed reflection's `error`)."""
+"""`reflector.analysis.provider_errors.describe`: a provider's error as one clear line (a failed reflection's `error`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic_ai.exceptions import (
     UnexpectedModelBehavior,
 )
 
-from reflector.provider_errors import describe, provider_complaint
+from reflector.analysis.provider_errors import describe, provider_complaint
 
 
 def test_openai_authentication_error() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reflector import models
+from reflector.runtime import models
 
 
 def _wrapped(name: str) -> Any:

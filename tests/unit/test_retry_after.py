@@ -204,8 +204,8 @@ async def test_worker_log_line_is_one_line() -> None:
 
 
 def test_provider_clients_take_rr_provider_timeout_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reflector import models
-    from reflector.settings import DEFAULT_PROVIDER_TIMEOUT_S, SettingError, Settings
+    from reflector.runtime import models
+    from reflector.runtime.settings import DEFAULT_PROVIDER_TIMEOUT_S, SettingError, Settings
 
     def built(name: str) -> Any:
         monkeypatch.setattr(models, "_instances", {})

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from temporalio.api.common.v1 import Payload
 
-from reflector.settings import SettingError, Settings
-from reflector.storage.blobs import BlobNotFound, BlobStore
-from reflector.storage.s3 import S3Mirror, S3Unavailable, parse_s3_url
-from reflector.storage.stores import check_store, mirror_for, open_store
+from reflector.runtime.settings import SettingError, Settings
+from reflector.runtime.storage.blobs import BlobNotFound, BlobStore
+from reflector.runtime.storage.s3 import S3Mirror, S3Unavailable, parse_s3_url
+from reflector.runtime.storage.stores import check_store, mirror_for, open_store
 from sandbox.journal import Journal
 from tests.support.s3_server import S3Server, s3_server
 
@@ -156,7 +156,7 @@ def test_a_journal_moves_between_workers_through_s3(s3_env, tmp_path, monkeypatc
 def test_large_payloads_go_to_s3_through_temporalios_driver(s3_env, s3: S3Server, tmp_path, monkeypatch) -> None:
     from temporalio.converter import StorageDriverStoreContext
 
-    from reflector.storage.payloads import data_converter, resolve, s3_claim
+    from reflector.runtime.storage.payloads import data_converter, resolve, s3_claim
 
     settings = Settings.from_env()
     storage = data_converter(settings, threshold=1024).external_storage
@@ -225,7 +225,7 @@ def test_rr_reflect_names_a_missing_bucket(s3_env, tmp_path) -> None:
 
 
 def test_a_large_object_is_fetched_in_parallel_ranges(s3_env, tmp_path, monkeypatch) -> None:
-    import reflector.storage.s3 as s3_module
+    import reflector.runtime.storage.s3 as s3_module
 
     monkeypatch.setattr(s3_module, "_MULTIPART_CHUNK", 5 * 1024**2)  # S3's smallest part: 4 parts = 20 MiB
     a, b = _store(tmp_path, "a", monkeypatch), _store(tmp_path, "b", monkeypatch)

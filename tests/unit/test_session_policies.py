@@ -16,7 +16,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from reflector.compaction import PLACEHOLDER, compacted_history, message_chars, microcompact
+from reflector.analysis.compaction import PLACEHOLDER, compacted_history, message_chars, microcompact
+from reflector.analysis.ledger import MIN_CHILD_TOKENS, Ledger, UsageRecord
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     Continuation,
@@ -25,7 +26,6 @@ from reflector.contract import (
     ReflectionInput,
     TraceRef,
 )
-from reflector.ledger import MIN_CHILD_TOKENS, Ledger, UsageRecord
 from workflows.state import SessionState
 
 # ------------------------------------------------------------------------------------------ ledger

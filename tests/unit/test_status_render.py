@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from reflector.client.status import WorkflowStatus, render_status
 from reflector.contract import Progress
-from reflector.status import WorkflowStatus, render_status
 
 
 def _root(*children: WorkflowStatus) -> WorkflowStatus:

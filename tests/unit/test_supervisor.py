@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from reflector import supervisor as sv
-from reflector.settings import SettingError
+from reflector.runtime import supervisor as sv
+from reflector.runtime.settings import SettingError
 
 
 @pytest.fixture(autouse=True)

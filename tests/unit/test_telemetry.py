@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reflector.settings import SettingError, Settings, parse_otel
+from reflector.runtime.settings import SettingError, Settings, parse_otel
 from reflector.testing.otlp_collector import OTLPCollector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +33,9 @@ import json, sys
 import opentelemetry.trace
 from pydantic_ai import Agent
 import worker, reflector.cli
-from reflector import client, telemetry
-from reflector.settings import Settings
+from reflector import client
+from reflector.runtime import telemetry
+from reflector.runtime.settings import Settings
 
 s = Settings.from_env()
 plugins = telemetry.client_plugins(s)
@@ -84,8 +85,8 @@ def test_a_bad_rr_otel_is_a_setting_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_logfire_mode_without_logfire_says_what_to_install() -> None:
     code = (
-        "from reflector import telemetry\n"
-        "from reflector.settings import Settings, SettingError\n"
+        "from reflector.runtime import telemetry\n"
+        "from reflector.runtime.settings import Settings, SettingError\n"
         "try:\n    telemetry.client_plugins(Settings.from_env())\n"
         "except SettingError as e:\n    print('ERROR', e)\n"
     )
@@ -103,8 +104,8 @@ def test_rr_otel_without_the_otel_extra_says_what_to_install() -> None:
     code = (
         "import sys\n"
         "sys.modules['opentelemetry.sdk'] = None  # as if opentelemetry-sdk were not installed\n"
-        "from reflector import telemetry\n"
-        "from reflector.settings import Settings, SettingError\n"
+        "from reflector.runtime import telemetry\n"
+        "from reflector.runtime.settings import Settings, SettingError\n"
         "try:\n    telemetry.client_plugins(Settings.from_env())\n"
         "except SettingError as e:\n    print('ERROR', e)\n"
         "print('installed', telemetry.installed())\n"
@@ -125,8 +126,8 @@ ON_PROBE = """
 import json, os
 import opentelemetry.trace
 from pydantic_ai import Agent
-from reflector import telemetry
-from reflector.settings import Settings
+from reflector.runtime import telemetry
+from reflector.runtime.settings import Settings
 
 plugins = telemetry.client_plugins(Settings.from_env())
 again = telemetry.client_plugins(Settings.from_env())

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from reflector.toolkit import expected_actions, is_write, tool_calls
-from reflector.traces import normalize
-from reflector.traces.lazy import Steps
+from reflector.analysis.toolkit import expected_actions, is_write, tool_calls
+from reflector.analysis.traces import normalize
+from reflector.analysis.traces.lazy import Steps
 from tests.support.lazy import lazy_view
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from reflector.toolkit import diff_values
-from reflector.toolkit.diff import as_data, same_value
+from reflector.analysis.toolkit import diff_values
+from reflector.analysis.toolkit.diff import as_data, same_value
 
 BOOKING: dict[str, Any] = {
     "user_id": "mia_li_3668",

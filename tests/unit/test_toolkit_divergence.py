@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from reflector.answers import compare_actions
-from reflector.toolkit import diff_actions, expected_actions, first_divergence, tool_calls
-from reflector.traces import normalize
+from reflector.analysis.answers import compare_actions
+from reflector.analysis.toolkit import diff_actions, expected_actions, first_divergence, tool_calls
+from reflector.analysis.traces import normalize
 
 Script = list[tuple[Any, ...]]
 BOOK: dict[str, Any] = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reflector.toolkit import failing_calls
-from reflector.traces import normalize
+from reflector.analysis.toolkit import failing_calls
+from reflector.analysis.traces import normalize
 
 
 def _run(calls: list[tuple[str, dict[str, Any], str]]) -> dict[str, Any]:

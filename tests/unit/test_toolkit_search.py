@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from reflector.toolkit import search_steps
-from reflector.traces import normalize
-from reflector.traces.index import TraceIndex, build_index
-from reflector.traces.lazy import Steps, open_view
+from reflector.analysis.toolkit import search_steps
+from reflector.analysis.traces import normalize
+from reflector.analysis.traces.index import TraceIndex, build_index
+from reflector.analysis.traces.lazy import Steps, open_view
 
 MSGS: list[dict[str, Any]] = [
     {"role": "user", "content": "Please cancel reservation ABC123 for me."},

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reflector.answers import compare_actions
-from reflector.contract import DIAGNOSIS_KINDS
-from reflector.toolkit import (
+from reflector.analysis.answers import compare_actions
+from reflector.analysis.toolkit import (
     SANDBOX_HELPERS,
     TOOLKIT_DOC,
     diff_actions,
@@ -16,7 +15,8 @@ from reflector.toolkit import (
     search_steps,
     tool_calls,
 )
-from reflector.traces import load_normalized
+from reflector.analysis.traces import load_normalized
+from reflector.contract import DIAGNOSIS_KINDS
 
 CONTRACT_NAMES = ("tool_calls", "expected_actions", "diff_actions", "diff_values", "first_divergence",
                   "failing_calls", "search_steps", "is_write")

@@ -1,4 +1,4 @@
-"""The tracing-back tools (reflector/toolkit/trace_back.py, root.py; issue 28): `provenance`,
+"""The tracing-back tools (reflector/analysis/toolkit/trace_back.py, root.py; issue 28): `provenance`,
 `contradictions`, `requirements`, `root_cause`, on a hand-written tool-use run, eager and lazily read."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reflector.toolkit import (
+from reflector.analysis.toolkit import (
     SANDBOX_HELPERS,
     TOOLKIT_DOC,
     contradictions,
@@ -17,9 +17,9 @@ from reflector.toolkit import (
     requirements,
     root_cause,
 )
-from reflector.toolkit.trace_back import canonical
-from reflector.traces import load_normalized, normalize
-from reflector.traces.lazy import Steps
+from reflector.analysis.toolkit.trace_back import canonical
+from reflector.analysis.traces import load_normalized, normalize
+from reflector.analysis.traces.lazy import Steps
 from tests.support.lazy import lazy_view
 
 POLICY = ("You are an airline agent.\n"

@@ -1,6 +1,6 @@
 """The streaming scanner, the record index and the lazy view, against the whole-file reader.
 
-The whole-file reader (`reflector.traces.read` + `normalize`) is the reference: for every shape that is
+The whole-file reader (`reflector.analysis.traces.read` + `normalize`) is the reference: for every shape that is
 indexed, the lazy view read back must equal the canonical view, item for item.
 """
 
@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
+from reflector.analysis.traces import TraceError, normalize, read_trace_file
+from reflector.analysis.traces.budget import EAGER_FACTOR, HOST_BASE_BYTES, HOST_MIN_BYTES, host_memory_bytes
+from reflector.analysis.traces.index import INDEX_SUFFIX, TraceIndex, build_index
+from reflector.analysis.traces.lazy import LazySeq, open_view
+from reflector.analysis.traces.scan import Scanner
 from reflector.client import ReflectError, upload_trace
-from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore
-from reflector.traces import TraceError, normalize, read_trace_file
-from reflector.traces.budget import EAGER_FACTOR, HOST_BASE_BYTES, HOST_MIN_BYTES, host_memory_bytes
-from reflector.traces.index import INDEX_SUFFIX, TraceIndex, build_index
-from reflector.traces.lazy import LazySeq, open_view
-from reflector.traces.scan import Scanner
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import BlobStore
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "traces"
@@ -251,7 +251,7 @@ def test_the_client_memory_does_not_grow_with_the_trace(tmp_path: Path) -> None:
             for i in range(n_steps):
                 fh.write(("," if i else "") + json.dumps({"role": "assistant", "content": f"{i} " + "w" * 480}))
             fh.write("]}")
-        code = ("import sys, dataclasses; from reflector.client import upload_trace; from reflector.settings import "
+        code = ("import sys, dataclasses; from reflector.client import upload_trace; from reflector.runtime.settings import "
                 "Settings; upload_trace(sys.argv[1], dataclasses.replace(Settings.from_env(), lazy_trace_bytes=1))")
         env = {**os.environ, "RR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -301,7 +301,7 @@ async def test_a_worker_indexes_a_large_trace_stored_without_its_index(tmp_path:
     """A trace put in the store some other way (not by `upload_trace`) gets its index before a host opens it."""
     from activities import sandbox as sandbox_activities
     from reflector.contract import TraceRef
-    from reflector.storage.blobs import blob_uri
+    from reflector.runtime.storage.blobs import blob_uri
 
     store = BlobStore(tmp_path / "blobs")
     trace = tmp_path / "t.jsonl"

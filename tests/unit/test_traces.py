@@ -1,4 +1,4 @@
-"""Trace reading, format detection and normalisation (the package reflector/traces)."""
+"""Trace reading, format detection and normalisation (the package reflector/analysis/traces)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reflector.traces import (
+from reflector.analysis.traces import (
     MAX_NESTING,
     TraceError,
     detect_format,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from reflector.toolkit.actors import actors, suspect_mistake, timeline
-from reflector.traces import detect_format, load_normalized, normalize
-from reflector.traces.index import build_index
-from reflector.traces.lazy import Steps
+from reflector.analysis.toolkit.actors import actors, suspect_mistake, timeline
+from reflector.analysis.traces import detect_format, load_normalized, normalize
+from reflector.analysis.traces.index import build_index
+from reflector.analysis.traces.lazy import Steps
 from tests.support.lazy import lazy_view
 
 WHOWHEN: dict[str, Any] = {

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from reflector import models
+from reflector.runtime import models
 
 _FAMILIES_BEFORE: set[str] = set()
 

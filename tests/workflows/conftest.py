@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import reflector.testing.scripted  # noqa: F401  (registers the scripted models)
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -20,13 +20,20 @@ from temporalio.client import Client
 
 import tests.support.audit_script as script
 from reflector import client as rr
-from reflector.audit.build import audit_file, audit_workflow
-from reflector.audit.histories import collect, dump_bundle
-from reflector.audit.render_text import render_text
-from reflector.audit.timeline import Audit, CellItem, ChildItem, CompactionItem, ModelRequestItem, RunItem
-from reflector.citations import check_citations
+from reflector.analysis.citations import check_citations
+from reflector.client.audit.build import audit_file, audit_workflow
+from reflector.client.audit.histories import collect, dump_bundle
+from reflector.client.audit.render_text import render_text
+from reflector.client.audit.timeline import (
+    Audit,
+    CellItem,
+    ChildItem,
+    CompactionItem,
+    ModelRequestItem,
+    RunItem,
+)
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL, ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.fixtures import completed_activities, write_trace
 from worker import audit_replay_hooks
 
@@ -164,7 +171,7 @@ async def test_exported_file_audits_offline_like_the_server(reflection, client, 
 
 async def test_a_rerun_audit_links_to_its_origin_and_marks_what_it_reused(reflection, client, task_queue,
                                                                           settings) -> None:
-    from reflector.rerun import plan_rerun
+    from reflector.client.rerun import plan_rerun
 
     _, origin_id, origin = reflection
     plan = await plan_rerun(client, settings, origin_id, 4)  # steps 1-3 (alpha cell, recurse, first big cell) reused
@@ -206,7 +213,7 @@ async def test_cells_refused_by_the_loop_guard_take_no_cell(client, task_queue, 
 @pytest.mark.parametrize("name", ["stateful_v1", "provider_v1", "heuristic_v3"])
 async def test_committed_histories_audit_with_citations_checked_by_the_audit(name: str, tmp_path) -> None:
     import reflector.testing.scripted  # noqa: F401
-    from reflector.models import prepare_workflow_side
+    from reflector.runtime.models import prepare_workflow_side
 
     prepare_workflow_side(["openai-chat"])
     path = HISTORIES / f"{name}.json"
@@ -290,9 +297,9 @@ async def test_without_replay_inputs_come_from_recorded_activity_inputs_or_are_m
     """Provider-style requests (regular activities) record their input: the audit shows it (it is what was
     sent), with or without a replay; local requests record none, and without a replay they are marked."""
     import reflector.testing.scripted  # noqa: F401
-    from reflector.audit.build import build_audit
-    from reflector.audit.capture import ReplayCapture
-    from reflector.audit.histories import load_bundle
+    from reflector.client.audit.build import build_audit
+    from reflector.client.audit.capture import ReplayCapture
+    from reflector.client.audit.histories import load_bundle
 
     bundle = load_bundle(HISTORIES / "stateful_v1.json")
     fallback = build_audit(bundle, ReplayCapture(failures={0: "replay skipped"}), tmp_path, "test")

@@ -18,12 +18,12 @@ from temporalio.client import Client
 
 import worker
 from reflector import client as rr
-from reflector.batch.split import RunSource, write_manifest
+from reflector.analysis.traces.scan import iter_records
 from reflector.contract import PROGRESS_QUERY, BatchResult, ReflectionConfig, RunRecord, TraceRef
-from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore, blob_uri
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import BlobStore, blob_uri
+from reflector.runtime.storage.manifest import RunSource, write_manifest
 from reflector.testing.tau_runs import synthetic_runs, tau_run
-from reflector.traces.scan import iter_records
 from workflows.batch import child_id
 
 pytestmark = pytest.mark.timeout(120)
@@ -121,7 +121,7 @@ async def test_broken_runs_are_reported_and_the_batch_goes_on(client, task_queue
 
 
 async def test_progress_shows_done_running_failed(client, task_queue, settings, tmp_path) -> None:
-    from reflector.batch.render import render_batch_progress
+    from reflector.client.batch_render import render_batch_progress
     from reflector.contract import BatchProgress
 
     runs: list[Any] = [*synthetic_runs(5), 7]  # the last record is not a run

@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 import worker
 from reflector import client as rr
-from reflector import ops
+from reflector.client import ops
 from reflector.contract import (
     CLOSE_ACTIVITY,
     PROGRESS_QUERY,
@@ -25,7 +25,7 @@ from reflector.contract import (
     ReflectionConfig,
     ReflectorOutput,
 )
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from reflector.testing.tau_runs import synthetic_runs
 from tests.support import endless
 from tests.support.fixtures import completed_activities, write_trace

@@ -11,8 +11,8 @@ import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from reflector import client as rr
+from reflector.analysis.compaction import PLACEHOLDER
 from reflector.client import connect
-from reflector.compaction import PLACEHOLDER
 from reflector.contract import SUMMARISE_ACTIVITY, ReflectionConfig, ReflectorOutput
 from reflector.testing.scripted import INPUTS_ENV, recorded_inputs
 from tests.support.fixtures import comparable, completed_activities, write_trace

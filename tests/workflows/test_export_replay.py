@@ -25,7 +25,7 @@ from temporalio.worker import Replayer
 
 import worker
 from reflector import client as rr
-from reflector.audit.histories import (
+from reflector.client.audit.histories import (
     HistoryBundle,
     RunHistory,
     collect,
@@ -33,7 +33,7 @@ from reflector.audit.histories import (
     load_bundle,
     write_split_file,
 )
-from reflector.audit.replay import ReplayReport, replay_all
+from reflector.client.audit.replay import ReplayReport, replay_all
 from reflector.contract import (
     CLOSE_ACTIVITY,
     SUMMARISE_ACTIVITY,
@@ -43,8 +43,8 @@ from reflector.contract import (
     ReflectionInput,
     ReflectorOutput,
 )
-from reflector.devserver import DevServer, find_temporal_binary
-from reflector.settings import Settings
+from reflector.runtime.devserver import DevServer, find_temporal_binary
+from reflector.runtime.settings import Settings
 from tests.support.fixtures import write_trace
 from workflows.activity_options import CELL_RETRY
 from workflows.batch import BatchReflectionWorkflow
@@ -261,7 +261,7 @@ def test_rr_replay_of_a_changed_workflow_exits_1_naming_the_event(exported: Expo
 
 async def test_a_batch_chain_and_its_children_are_collected_in_order_and_replay(client, task_queue, settings,
                                                                                  tmp_path: Path) -> None:
-    from reflector.audit.histories import iter_runs
+    from reflector.client.audit.histories import iter_runs
     from reflector.testing.tau_runs import tau_run
     from workflows.batch import child_id
 
@@ -344,8 +344,8 @@ async def test_the_divergence_of_a_committed_history_is_named_either_way(
 
 
 def test_inlining_reads_the_blob_store_and_a_missing_blob_is_named(exported: Exported, tmp_path: Path) -> None:
-    from reflector.audit.histories import inline_payloads
-    from reflector.storage.blobs import BlobNotFound
+    from reflector.client.audit.histories import inline_payloads
+    from reflector.runtime.storage.blobs import BlobNotFound
 
     bundle = load_bundle(exported.path)
     raw = [WorkflowHistory.from_json(r.workflow_id, text) for r, text in zip(bundle.runs, exported.raw, strict=True)]

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from reflector import client as rr
+from reflector.analysis.traces.index import INDEX_SUFFIX
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
-from reflector.storage.blobs import BlobStore
-from reflector.traces.index import INDEX_SUFFIX
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.blobs import BlobStore
 from tests.support.fixtures import comparable
 from tests.workflows.test_recursion import plan
 

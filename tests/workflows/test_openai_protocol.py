@@ -2,7 +2,7 @@
 
 The in-process worker of `tests/workflows/conftest.py` runs in this process, so the provider
 environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`) is set with monkeypatch before the model is first
-resolved. `reflector.models` caches model objects per name, so every test uses a fresh model name.
+resolved. `reflector.runtime.models` caches model objects per name, so every test uses a fresh model name.
 
 Two protocols are covered, because the model string decides which one pydantic-ai speaks:
 ``openai-chat:NAME`` is `OpenAIChatModel` (``POST /v1/chat/completions``) and ``openai:NAME`` is
@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowHistory
 
 import worker
 from reflector import client as rr
-from reflector import models
 from reflector.contract import PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime import models
+from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import CELL_CODE, OpenAIServer
 from tests.support.fixtures import ACE_TRACE, completed_activities, write_trace
 

@@ -40,10 +40,10 @@ from temporalio.worker import Replayer
 
 import worker
 from reflector import client as rr
-from reflector import telemetry
 from reflector.contract import WORKFLOW_NAME, ReflectionConfig, ReflectorOutput
-from reflector.models import prepare_workflow_side
-from reflector.settings import Settings
+from reflector.runtime import telemetry
+from reflector.runtime.models import prepare_workflow_side
+from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.otlp_collector import CollectedSpan, OTLPCollector
 from tests.support.fixtures import write_trace

@@ -33,9 +33,9 @@ from temporalio.worker import Replayer
 import worker
 from reflector import client as rr
 from reflector.contract import PAYLOAD_DRIVER_NAME, ReflectionConfig, ReflectorOutput
-from reflector.models import register_model
-from reflector.settings import Settings
-from reflector.storage.payloads import (
+from reflector.runtime.models import register_model
+from reflector.runtime.settings import Settings
+from reflector.runtime.storage.payloads import (
     DEFAULT_THRESHOLD_BYTES,
     BlobStorageDriver,
     ReadOnlyBlobStorageDriver,

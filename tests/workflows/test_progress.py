@@ -1,4 +1,4 @@
-"""The `progress` query and `reflector.status` on a real worker: a running tree (a root waiting for its
+"""The `progress` query and `reflector.client.status` on a real worker: a running tree (a root waiting for its
 child, the child held in the middle of its session by a gate), then the same reflection finished.
 
 What is checked: the numbers agree with each other and with the ledger (requests and tokens of the
@@ -22,9 +22,9 @@ from temporalio.client import Client
 
 import tests.support.gated_models as gated
 from reflector import client as rr
-from reflector import status
+from reflector.analysis.ledger import MIN_CHILD_TOKENS
+from reflector.client import status
 from reflector.contract import PROGRESS_QUERY, ChildProgress, Progress, ReflectionConfig, ReflectorOutput
-from reflector.ledger import MIN_CHILD_TOKENS
 from tests.support.fixtures import write_trace
 
 pytestmark = pytest.mark.timeout(180)

@@ -30,9 +30,9 @@ import pytest
 from temporalio.client import Client
 
 from reflector import client as rr
-from reflector import prompts
+from reflector.analysis import prompts
 from reflector.contract import OUTPUT_TOOL, RECURSE_TOOL, ReflectionConfig
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer
 from tests.support.fixtures import ACE_TRACE, write_trace
 

@@ -3,14 +3,14 @@
 The local scripted servers (`reflector.testing.openai_server`, `reflector.testing.anthropic_server`)
 inject each fault into the first model request of a reflection (one test: into the request after a
 cell); the reflection must still complete,
-through Temporal's activity retries (the SDKs retry nothing: `reflector.models`), and the server must
+through Temporal's activity retries (the SDKs retry nothing: `reflector.runtime.models`), and the server must
 never have answered the same request twice (`completed`: a key counted twice would be paid twice).
 Authentication errors and unknown models must fail fast: one HTTP request, no retry, a clear error.
 
 Three protocols: ``openai-chat:`` (Chat Completions), ``openai:`` (Responses) and ``anthropic:``
 (Messages). The worker is the session's in-process one (`tests/workflows/conftest.py`), so the
 provider environment is set with monkeypatch before a model is first resolved, and every test uses a
-fresh model name (`reflector.models` caches the model objects, and with them the client's timeout).
+fresh model name (`reflector.runtime.models` caches the model objects, and with them the client's timeout).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import pytest
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 
-from reflector import cli
 from reflector import client as rr
+from reflector.cli import common as cli
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from reflector.testing.anthropic_server import AnthropicServer
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.scripted_http import NO_REPLY, Fault, ScriptedServer

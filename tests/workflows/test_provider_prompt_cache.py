@@ -1,4 +1,4 @@
-"""Provider prompt caching through the real provider path (`reflector.prompt_cache`): what the requests carry,
+"""Provider prompt caching through the real provider path (`reflector.analysis.prompt_cache`): what the requests carry,
 and that the cached tokens a provider reports reach the reflection's usage.
 
 Real SDK clients and HTTP against the local scripted servers (`reflector.testing.openai_server`,
@@ -20,10 +20,10 @@ import pytest
 from temporalio.client import Client
 
 from reflector import client as rr
+from reflector.analysis.prompt_cache import cache_key
+from reflector.client.render import render_reflection
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.prompt_cache import cache_key
-from reflector.render import render_reflection
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from reflector.testing.anthropic_server import AnthropicServer
 from reflector.testing.openai_server import OpenAIServer
 from tests.support.fixtures import write_trace

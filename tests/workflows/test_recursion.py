@@ -11,7 +11,7 @@ from temporalio.client import Client, WorkflowHistory
 
 from reflector import client as rr
 from reflector.contract import ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.fixtures import write_trace
 
 

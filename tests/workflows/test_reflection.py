@@ -13,7 +13,7 @@ import worker
 from activities import model_requests
 from reflector import client as rr
 from reflector.contract import FORGET_ACTIVITY, PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
-from reflector.settings import Settings
+from reflector.runtime.settings import Settings
 from tests.support.fixtures import completed_activities, write_trace
 
 HISTORIES: list[WorkflowHistory] = []

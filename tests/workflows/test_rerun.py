@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowHistory
 import worker
 from reflector import client as rr
 from reflector.client import ReflectError
+from reflector.client.rerun import plan_rerun
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     RERUN_CELL_ACTIVITY,
@@ -33,9 +34,8 @@ from reflector.contract import (
     ReflectionConfig,
     ReflectorOutput,
 )
-from reflector.models import register_model
-from reflector.rerun import plan_rerun
-from reflector.settings import Settings
+from reflector.runtime.models import register_model
+from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.scripted import synthesis_aware
 from tests.support.fixtures import ActivityRecord, comparable, completed_activities, write_trace

@@ -16,11 +16,11 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
 
 from reflector import client as rr
-from reflector import ops
-from reflector import search_attributes as sa
+from reflector.client import ops
 from reflector.contract import SEARCH_ATTRIBUTES, ReflectionConfig, ReflectorOutput
-from reflector.devserver import DevServer
-from reflector.settings import Settings
+from reflector.runtime import search_attributes as sa
+from reflector.runtime.devserver import DevServer
+from reflector.runtime.settings import Settings
 from reflector.testing.tau_runs import synthetic_runs
 from tests.support.fixtures import write_trace
 

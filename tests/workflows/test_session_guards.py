@@ -9,7 +9,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from activities import sandbox as sandbox_activities
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import SLOW_LOOP_ENV, _returns, stateful_script, synthesis_aware
 from tests.support.fixtures import comparable, write_trace
 from tests.workflows.test_reflection import _reflect

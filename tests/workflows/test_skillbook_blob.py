@@ -11,6 +11,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, T
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from reflector import client as rr
+from reflector.analysis.limits import MAX_CONTEXT_CODE_CHARS, MAX_SKILL_QUERY_CHARS, MAX_SKILL_TOOL_CHARS
 from reflector.contract import (
     EXECUTE_CODE_TOOL,
     RECURSE_TOOL,
@@ -18,8 +19,7 @@ from reflector.contract import (
     ReflectionInput,
     ReflectorOutput,
 )
-from reflector.limits import MAX_CONTEXT_CODE_CHARS, MAX_SKILL_QUERY_CHARS, MAX_SKILL_TOOL_CHARS
-from reflector.models import register_model
+from reflector.runtime.models import register_model
 from reflector.testing.scripted import _final, synthesis_aware
 from tests.support.fixtures import write_trace
 

@@ -48,7 +48,7 @@ async def test_offline_mode_and_empty_skillbook_never_tag(client, task_queue, se
 async def test_skillbook_tools_offered_only_with_a_skillbook(
     client, task_queue, settings, tmp_path, monkeypatch
 ) -> None:
-    from reflector.skillbook import parse_skillbook
+    from reflector.analysis.skillbook import parse_skillbook
 
     assert [s.id for s in parse_skillbook(SKILLBOOK)] == ["booking-00001", "booking-00002"]
     offered: list[list[str]] = []

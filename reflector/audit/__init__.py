@@ -1,5 +1,0 @@
-"""Reading a reflection back from its histories: collect and export them (`histories`), replay them (`replay`).
-
-Nothing here runs inside a workflow. Submodules are imported by name (`reflector.audit.histories`), so
-importing the package costs nothing.
-"""

@@ -1,0 +1,5 @@
+"""`python -m reflector.cli ...` is `rr ...`."""
+
+from reflector.cli import run
+
+run()
