@@ -45,6 +45,7 @@ from reflector.contract import (
     SkillbookRef,
     TraceRef,
 )
+from reflector.fastscan import FastScanner
 from reflector.homeserver import HomeServer
 from reflector.models import (
     check_model_name,
@@ -170,7 +171,7 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
 
             def scan(fh: IO[bytes]) -> tuple[str, int | None]:
                 with open(index_tmp, "wb") as out:  # the index is written as the scan goes
-                    found = write_index(fh, str(p), out)
+                    found = write_index(fh, str(p), out, scanner=FastScanner)
                 _refuse(size, found[1], settings, found[0])
                 return found
 

@@ -34,6 +34,7 @@ from reflector.traces.adapters.ace import _ace_step, _norm_ace_run
 from reflector.traces.adapters.messages import _message_steps
 from reflector.traces.adapters.openclaw import _openclaw_step
 from reflector.traces.adapters.tau import _norm_tau_run
+from reflector.traces.columns import message_columns
 from reflector.traces.detect import TraceFormat, detect_format
 from reflector.traces.read import TraceError
 from reflector.traces.scan import ScanHeader, Scanner
@@ -288,11 +289,12 @@ class _RunStats:
         self.n = 0
 
     def add(self, step: dict[str, Any]) -> None:
+        self.add_text(step["role"], step["content"])
+
+    def add_text(self, role: str, content: str) -> None:
         self.n += 1
-        role = step["role"]
         self.roles[role] += 1
         if role in ("user", "assistant"):
-            content = step["content"]
             text = (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
             if text:
                 if role == "user" and self.first_user is None:
@@ -326,33 +328,35 @@ class _OpenclawStats:
 
 
 def build_index(
-    fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None
+    fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None, scanner: type[Scanner] = Scanner
 ) -> tuple[str, TraceIndex | None]:
     """(format, index) of the trace in `fh` (binary, at offset 0), built in memory; the index is None
     when the shape is read whole (see the module doc). `write_index` streams it instead."""
     out = io.BytesIO()
-    fmt, size = write_index(fh, name, out, on_record=on_record)
+    fmt, size = write_index(fh, name, out, on_record=on_record, scanner=scanner)
     return fmt, (TraceIndex.from_bytes(out.getvalue()) if size is not None else None)
 
 
 def write_index(
-    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None
+    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None,
+    scanner: type[Scanner] = Scanner,
 ) -> tuple[str, int | None]:
     """Scan the trace in `fh` (binary, at offset 0) and write its index to `out` as it goes; returns
     (format, the index's size in bytes), the size None (nothing written) when the shape is read whole.
 
     Raises `TraceError` on a trace that is not valid JSON / JSONL (the same one-line messages as
     `reflector.traces.read`). `on_record(n)` is called every 10,000 records (progress). Memory: the
-    scan's buffer, one record, one block of column entries and the small tables.
+    scan's buffer, one record, one block of column entries and the small tables. `scanner`: the
+    scanner class (`reflector.fastscan.FastScanner` where msgspec is installed: the same records, faster).
     """
-    scanner = Scanner(fh, name)
-    records = scanner.records()
+    scan = scanner(fh, name)
+    records = scan.records()
     sample: list[tuple[int, int, Any]] = []
     for item in records:
         sample.append(item)
         if len(sample) >= SAMPLE_RECORDS:
             break
-    h = scanner.header
+    h = scan.header
     values = [v for _s, _e, v in sample]
     fmt = _detect(h, values)
     shape = lazy_shape(h.container, h.key, fmt, values)
@@ -371,6 +375,8 @@ def write_index(
     tools: dict[str, int] = {}
     calls: Counter[str] = Counter()
     n_records = 0
+    # message records resolve tool names across records; an ACE step is one message on its own
+    plain = {"message": True, "ace-step": False}.get(record_kind)
 
     def each(items: Iterator[tuple[int, int, Any]]) -> None:
         nonlocal n_records
@@ -387,6 +393,14 @@ def write_index(
                 continue
             if oc is not None:
                 oc.add(value)
+            cols = None if plain is None else message_columns(value, call_names if plain else {})
+            if cols is not None:  # a plain chat message: its columns without its step (same values)
+                role, content, err, tool, names = cols
+                w.step(rec, 0, _code(roles, role), 1 if err else 0, _code(tools, str(tool)) if tool else -1)
+                for call in names:
+                    calls[call] += 1
+                stats.add_text(role, content)
+                continue
             steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
             for sub, step in enumerate(steps):
                 tool = step.get("tool_name")
