@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import msgspec
 
-from reflector.traces.read import MAX_NESTING, TraceError, nesting_depth
+from reflector.traces.read import MAX_NESTING, TraceError
 from reflector.traces.scan import _BAD, BUFFER_BYTES, BrokenLine, Scanner, _Buffer
 
 __all__ = ["FastScanner"]
@@ -35,6 +35,28 @@ _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _VALUES = msgspec.json.Decoder()
 _WS = " \t\r\n"
 _TRIES = 3  # window cuts tried before a stretch goes through the stdlib path
+
+
+_REFUSED = object()
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether the array/object `value` nests deeper than `limit` levels: the stdlib scanner's check
+    (`nesting_depth` of the record's text) on the parsed value, which for valid JSON is the same depth.
+    Walking the values costs less than counting the brackets of the text (strings are most of a trace's
+    bytes); a long array of scalars is checked in C (`map`)."""
+    if limit < 1:
+        return True
+    children = value.values() if type(value) is dict else value
+    if len(children) > 16:
+        kinds = set(map(type, children))
+        if dict not in kinds and list not in kinds:
+            return False
+    for child in children:
+        kind = type(child)
+        if (kind is dict or kind is list) and _deeper(child, limit - 1):
+            return True
+    return False
 
 
 class FastScanner(Scanner):
@@ -119,17 +141,18 @@ class FastScanner(Scanner):
         last = len(raws) - 1
         for i, raw in enumerate(raws):
             end = start + len(raw)
-            if text.count("[", start, end) + text.count("{", start, end) > limit and \
-                    nesting_depth(text[start:end], limit) > limit:
-                raise self._nesting(buf, start)
             if values is not None:
                 value = values[i]
             else:
                 try:
                     value = _VALUES.decode(raw)
                 except (msgspec.DecodeError, RecursionError):
-                    value, _end = self._value(buf, start, MAX_NESTING - limit)
-                    text = buf.text
+                    value = _REFUSED
+            if value is _REFUSED:  # the stdlib's value, or its error (its own nesting check first)
+                value, _end = self._value(buf, start, MAX_NESTING - limit)
+                text = buf.text
+            elif (type(value) is dict or type(value) is list) and _deeper(value, limit):
+                raise self._nesting(buf, start)
             yield buf.base + start, buf.base + end, value
             self.header.n_records += 1
             if i < last:
@@ -194,13 +217,14 @@ class FastScanner(Scanner):
         """(where the value starts in the line, its length, the value) when msgspec parses the line as an
         object or array nested within the limit; None sends the line to the stdlib path."""
         stripped = line.strip(b" \t\r\n")
-        if not stripped or stripped[:1] not in (b"{", b"[") or \
-                stripped.count(b"[") + stripped.count(b"{") > MAX_NESTING:
+        if stripped[:1] not in (b"{", b"["):
             return None
         try:
             value = _VALUES.decode(stripped)
         except (msgspec.DecodeError, RecursionError):
             return None
+        if _deeper(value, MAX_NESTING):
+            return None  # the stdlib path raises the nesting error
         return len(line) - len(line.lstrip(b" \t\r\n")), len(stripped), value
 
     def _slow_line(self, buf: _Buffer, line: str, pos: int, lineno: int,

@@ -124,10 +124,8 @@ class TraceIndex:
     def to_bytes(self) -> bytes:
         out = io.BytesIO()
         w = _Writer(out)
-        for name, _code in _GROUPS["records"]:
-            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
-        for name, _code in _GROUPS["steps"]:
-            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
+        for name in _COLUMNS:
+            w.bufs[name].extend(getattr(self, name))
         w.finish(self.meta())
         return out.getvalue()
 
@@ -185,25 +183,26 @@ class _Writer:
         self.out = out
         self.pos = 0
         self.blocks: list[tuple[str, int, int]] = []
+        # the columns, emptied in place when written (the pass calls these once or more per record)
         self.bufs: dict[str, array[int]] = {name: array(code) for name, code in _COLUMNS.items()}
-        self.counts = {"records": 0, "steps": 0}
+        self._records = tuple(self.bufs[name] for name, _code in _GROUPS["records"])
+        self._steps = tuple(self.bufs[name] for name, _code in _GROUPS["steps"])
 
     def record(self, start: int, end: int) -> None:
-        self.bufs["starts"].append(start)
-        self.bufs["ends"].append(end)
-        self.counts["records"] += 1
-        if len(self.bufs["starts"]) >= BLOCK_ENTRIES:
+        starts, ends = self._records
+        starts.append(start)
+        ends.append(end)
+        if len(starts) >= BLOCK_ENTRIES:
             self._flush("records")
 
     def step(self, record: int, sub: int, role: int, error: int, tool: int) -> None:
-        b = self.bufs
-        b["step_records"].append(record)
-        b["step_subs"].append(sub)
-        b["step_roles"].append(role)
-        b["step_errors"].append(error)
-        b["step_tools"].append(tool)
-        self.counts["steps"] += 1
-        if len(b["step_records"]) >= BLOCK_ENTRIES:
+        records, subs, roles, errors, tools = self._steps
+        records.append(record)
+        subs.append(sub)
+        roles.append(role)
+        errors.append(error)
+        tools.append(tool)
+        if len(records) >= BLOCK_ENTRIES:
             self._flush("steps")
 
     def _flush(self, group: str) -> None:
@@ -216,7 +215,7 @@ class _Writer:
             data = self.bufs[name].tobytes()
             self.out.write(data)
             self.pos += len(data)
-            self.bufs[name] = array(_COLUMNS[name])
+            del self.bufs[name][:]
 
     def finish(self, meta: dict[str, Any]) -> int:
         """Write what is left and the footer; returns the index's size in bytes."""
