@@ -238,7 +238,7 @@ def test_index_bytes_equal_the_stdlib_pass(shape: str, monkeypatch: pytest.Monke
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent (only a checkout beside the shared folder has it)")
 def test_shared_traces_index_alike() -> None:
-    for path in sorted(SHARED.glob("*.json*")):
+    for path in sorted(SHARED.rglob("*.json*")):  # the Who&When runs too
         data = path.read_bytes()
         assert_same(data, path.name)
         assert build_index(io.BytesIO(data), path.name, scanner=FastScanner)[1] == \
