@@ -1,6 +1,6 @@
 """Trace ingest (issue 29, point 4): candidate JSON parsers and the upload path, MB/s and peak RSS.
 
-Three tables, every figure from a fresh process (peak RSS is its `ru_maxrss`, CPU its user + system time):
+Three tables, every figure from a fresh process (peak RSS is its `VmHWM`, CPU its user + system time):
 
 1. `--hostile`: what each candidate parser returns for inputs where parsers differ (NaN, numbers beyond a
    double or 64 bits, lone surrogates, invalid UTF-8, BOM, duplicate keys, ...), beside `json.loads`.
@@ -82,8 +82,12 @@ def _installed(name: str) -> bool:
 
 # -- children ----------------------------------------------------------------------------------------
 def _usage() -> dict[str, float]:
+    """CPU seconds so far and peak RSS: `VmHWM`, this process's own high-water mark (`ru_maxrss` keeps the
+    parent's resident size at the fork that started it, through the exec)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return {"cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024}
+    status = Path("/proc/self/status").read_text()
+    hwm = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    return {"cpu": ru.ru_utime + ru.ru_stime, "rss_mb": hwm / 1024}
 
 
 def _child_parse(parser: str, plan: str, whole: bool) -> dict[str, Any]:
