@@ -143,8 +143,10 @@ def _child_upload(paths: list[str]) -> dict[str, Any]:
     for p in paths:
         fmts.add(upload_trace(p, settings).format)
     after = _usage()
+    import reflector
+
     return {"wall": time.perf_counter() - t, "cpu": after["cpu"] - before["cpu"], "rss_mb": after["rss_mb"],
-            "format": ",".join(sorted(fmts))}
+            "format": ",".join(sorted(fmts)), "code": str(Path(reflector.__file__).resolve().parents[1])}
 
 
 def _child_hostile() -> dict[str, Any]:
@@ -163,8 +165,11 @@ def _child_hostile() -> dict[str, Any]:
     return out
 
 
-def _spawn(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-m", "bench.ingest", "--child", *args], cwd=REPO, env=env,
+def _spawn(args: list[str], env: dict[str, str] | None = None, tree: Path = REPO) -> dict[str, Any]:
+    """Run this file as a script in `tree` (`python -m` would put the working directory first on the path,
+    before PYTHONPATH: a baseline tree's child would import this tree's code)."""
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(tree)}
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], cwd=tree, env=env,
                          capture_output=True, text=True, check=False)
     if res.returncode:
         raise RuntimeError(f"child {args} failed: {res.stderr[-2000:]}")
@@ -234,14 +239,17 @@ def upload_table(targets: list[Path], trees: dict[str, Path], reps: int, lazy_al
         for _ in range(reps):
             for name, tree in trees.items():  # interleaved
                 home = tempfile.mkdtemp(prefix="rr-ingest-")
-                env = {**os.environ, "RR_HOME": home, "PYTHONPATH": str(tree)}
+                env = {**os.environ, "RR_HOME": home}
                 env.pop("RR_BLOB_URL", None)
                 if lazy_all:
                     env["RR_LAZY_TRACE_BYTES"] = "1"
                 try:
-                    got[name].append(_spawn(["upload", *map(str, files)], env))
+                    run = _spawn(["upload", *map(str, files)], env, tree)
                 finally:
                     shutil.rmtree(home, ignore_errors=True)
+                if Path(run["code"]) != tree.resolve():
+                    raise RuntimeError(f"the {name} child ran the code in {run['code']}, not {tree}")
+                got[name].append(run)
         for name, runs in got.items():
             wall = statistics.median(r["wall"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in runs)
