@@ -41,16 +41,8 @@ from reflector.traces.scan import ScanHeader, Scanner
 from reflector.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
 
 __all__ = [
-    "TraceIndex",
-    "build_index",
-    "write_index",
-    "index_path",
-    "INDEX_VERSION",
-    "INDEX_SUFFIX",
-    "SAMPLE_RECORDS",
-    "step_of_record",
-    "run_of_record",
-    "lazy_shape",
+    "TraceIndex", "build_index", "write_index", "index_path", "INDEX_VERSION",
+    "INDEX_SUFFIX", "SAMPLE_RECORDS", "step_of_record", "run_of_record", "lazy_shape",
 ]
 
 INDEX_VERSION = 3  # 3: written as it is built (constant memory), the resolved tool name is a column
