@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 from typing import IO, cast
 
+from reflector.analysis.fastscan import FastScanner
 from reflector.analysis.traces import TraceFormat, check_trace_file, detect_format, read_trace_file
 from reflector.analysis.traces.budget import explain_refusal
 from reflector.analysis.traces.index import INDEX_SUFFIX, write_index
@@ -47,7 +48,7 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
 
             def scan(fh: IO[bytes]) -> tuple[str, int | None]:
                 with open(index_tmp, "wb") as out:  # the index is written as the scan goes
-                    found = write_index(fh, str(p), out)
+                    found = write_index(fh, str(p), out, scanner=FastScanner)
                 _refuse(size, found[1], settings, found[0])
                 return found
 

@@ -34,22 +34,15 @@ from reflector.analysis.traces.adapters.ace import _ace_step, _norm_ace_run
 from reflector.analysis.traces.adapters.messages import _message_steps
 from reflector.analysis.traces.adapters.openclaw import _openclaw_step
 from reflector.analysis.traces.adapters.tau import _norm_tau_run
+from reflector.analysis.traces.columns import message_columns
 from reflector.analysis.traces.detect import TraceFormat, detect_format
 from reflector.analysis.traces.read import TraceError
 from reflector.analysis.traces.scan import ScanHeader, Scanner
 from reflector.analysis.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
 
 __all__ = [
-    "TraceIndex",
-    "build_index",
-    "write_index",
-    "index_path",
-    "INDEX_VERSION",
-    "INDEX_SUFFIX",
-    "SAMPLE_RECORDS",
-    "step_of_record",
-    "run_of_record",
-    "lazy_shape",
+    "TraceIndex", "build_index", "write_index", "index_path", "INDEX_VERSION",
+    "INDEX_SUFFIX", "SAMPLE_RECORDS", "step_of_record", "run_of_record", "lazy_shape",
 ]
 
 INDEX_VERSION = 3  # 3: written as it is built (constant memory), the resolved tool name is a column
@@ -123,10 +116,8 @@ class TraceIndex:
     def to_bytes(self) -> bytes:
         out = io.BytesIO()
         w = _Writer(out)
-        for name, _code in _GROUPS["records"]:
-            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
-        for name, _code in _GROUPS["steps"]:
-            w.bufs[name] = array(_COLUMNS[name], getattr(self, name))
+        for name in _COLUMNS:
+            w.bufs[name].extend(getattr(self, name))
         w.finish(self.meta())
         return out.getvalue()
 
@@ -184,25 +175,26 @@ class _Writer:
         self.out = out
         self.pos = 0
         self.blocks: list[tuple[str, int, int]] = []
+        # the columns, emptied in place when written (the pass calls these once or more per record)
         self.bufs: dict[str, array[int]] = {name: array(code) for name, code in _COLUMNS.items()}
-        self.counts = {"records": 0, "steps": 0}
+        self._records = tuple(self.bufs[name] for name, _code in _GROUPS["records"])
+        self._steps = tuple(self.bufs[name] for name, _code in _GROUPS["steps"])
 
     def record(self, start: int, end: int) -> None:
-        self.bufs["starts"].append(start)
-        self.bufs["ends"].append(end)
-        self.counts["records"] += 1
-        if len(self.bufs["starts"]) >= BLOCK_ENTRIES:
+        starts, ends = self._records
+        starts.append(start)
+        ends.append(end)
+        if len(starts) >= BLOCK_ENTRIES:
             self._flush("records")
 
     def step(self, record: int, sub: int, role: int, error: int, tool: int) -> None:
-        b = self.bufs
-        b["step_records"].append(record)
-        b["step_subs"].append(sub)
-        b["step_roles"].append(role)
-        b["step_errors"].append(error)
-        b["step_tools"].append(tool)
-        self.counts["steps"] += 1
-        if len(b["step_records"]) >= BLOCK_ENTRIES:
+        records, subs, roles, errors, tools = self._steps
+        records.append(record)
+        subs.append(sub)
+        roles.append(role)
+        errors.append(error)
+        tools.append(tool)
+        if len(records) >= BLOCK_ENTRIES:
             self._flush("steps")
 
     def _flush(self, group: str) -> None:
@@ -215,7 +207,7 @@ class _Writer:
             data = self.bufs[name].tobytes()
             self.out.write(data)
             self.pos += len(data)
-            self.bufs[name] = array(_COLUMNS[name])
+            del self.bufs[name][:]
 
     def finish(self, meta: dict[str, Any]) -> int:
         """Write what is left and the footer; returns the index's size in bytes."""
@@ -288,11 +280,12 @@ class _RunStats:
         self.n = 0
 
     def add(self, step: dict[str, Any]) -> None:
+        self.add_text(step["role"], step["content"])
+
+    def add_text(self, role: str, content: str) -> None:
         self.n += 1
-        role = step["role"]
         self.roles[role] += 1
         if role in ("user", "assistant"):
-            content = step["content"]
             text = (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
             if text:
                 if role == "user" and self.first_user is None:
@@ -326,33 +319,35 @@ class _OpenclawStats:
 
 
 def build_index(
-    fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None
+    fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None, scanner: type[Scanner] = Scanner
 ) -> tuple[str, TraceIndex | None]:
     """(format, index) of the trace in `fh` (binary, at offset 0), built in memory; the index is None
     when the shape is read whole (see the module doc). `write_index` streams it instead."""
     out = io.BytesIO()
-    fmt, size = write_index(fh, name, out, on_record=on_record)
+    fmt, size = write_index(fh, name, out, on_record=on_record, scanner=scanner)
     return fmt, (TraceIndex.from_bytes(out.getvalue()) if size is not None else None)
 
 
 def write_index(
-    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None
+    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None,
+    scanner: type[Scanner] = Scanner,
 ) -> tuple[str, int | None]:
     """Scan the trace in `fh` (binary, at offset 0) and write its index to `out` as it goes; returns
     (format, the index's size in bytes), the size None (nothing written) when the shape is read whole.
 
     Raises `TraceError` on a trace that is not valid JSON / JSONL (the same one-line messages as
     `reflector.analysis.traces.read`). `on_record(n)` is called every 10,000 records (progress). Memory: the
-    scan's buffer, one record, one block of column entries and the small tables.
+    scan's buffer, one record, one block of column entries and the small tables. `scanner`: the
+    scanner class (`reflector.analysis.fastscan.FastScanner` where msgspec is installed: the same records, faster).
     """
-    scanner = Scanner(fh, name)
-    records = scanner.records()
+    scan = scanner(fh, name)
+    records = scan.records()
     sample: list[tuple[int, int, Any]] = []
     for item in records:
         sample.append(item)
         if len(sample) >= SAMPLE_RECORDS:
             break
-    h = scanner.header
+    h = scan.header
     values = [v for _s, _e, v in sample]
     fmt = _detect(h, values)
     shape = lazy_shape(h.container, h.key, fmt, values)
@@ -371,6 +366,8 @@ def write_index(
     tools: dict[str, int] = {}
     calls: Counter[str] = Counter()
     n_records = 0
+    # message records resolve tool names across records; an ACE step is one message on its own
+    plain = {"message": True, "ace-step": False}.get(record_kind)
 
     def each(items: Iterator[tuple[int, int, Any]]) -> None:
         nonlocal n_records
@@ -387,6 +384,14 @@ def write_index(
                 continue
             if oc is not None:
                 oc.add(value)
+            cols = None if plain is None else message_columns(value, call_names if plain else {})
+            if cols is not None:  # a plain chat message: its columns without its step (same values)
+                role, content, err, tool, names = cols
+                w.step(rec, 0, _code(roles, role), 1 if err else 0, _code(tools, str(tool)) if tool else -1)
+                for call in names:
+                    calls[call] += 1
+                stats.add_text(role, content)
+                continue
             steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
             for sub, step in enumerate(steps):
                 tool = step.get("tool_name")
