@@ -10,6 +10,8 @@ its client and the runtime, and 2-5 core threads stayed until the process exited
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from reflector import api
@@ -22,8 +24,17 @@ def test_the_installed_bridge_can_be_entered_to_apply_queued_drops() -> None:
 
 def test_every_look_for_left_core_threads_first_applies_the_queued_drops(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(api, "_apply_deferred_core_drops", lambda: calls.append("pyo3") or True)
-    monkeypatch.setattr(api.gc, "collect", lambda *a: calls.append("gc") or 0)
+
+    def enter_pyo3() -> bool:
+        calls.append("pyo3")
+        return True
+
+    def collect(*_args: object) -> int:
+        calls.append("gc")
+        return 0
+
+    monkeypatch.setattr(api, "_apply_deferred_core_drops", enter_pyo3)
+    monkeypatch.setattr(gc, "collect", collect)
     before = api._threads()
     assert before is not None  # Linux: /proc
     api._wait_core_threads_gone(before)  # nothing started since `before`: one look, and it returns
