@@ -32,7 +32,7 @@ _core_previous: Any = None  # temporalio.runtime.Runtime: the default before the
 _core_threads_before: set[str] | None = None
 
 
-_THREADS_GONE_WAIT_S = 2.0
+_THREADS_GONE_WAIT_S = 5.0  # a wait only where threads are left; their exit can lag on a loaded machine
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def _call_core_runtime() -> Iterator[None]:
                 Runtime.set_default(_core_previous, error_if_already_set=False)
                 before, _core_previous, _core_threads_before = _core_threads_before, None, None
         gc.collect()  # clients and workers in reference cycles would keep the runtime alive
-        if last and before is not None:
+        if last and before is not None:  # (and so would the core's deferred drops: see _wait_core_threads_gone)
             _wait_core_threads_gone(before)
 
 
@@ -77,9 +77,20 @@ def _threads() -> set[str] | None:
 
 def _wait_core_threads_gone(before: set[str]) -> None:
     """Wait until the core runtime threads started since `before` have ended: dropping the runtime stops
-    them, and the last ones exit a few milliseconds after the drop returns."""
+    them, and the last ones exit a few milliseconds after the drop returns.
+
+    The runtime is dropped only once nothing holds it, and the core's own threads can hold it through Python:
+    a core task that ends drops its Python objects (the asyncio future of a poll, the context it ran in)
+    without the GIL, and PyO3 then only *queues* those reference drops, applied the next time any thread
+    enters PyO3 (`_apply_deferred_core_drops`). The last poll's future ends with the worker's shutdown
+    error, whose traceback reaches the worker, its client and so the runtime: when that queued drop came
+    after the call's last entry into the core (a loaded machine, about one call in 40), nothing applied it
+    and the runtime with its threads stayed until the process exited, `gc.collect()` or not. So every
+    look is preceded by an entry into PyO3 and a collection."""
     deadline = time.monotonic() + _THREADS_GONE_WAIT_S
     while True:
+        _apply_deferred_core_drops()
+        gc.collect()
         left = []
         for tid in (_threads() or set()) - before:
             try:
@@ -95,3 +106,17 @@ def _wait_core_threads_gone(before: set[str]) -> None:
                       len(left), _THREADS_GONE_WAIT_S)
             return
         time.sleep(0.01)
+
+
+def _apply_deferred_core_drops() -> bool:
+    """Enter PyO3 once (build and drop an empty bridge object): PyO3 applies the reference drops that the
+    core's threads queued while they did not hold the GIL (see `_wait_core_threads_gone`). False where the
+    bridge has no such object (another temporalio: then only the collection helps)."""
+    try:
+        from temporalio.bridge.temporal_sdk_bridge import CustomSlotSupplier
+
+        CustomSlotSupplier(None)
+    except Exception:
+        log.debug("could not enter Temporal's core bridge to apply its deferred reference drops", exc_info=True)
+        return False
+    return True

@@ -112,11 +112,19 @@ class AdmissionControl(CustomSlotSupplier):
         self._observed = 0.0  # worst start delay reported (`observe`) during this interval
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._reserving = 0  # reserve_slot calls in progress (the ticker runs while any is, or a slot is held)
 
     # ------------------------------------------------------------------------------ the SDK's API
 
     async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
         self._ensure_started()
+        self._reserving += 1
+        try:
+            return await self._reserve(ctx)
+        finally:
+            self._reserving -= 1
+
+    async def _reserve(self, ctx: SlotReserveContext) -> SlotPermit:
         assert self._changed is not None
         async with self._changed:
             if ctx.is_sticky:
@@ -246,6 +254,13 @@ class AdmissionControl(CustomSlotSupplier):
                 await asyncio.sleep(self.tick_s)
                 worst = max(worst, loop.time() - t - self.tick_s)
             self.adjust(worst)
+            if not self._outstanding and not self._reserving:
+                # Nothing held, nothing asked for: the worker has stopped (a running one always holds its
+                # pollers' slots). A ticker left running woke every tick_s for as long as the caller's event
+                # loop ran (two per `areflect` call) and, where that loop was closed without cancelling its
+                # tasks, was destroyed pending ("Task was destroyed but it is pending ... rr-admission").
+                # The next reserve_slot starts it again.
+                return
 
 
 class StartDelay(Interceptor):

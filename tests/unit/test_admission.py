@@ -155,3 +155,20 @@ async def test_sticky_polls_pass_a_cut_limit_up_to_the_maximum() -> None:
     assert a.adjust(0.5) == 5  # the lag cut the limit below the 6 in use
     await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
     assert a.stats.in_use == 7  # continuing work is not held to the cut limit (only to `maximum`)
+
+
+async def test_the_ticker_stops_once_the_worker_holds_and_asks_for_nothing() -> None:
+    # a stopped worker released every slot: its ticker used to wake every tick for as long as the caller's
+    # loop ran (two per areflect call), and was destroyed pending where that loop closed without cancelling it
+    a = AdmissionControl(initial=2, minimum=1, maximum=4, tick_s=0.005, interval_s=0.02)
+    permit = await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
+    ticker = a._ticker
+    assert ticker is not None
+    await asyncio.sleep(0.1)
+    assert not ticker.done()  # a held slot: the worker runs, the controller with it
+    a.release_slot(_Release(permit))  # type: ignore[arg-type]
+    await asyncio.wait_for(asyncio.shield(ticker), 2)
+    assert ticker.done() and not ticker.cancelled()
+    await asyncio.wait_for(a.reserve_slot(_Ctx()), 1)  # type: ignore[arg-type]
+    assert a._ticker is not None and a._ticker is not ticker and not a._ticker.done()  # started again
+    a._ticker.cancel()
