@@ -57,7 +57,16 @@ from workflows.agents import MODEL_ACTIVITIES
 from workflows.batch import BatchReflectionWorkflow
 from workflows.reflection import ReflectionWorkflow
 
-__all__ = ["build_worker", "run_worker", "in_process_worker", "make_replayer", "replay", "replay_workflow", "ReplayReport", "WORKFLOWS"]
+__all__ = [
+    "build_worker",
+    "run_worker",
+    "in_process_worker",
+    "make_replayer",
+    "replay",
+    "replay_workflow",
+    "ReplayReport",
+    "WORKFLOWS",
+]
 
 if TYPE_CHECKING:
     from reflector.client.audit.capture import ReplayHooks
@@ -109,8 +118,11 @@ def activity_admission() -> AdmissionControl:
     # It is cut on loop lag and on start delay (the SDK begins polled activities one loop turn at a
     # time, so a backlog inside the worker shows there).
     return AdmissionControl(
-        initial=ACTIVITY_SLOTS_AT_START, maximum=MAX_ADAPTIVE_ACTIVITIES, growth=4,
-        low_lag_s=ACTIVITY_LAG_LOW_S, high_lag_s=ACTIVITY_LAG_HIGH_S,
+        initial=ACTIVITY_SLOTS_AT_START,
+        maximum=MAX_ADAPTIVE_ACTIVITIES,
+        growth=4,
+        low_lag_s=ACTIVITY_LAG_LOW_S,
+        high_lag_s=ACTIVITY_LAG_HIGH_S,
     )
 
 
@@ -165,10 +177,13 @@ def build_worker(
         activity_slots = FixedSizeSlotSupplier(max_concurrent_activities)
     else:
         activity_slots = activity_slots_supplier or activity_admission()
-    interceptors = [StartDelay(
-        activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
-        local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
-    ), CompactProviderFailures()]  # a retried provider error's failure fits in the history (no stack traces)
+    interceptors = [
+        StartDelay(
+            activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
+            local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
+        ),
+        CompactProviderFailures(),
+    ]  # a retried provider error's failure fits in the history (no stack traces)
     tuner = WorkerTuner.create_composite(
         workflow_supplier=workflow_slots,
         activity_supplier=activity_slots,
@@ -177,12 +192,21 @@ def build_worker(
     )
     # This worker's own blob store, sandbox sessions and response cache, bound to its activities (another
     # worker of this process may have other settings: `activities.scope`)
-    runtime = sandbox_activities.runtime_for(settings, max_live=max_live_sandboxes or None)  # None: RR_MAX_LIVE_SANDBOXES
+    runtime = sandbox_activities.runtime_for(
+        settings, max_live=max_live_sandboxes or None
+    )  # None: RR_MAX_LIVE_SANDBOXES
     responses = model_requests.cache_for(settings)
     model_requests.sweep(cache=responses)
-    interceptors.insert(0, BindWorkerScope({
-        sandbox_activities.RUNTIME: runtime, model_requests.CACHE: responses, STORE: runtime.store,
-    }))
+    interceptors.insert(
+        0,
+        BindWorkerScope(
+            {
+                sandbox_activities.RUNTIME: runtime,
+                model_requests.CACHE: responses,
+                STORE: runtime.store,
+            }
+        ),
+    )
     sticky = sticky_timeout_s if sticky_timeout_s is not None else settings.sticky_timeout_s
     kwargs: dict[str, object] = {}
     if max_cached_workflows is not None:
@@ -191,8 +215,14 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        activities=[*sandbox_activities.ACTIVITIES, *MODEL_ACTIVITIES, model_requests.forget_responses, summarise,
-                    *batch_activities.ACTIVITIES, *rerun_activities.ACTIVITIES],
+        activities=[
+            *sandbox_activities.ACTIVITIES,
+            *MODEL_ACTIVITIES,
+            model_requests.forget_responses,
+            summarise,
+            *batch_activities.ACTIVITIES,
+            *rerun_activities.ACTIVITIES,
+        ],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
         # Core otherwise sends a heartbeat only every 0.8 x heartbeat_timeout, leaving an overloaded server
         # 20% of the timeout to record it; sending at most every second keeps short timeouts safe.
@@ -219,19 +249,22 @@ async def run_worker(settings: Settings | None = None) -> None:
             from reflector.client import lease_home_server
 
             try:
-                home_server, _started = await lease_home_server(settings, stack, lambda msg: print(msg, flush=True))
+                home_server, _started = await lease_home_server(
+                    settings, stack, lambda msg: print(msg, flush=True)
+                )
             except ReflectError as exc:
                 raise SettingError(str(exc)) from None
             settings = dataclasses.replace(settings, address=home_server.address)
         elif not is_reachable(settings.address):
-            raise SettingError(f"the Temporal server at {describe_target(settings)} is not reachable "
-                               "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)")
+            raise SettingError(
+                f"the Temporal server at {describe_target(settings)} is not reachable "
+                "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)"
+            )
         await _serve(settings)
 
 
 async def _serve(settings: Settings) -> None:
     from reflector.runtime.connection import describe_target
-
 
     usable_dir(settings.blob_dir, settings.blob_dir_setting)  # journals, snapshots, payloads live there
     check_store(settings)  # RR_BLOB_URL=s3://...: the bucket is there and usable
@@ -240,10 +273,14 @@ async def _serve(settings: Settings) -> None:
     except IsolationUnavailable as exc:
         raise SettingError(str(exc)) from None
     try:
-        client = await connect(settings=settings)  # address, namespace, TLS, API key: reflector.runtime.connection
+        client = await connect(
+            settings=settings
+        )  # address, namespace, TLS, API key: reflector.runtime.connection
     except RuntimeError as exc:  # gone since the reachability check, or a TLS / credentials failure
-        raise SettingError(f"cannot connect to the Temporal server at {describe_target(settings)}: "
-                           f"{' '.join(str(exc).split())}") from None
+        raise SettingError(
+            f"cannot connect to the Temporal server at {describe_target(settings)}: "
+            f"{' '.join(str(exc).split())}"
+        ) from None
     await check_namespace(client, settings.address)
     # A long-running worker serves whatever model a client asks for: prepare every shipped provider
     # family before polling (unless the operator listed what this worker serves).
@@ -274,7 +311,9 @@ async def _serve(settings: Settings) -> None:
 def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
     """What `rr reflect` runs when no live worker takes its reflection (`reflector.client.runtime`)."""
 
-    async def start(client: Client, settings: Settings, stack: AsyncExitStack, announce: Callable[[str], None]) -> None:
+    async def start(
+        client: Client, settings: Settings, stack: AsyncExitStack, announce: Callable[[str], None]
+    ) -> None:
         usable_dir(settings.blob_dir, settings.blob_dir_setting)
         try:
             check_store(settings)
@@ -284,8 +323,10 @@ def in_process_worker(models: Sequence[str] = ()) -> InProcessWorker:
             isolation = await sandbox_activities.check_isolation(settings)
         except IsolationUnavailable as e:
             raise ReflectError(str(e)) from None
-        announce(f"running an in-process worker on task queue {settings.task_queue!r} "
-                 f"(sandbox: {isolation.summary()})")
+        announce(
+            f"running an in-process worker on task queue {settings.task_queue!r} "
+            f"(sandbox: {isolation.summary()})"
+        )
         if isolation.mode == "language-only":
             announce(f"WARNING: {sandbox_activities.LANGUAGE_ONLY_WARNING}")
         runtime = sandbox_activities.hold(settings)  # the one build_worker binds (same settings, same loop)
@@ -303,8 +344,6 @@ async def replay_workflow(client: Client, workflow_id: str, settings: Settings |
     the environment's) through a read-only driver: a replay never adds a blob.
     """
     return (await replay(client, workflow_id, settings)).events
-
-
 
 
 @dataclass
@@ -325,8 +364,12 @@ async def replay(client: Client, workflow_id: str, settings: Settings | None = N
     return ReplayReport(events=len(history.events), running=running)
 
 
-def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: WorkflowRunner | None = None,
-                  models: Sequence[str] | None = None) -> Replayer:
+def make_replayer(
+    blob_dir: Path | str,
+    *,
+    unsandboxed_workflow_runner: WorkflowRunner | None = None,
+    models: Sequence[str] | None = None,
+) -> Replayer:
     """A `Replayer` for reflections and batches that reads external payloads from `blob_dir` and never writes.
 
     `unsandboxed_workflow_runner` (the workflows run unsandboxed): e.g. `reflector.client.audit.replay.CommandRecorder`,
@@ -335,17 +378,25 @@ def make_replayer(blob_dir: Path | str, *, unsandboxed_workflow_runner: Workflow
     provider family (whose imports cost seconds)."""
 
     settings = Settings.from_env()
-    load_plugins(",".join(settings.plugins))  # the workflow resolves its model by name: plugins' models must be known
+    load_plugins(
+        ",".join(settings.plugins)
+    )  # the workflow resolves its model by name: plugins' models must be known
     # as `rr worker` does: replayed workflow code must not import either (a provider model's first
     # import in workflow code can trip the deadlock detector on a loaded machine)
     served = list(models) if models else None if settings.worker_models else list(SHIPPED_FAMILIES)
     prepare_workflow_side(served, settings=settings)
     dc = DataConverter(external_storage=replay_storage(blob_dir, settings))
-    return Replayer(workflows=list(WORKFLOWS), data_converter=dc, plugins=[PydanticAIPlugin()],
-                    unsandboxed_workflow_runner=unsandboxed_workflow_runner or UnsandboxedWorkflowRunner())
+    return Replayer(
+        workflows=list(WORKFLOWS),
+        data_converter=dc,
+        plugins=[PydanticAIPlugin()],
+        unsandboxed_workflow_runner=unsandboxed_workflow_runner or UnsandboxedWorkflowRunner(),
+    )
 
 
-def replay_factory(blob_dir: Path | str, runner: WorkflowRunner, models: Sequence[str] | None = None) -> Replayer:
+def replay_factory(
+    blob_dir: Path | str, runner: WorkflowRunner, models: Sequence[str] | None = None
+) -> Replayer:
     """`make_replayer` with `runner` for the (unsandboxed) workflows: what `reflector.client.audit.replay` replays with."""
     return make_replayer(blob_dir, unsandboxed_workflow_runner=runner, models=models)
 
@@ -360,10 +411,14 @@ def audit_replay_hooks() -> ReplayHooks:
         previous, local_model.request_capture = local_model.request_capture, callback
         return previous
 
-    return ReplayHooks(make_replayer=lambda blob_dir, models: make_replayer(blob_dir, models=models), install=install)
+    return ReplayHooks(
+        make_replayer=lambda blob_dir, models: make_replayer(blob_dir, models=models), install=install
+    )
 
 
-if __name__ == "__main__":  # `python worker.py` runs the `rr worker` program (the composition root imports no entry point)
+if (
+    __name__ == "__main__"
+):  # `python worker.py` runs the `rr worker` program (the composition root imports no entry point)
     import runpy
 
     sys.argv = ["rr", "worker"]

@@ -44,7 +44,9 @@ def _store() -> BlobStore:
 
 @activity.defn(name=READ_MANIFEST_ACTIVITY)
 async def read_manifest(inp: ReadManifestInput) -> ManifestPage:
-    return await asyncio.to_thread(read_manifest_page, _store(), inp.manifest, inp.offset, inp.first_index, inp.limit)
+    return await asyncio.to_thread(
+        read_manifest_page, _store(), inp.manifest, inp.offset, inp.first_index, inp.limit
+    )
 
 
 def _record(inp: RecordRunInput) -> str:

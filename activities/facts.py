@@ -17,7 +17,9 @@ __all__ = ["FACTS_CODE", "FACTS_MARKER"]
 FACTS_MARKER = "RR_FACTS "
 
 
-FACTS_TEXT_CHARS = 4_000  # the trace's question / feedback kept in `TraceFacts` (the prompt shows at most 1,500)
+FACTS_TEXT_CHARS = (
+    4_000  # the trace's question / feedback kept in `TraceFacts` (the prompt shows at most 1,500)
+)
 
 
 # Read what the deterministic fallback needs from the already-loaded trace (no second parse here).
@@ -63,14 +65,29 @@ def _facts(outcome: CellOutcome) -> TraceFacts:
             final = None if final is None else str(final)
             truth = None if truth is None else str(truth)
             # the trace's own question and feedback, for the task prompt (a few KB at most: its fields are cut)
-            told = {k: str(data[k])[:FACTS_TEXT_CHARS] for k in ("question", "feedback") if data.get(k) is not None}
+            told = {
+                k: str(data[k])[:FACTS_TEXT_CHARS]
+                for k in ("question", "feedback")
+                if data.get(k) is not None
+            }
             diagnosis = from_divergence(data.get("divergence"), [outcome.seq])
             if isinstance(data.get("expected_actions"), list):
                 ok, missing, unexpected = compare_actions(data.get("actions"), data["expected_actions"])
                 return TraceFacts(
-                    final_answer=final, ground_truth=truth, answer_correct=ok, actions_checked=ok is not None,
-                    missing_actions=missing[:20], unexpected_actions=unexpected[:20], diagnosis=diagnosis, **told,
+                    final_answer=final,
+                    ground_truth=truth,
+                    answer_correct=ok,
+                    actions_checked=ok is not None,
+                    missing_actions=missing[:20],
+                    unexpected_actions=unexpected[:20],
+                    diagnosis=diagnosis,
+                    **told,
                 )
-            return TraceFacts(final_answer=final, ground_truth=truth, answer_correct=answers_match(final, truth),
-                              diagnosis=diagnosis, **told)
+            return TraceFacts(
+                final_answer=final,
+                ground_truth=truth,
+                answer_correct=answers_match(final, truth),
+                diagnosis=diagnosis,
+                **told,
+            )
     return TraceFacts()

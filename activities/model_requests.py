@@ -84,7 +84,6 @@ LOCAL_RETRY_THRESHOLD = timedelta(milliseconds=500)
 """Local-activity retries that wait longer than this wait on a workflow timer (the workflow task ends)."""
 
 
-
 class _QuietHandover(logging.Filter):
     """Drops temporalio's "Completing activity as failed" warning (with its traceback) for a hand-over: a
     stopping worker (an `rr reflect` that ends beside another of its home) giving a model request of someone

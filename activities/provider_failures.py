@@ -91,8 +91,12 @@ class _Inbound(ActivityInboundInterceptor):
             return await self.next.execute_activity(input)
         except ApplicationError as e:
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s attempt %d failed", activity.info().activity_type, activity.info().attempt,
-                          exc_info=True)
+                log.debug(
+                    "%s attempt %d failed",
+                    activity.info().activity_type,
+                    activity.info().attempt,
+                    exc_info=True,
+                )
             if compact_provider_failure(e):
                 raise e from e.__cause__  # a traceback starting here: one frame
             raise

@@ -59,7 +59,8 @@ def load_prefix(sha256: str) -> RerunPrefix:
         return _prefix(sha256)
     except FileNotFoundError as e:
         raise ApplicationError(
-            f"the rerun's prefix blob {sha256[:12]} is not in the blob store ({e})", type=MISSING_ERROR,
+            f"the rerun's prefix blob {sha256[:12]} is not in the blob store ({e})",
+            type=MISSING_ERROR,
             non_retryable=True,
         ) from None
 
@@ -67,7 +68,8 @@ def load_prefix(sha256: str) -> RerunPrefix:
 def _missing(kind: str, key: object, prefix: RerunPrefix) -> ApplicationError:
     return ApplicationError(
         f"the prefix of the rerun of {prefix.origin} from step {prefix.from_step} holds no {kind} {key}",
-        type=MISSING_ERROR, non_retryable=True,
+        type=MISSING_ERROR,
+        non_retryable=True,
     )
 
 

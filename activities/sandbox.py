@@ -127,9 +127,18 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     store = open_store(settings)
     private_store_dirs(Path(settings.blob_dir))
     live = settings.max_live_sandboxes if max_live is None else max_live
-    key: tuple[object, ...] = (str(Path(settings.blob_dir).resolve()), settings.s3_url, settings.s3_addressing_style, settings.s3_region,
-           settings.s3_endpoint, live, settings.journal_fsync,
-           settings.sandbox_isolation, settings.sandbox_zygote, settings.lazy_trace_bytes)
+    key: tuple[object, ...] = (
+        str(Path(settings.blob_dir).resolve()),
+        settings.s3_url,
+        settings.s3_addressing_style,
+        settings.s3_region,
+        settings.s3_endpoint,
+        live,
+        settings.journal_fsync,
+        settings.sandbox_isolation,
+        settings.sandbox_zygote,
+        settings.lazy_trace_bytes,
+    )
     loop = _running_loop()
     for stale in [k for k, r in _runtimes.items() if r.loop is not None and r.loop.is_closed()]:
         del _runtimes[stale]  # its loop is gone (an `asyncio.run` that ended): nothing of it can be awaited
@@ -147,8 +156,9 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
             archive_fetch=store.fetch if store.remote is not None else None,
             grants_fetch=functools.partial(_fetch_grants, store) if store.remote is not None else None,
         )
-        rt = _runtimes[key] = _Runtime(store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes,
-                                       loop=loop)
+        rt = _runtimes[key] = _Runtime(
+            store=store, sessions=sessions, lazy_trace_bytes=settings.lazy_trace_bytes, loop=loop
+        )
     if settings.sandbox_isolation == "language-only" and not _warned:
         _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
@@ -269,7 +279,9 @@ def _limits(inp: LimitsInput, trace: TraceRef, trace_path: Path) -> SandboxLimit
     )
 
 
-async def _start_args(trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None) -> dict[str, Any]:
+async def _start_args(
+    trace: TraceRef, init_ref: str, limits: LimitsInput, inherit_ref: str | None
+) -> dict[str, Any]:
     rt = _rt()
     trace_path = await rt.io(rt.store.path_for_uri, trace.uri)
     extra_vars = json.loads(await rt.io(rt.store.get_bytes, init_ref))
@@ -433,8 +445,14 @@ async def prepare_session(inp: PrepareSessionInput) -> PrepareSessionResult:
         if not ctx.ok:
             context_error = ctx.output[-4_000:]
     return PrepareSessionResult(
-        init_ref=init_ref, preview=preview.output, preview_ok=preview.ok, facts=facts,
-        context_error=context_error, next_seq=next_seq, skill_ids=ids[:SKILL_IDS_SHOWN], skill_count=len(ids),
+        init_ref=init_ref,
+        preview=preview.output,
+        preview_ok=preview.ok,
+        facts=facts,
+        context_error=context_error,
+        next_seq=next_seq,
+        skill_ids=ids[:SKILL_IDS_SHOWN],
+        skill_count=len(ids),
     )
 
 
@@ -460,7 +478,9 @@ async def export_session(inp: ExportInput) -> ExportResult:
     # The host's bytes stream to a file and from it into the store: never whole in worker memory.
     with tempfile.TemporaryDirectory(prefix="rr-export-") as directory:
         path, skipped = await rt.sessions.export_to_file(
-            session_key(inp.session_id), inp.seq, Path(directory),
+            session_key(inp.session_id),
+            inp.seq,
+            Path(directory),
             **await _start_args(inp.trace, inp.init_ref, inp.limits, inp.inherit_ref),
         )
         digest, _size = await rt.io(rt.store.put_file, path)
@@ -494,4 +514,10 @@ async def close_session(inp: CloseSessionInput) -> None:
     await _rt().sessions.close_session(session_key(inp.session_id))
 
 
-ACTIVITIES: list[Callable[..., Any]] = [prepare_session, run_cell, export_session, close_session, look_up_skill]
+ACTIVITIES: list[Callable[..., Any]] = [
+    prepare_session,
+    run_cell,
+    export_session,
+    close_session,
+    look_up_skill,
+]

@@ -33,8 +33,14 @@ from reflector.testing.tau_runs import synthetic_runs
 from worker import build_worker
 
 
-async def _run_batch(client, settings: Settings, tq: str, path: Path, concurrency: int,  # type: ignore[no-untyped-def]
-                     children_per_run: int | None) -> tuple[BatchOutput, float, float, str]:
+async def _run_batch(
+    client,
+    settings: Settings,
+    tq: str,
+    path: Path,
+    concurrency: int,  # type: ignore[no-untyped-def]
+    children_per_run: int | None,
+) -> tuple[BatchOutput, float, float, str]:
     t0 = time.monotonic()
     manifest = rr.upload_batch([path], settings, split=True)
     t1 = time.monotonic()
@@ -74,14 +80,41 @@ async def main(argv: list[str] | None = None) -> None:
             n_tau = len(json.loads(args.tau.read_text()))
             rows = []
             for c in args.concurrency:
-                out, split_s, wall, batch_id = await _run_batch(client, settings, tq, args.tau, c, args.children_per_run)
+                out, split_s, wall, batch_id = await _run_batch(
+                    client, settings, tq, args.tau, c, args.children_per_run
+                )
                 (size, events), *_ = await _chain(client, batch_id)
-                rows.append([c, out.n_runs, out.reflected, out.failed, f"{split_s:.2f}", f"{wall:.1f}",
-                             f"{out.n_runs / wall:.2f}", events, f"{size / 1e6:.2f}"])
+                rows.append(
+                    [
+                        c,
+                        out.n_runs,
+                        out.reflected,
+                        out.failed,
+                        f"{split_s:.2f}",
+                        f"{wall:.1f}",
+                        f"{out.n_runs / wall:.2f}",
+                        events,
+                        f"{size / 1e6:.2f}",
+                    ]
+                )
                 print(f"concurrency {c}: {wall:.1f} s", flush=True)
             print(f"\n{args.tau.name}: {n_tau} runs, heuristic, one in-process worker")
-            print(table(["concurrency", "runs", "reflected", "failed", "split+upload s", "batch wall s", "runs/s",
-                         "parent events", "parent history MB"], rows))
+            print(
+                table(
+                    [
+                        "concurrency",
+                        "runs",
+                        "reflected",
+                        "failed",
+                        "split+upload s",
+                        "batch wall s",
+                        "runs/s",
+                        "parent events",
+                        "parent history MB",
+                    ],
+                    rows,
+                )
+            )
             top = out.synthesis.failure_modes[:3]
             print("top modes: " + "; ".join(f"{m.key} {m.runs} runs ({m.share:.0%})" for m in top))
 
@@ -89,15 +122,24 @@ async def main(argv: list[str] | None = None) -> None:
                 path = home / f"synthetic-{args.synthetic}.json"
                 path.write_text(json.dumps(synthetic_runs(args.synthetic)))
                 out, split_s, wall, batch_id = await _run_batch(
-                    client, settings, tq, path, args.synthetic_concurrency, args.children_per_run)
+                    client, settings, tq, path, args.synthetic_concurrency, args.children_per_run
+                )
                 chain = await _chain(client, batch_id)
-                print(f"\n{args.synthetic:,} synthetic runs at concurrency {args.synthetic_concurrency}: "
-                      f"split+upload {split_s:.1f} s, batch wall {wall:.0f} s, {out.n_runs / wall:.2f} runs/s, "
-                      f"{out.reflected} reflected, {out.failed} failed, {out.continued_as_new} continue-as-new")
-                print(table(["chain run", "history MB", "events"],
-                            [[i, f"{size / 1e6:.2f}", events] for i, (size, events) in enumerate(chain)]))
-                print(f"max history {max(s for s, _ in chain) / 1e6:.2f} MB, max events {max(e for _, e in chain)} "
-                      f"(Temporal's limits: 50 MB / 51,200 events; warnings at 10 MB / 10,240)")
+                print(
+                    f"\n{args.synthetic:,} synthetic runs at concurrency {args.synthetic_concurrency}: "
+                    f"split+upload {split_s:.1f} s, batch wall {wall:.0f} s, {out.n_runs / wall:.2f} runs/s, "
+                    f"{out.reflected} reflected, {out.failed} failed, {out.continued_as_new} continue-as-new"
+                )
+                print(
+                    table(
+                        ["chain run", "history MB", "events"],
+                        [[i, f"{size / 1e6:.2f}", events] for i, (size, events) in enumerate(chain)],
+                    )
+                )
+                print(
+                    f"max history {max(s for s, _ in chain) / 1e6:.2f} MB, max events {max(e for _, e in chain)} "
+                    f"(Temporal's limits: 50 MB / 51,200 events; warnings at 10 MB / 10,240)"
+                )
     finally:
         await server.astop()
 

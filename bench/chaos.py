@@ -81,8 +81,16 @@ from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer, request_key
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = (REPO / "reflector" / "examples" / "failed_math.json", REPO / "reflector" / "examples" / "tool_error.json")
-WARNING_PATTERNS = ("TMPRL1101", "Potential deadlock", "slot may remain forever used", "Task not found when completing")
+EXAMPLES = (
+    REPO / "reflector" / "examples" / "failed_math.json",
+    REPO / "reflector" / "examples" / "tool_error.json",
+)
+WARNING_PATTERNS = (
+    "TMPRL1101",
+    "Potential deadlock",
+    "slot may remain forever used",
+    "Task not found when completing",
+)
 API_KEY = "chaos-key"
 READY_MARK = "rr worker pid="
 # A request answered to a worker that is SIGKILLed this soon after is the one "in flight at the kill": the
@@ -173,20 +181,28 @@ class ChaosReport:
         out = []
         for s in (self.uncrashed, self.chaos):
             if s.completed != s.reflections:
-                out.append(f"{s.label}: {s.completed}/{s.reflections} completed (failed {sorted(s.failed)}, "
-                           f"stuck {s.stuck})")
+                out.append(
+                    f"{s.label}: {s.completed}/{s.reflections} completed (failed {sorted(s.failed)}, "
+                    f"stuck {s.stuck})"
+                )
             if s.duplicates:
                 out.append(f"{s.label}: {s.duplicates} duplicated completed model request(s)")
             if sum(s.warnings.values()):
-                out.append(f"{s.label}: task-slot/deadlock warnings in worker logs: "
-                           + ", ".join(f"{k}={v}" for k, v in s.warnings.items() if v))
+                out.append(
+                    f"{s.label}: task-slot/deadlock warnings in worker logs: "
+                    + ", ".join(f"{k}={v}" for k, v in s.warnings.items() if v)
+                )
         if self.equal != self.chaos.reflections:
-            out.append(f"{self.equal}/{self.chaos.reflections} chaos outputs equal the uncrashed ones "
-                       f"(differing: {sorted(self.differing)})")
+            out.append(
+                f"{self.equal}/{self.chaos.reflections} chaos outputs equal the uncrashed ones "
+                f"(differing: {sorted(self.differing)})"
+            )
         if self.chaos.kills != self.planned_kills:
             out.append(f"{self.chaos.kills}/{self.planned_kills} planned kills happened")
         if self.chaos.server_restarts != self.planned_restarts:
-            out.append(f"{self.chaos.server_restarts}/{self.planned_restarts} planned server restarts happened")
+            out.append(
+                f"{self.chaos.server_restarts}/{self.planned_restarts} planned server restarts happened"
+            )
         return out
 
     @property
@@ -248,8 +264,12 @@ class WorkerPool:
         env = {**os.environ, **self.env, "OPENAI_BASE_URL": f"{self.oai_root}/w{idx:02d}/v1"}
         proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         w = _Worker(idx, proc, log, out)
         self.live.append(w)
@@ -378,8 +398,9 @@ class CacheWatcher:
 # -- reflections ------------------------------------------------------------------------------------
 
 
-async def _start(client: Client, job: Job, trace_refs: dict[Path, Any], tq: str,
-                 deadline: float) -> WorkflowHandle[Any, ReflectorOutput]:
+async def _start(
+    client: Client, job: Job, trace_refs: dict[Path, Any], tq: str, deadline: float
+) -> WorkflowHandle[Any, ReflectorOutput]:
     inp = rr.build_input(trace_refs[job.trace], config=ReflectionConfig(model=job.model))
     while True:
         try:
@@ -428,12 +449,23 @@ class Chaos:
     def window_s(self) -> float:
         """About how long the events take (a restart: ~1 s to stop, the downtime, ~1 s to start)."""
         return (self.kills + self.server_restarts) * sum(self.gap_s) / 2 + self.server_restarts * (
-            2.0 + sum(self.downtime_s) / 2)
+            2.0 + sum(self.downtime_s) / 2
+        )
 
 
 async def run_setup(
-    label: str, root: Path, jobs: list[Job], *, workers: int, cells: int, latency_ms: int, timeout_s: float,
-    spread_s: float, chaos: Chaos | None, say: Callable[[str], None], worker_env: dict[str, str] | None = None,
+    label: str,
+    root: Path,
+    jobs: list[Job],
+    *,
+    workers: int,
+    cells: int,
+    latency_ms: int,
+    timeout_s: float,
+    spread_s: float,
+    chaos: Chaos | None,
+    say: Callable[[str], None],
+    worker_env: dict[str, str] | None = None,
     derived_queue: bool = False,
 ) -> RunStats:
     """One setup from scratch (server, OpenAI server, workers), the jobs on it, everything stopped after.
@@ -450,8 +482,11 @@ async def run_setup(
     tq = f"chaos-{label}-{os.getpid()}"
     placement = {} if derived_queue else {"RR_BLOB_DIR": str(home / "blobs"), "RR_TASK_QUEUE": tq}
     env = {
-        "RR_HOME": str(home), **placement,
-        "OPENAI_BASE_URL": oai.base_url, "OPENAI_API_KEY": API_KEY, "RR_STICKY_TIMEOUT_S": "1",
+        "RR_HOME": str(home),
+        **placement,
+        "OPENAI_BASE_URL": oai.base_url,
+        "OPENAI_API_KEY": API_KEY,
+        "RR_STICKY_TIMEOUT_S": "1",
         **(worker_env or {}),
     }
     pool: WorkerPool | None = None
@@ -464,9 +499,15 @@ async def run_setup(
             address = await server.astart(timeout=30)
             env["TEMPORAL_ADDRESS"] = address
             pool = WorkerPool(root, env, oai.base_url.removesuffix("/v1"), say)
-            settings = dataclasses.replace(Settings.from_env(), home=home, address=address,
-                                           task_queue_setting="" if derived_queue else tq)
-            tq = settings.task_queue  # derived: rr-<store id>, the queue the workers derive from the same store
+            settings = dataclasses.replace(
+                Settings.from_env(),
+                home=home,
+                address=address,
+                task_queue_setting="" if derived_queue else tq,
+            )
+            tq = (
+                settings.task_queue
+            )  # derived: rr-<store id>, the queue the workers derive from the same store
             client = await connect(address, settings=settings)
             trace_refs = {p: rr.upload_trace(p, settings) for p in {j.trace for j in jobs}}
             first = [pool.spawn() for _ in range(workers)]
@@ -494,8 +535,11 @@ async def run_setup(
             runs = [asyncio.create_task(one(i, j)) for i, j in enumerate(jobs)]
             tasks += runs
             if chaos is not None:
-                tasks.append(asyncio.create_task(
-                    _chaos(chaos, server, pool, stats, started, done, gates, kill_times, deadline, say)))
+                tasks.append(
+                    asyncio.create_task(
+                        _chaos(chaos, server, pool, stats, started, done, gates, kill_times, deadline, say)
+                    )
+                )
             finished, pending = await asyncio.wait(runs, timeout=max(0.0, deadline - time.monotonic()))
             for t in finished:
                 if t.exception() is not None:
@@ -549,9 +593,18 @@ def _cache_lags(oai: OpenAIServer, watcher: CacheWatcher, jobs: list[Job], stats
             stats.cache_lag_ms += [(f - t) * 1000 for t, f in zip(times, files, strict=True)]
 
 
-async def _chaos(chaos: Chaos, server: DevServer, pool: WorkerPool, stats: RunStats, started: set[str],
-                 done: set[str], gates: list[asyncio.Event], kill_times: list[tuple[float, int]],
-                 deadline: float, say: Callable[[str], None]) -> None:
+async def _chaos(
+    chaos: Chaos,
+    server: DevServer,
+    pool: WorkerPool,
+    stats: RunStats,
+    started: set[str],
+    done: set[str],
+    gates: list[asyncio.Event],
+    kill_times: list[tuple[float, int]],
+    deadline: float,
+    say: Callable[[str], None],
+) -> None:
     """The planned events. Before a kill, wait (bounded) until two workers poll: one always does, and the
     victim is never a worker still starting. Then batch j of the reflections starts, the gap passes (the
     batch runs) and event j happens. Every gate is opened at the end, whatever happened, so no reflection
@@ -576,8 +629,16 @@ async def _chaos(chaos: Chaos, server: DevServer, pool: WorkerPool, stats: RunSt
             g.set()
 
 
-def _kill_one(pool: WorkerPool, stats: RunStats, rng: random.Random, started: set[str], done: set[str],
-              kill_times: list[tuple[float, int]], planned: int, say: Callable[[str], None]) -> None:
+def _kill_one(
+    pool: WorkerPool,
+    stats: RunStats,
+    rng: random.Random,
+    started: set[str],
+    done: set[str],
+    kill_times: list[tuple[float, int]],
+    planned: int,
+    say: Callable[[str], None],
+) -> None:
     candidates = pool.polling() or pool.live
     if not candidates:
         return
@@ -589,12 +650,19 @@ def _kill_one(pool: WorkerPool, stats: RunStats, rng: random.Random, started: se
     stats.kills_in_flight += running > 0
     stats.running_at_kills += running
     pool.spawn()  # the replacement starts at once
-    say(f"[{stats.label}] SIGKILL worker w{victim.idx:02d} pid {victim.proc.pid} ({stats.kills}/{planned}), "
-        f"{running} reflection(s) running")
+    say(
+        f"[{stats.label}] SIGKILL worker w{victim.idx:02d} pid {victim.proc.pid} ({stats.kills}/{planned}), "
+        f"{running} reflection(s) running"
+    )
 
 
-async def _restart(server: DevServer, stats: RunStats, rng: random.Random, downtime_s: tuple[float, float],
-                   say: Callable[[str], None]) -> None:
+async def _restart(
+    server: DevServer,
+    stats: RunStats,
+    rng: random.Random,
+    downtime_s: tuple[float, float],
+    say: Callable[[str], None],
+) -> None:
     say(f"[{stats.label}] stopping the Temporal server (pid {server.pid})")
     t_down = time.time()
     await server.astop()
@@ -631,18 +699,32 @@ def _count_requests(oai: OpenAIServer, stats: RunStats, kill_times: list[tuple[f
         shown = ", ".join(f"w{tag(p):02d} at +{t - t0:.3f} s" for t, p in answers)
         stats.duplicate_details.append(
             f"{body.get('model', '?')} request {key[:10]} ({n_msgs} messages) answered {n}x: {shown}; "
-            + (f"w{first_worker:02d} was SIGKILLed {min(killed) * 1000:.0f} ms after the first answer"
-               if killed else f"w{first_worker:02d} was not killed after the first answer"))
+            + (
+                f"w{first_worker:02d} was SIGKILLed {min(killed) * 1000:.0f} ms after the first answer"
+                if killed
+                else f"w{first_worker:02d} was not killed after the first answer"
+            )
+        )
 
 
 # -- the whole run ----------------------------------------------------------------------------------
 
 
 async def run_chaos(
-    reflections: int = 24, kills: int = 8, server_restarts: int = 1, seed: int = 0, workers: int = 2,
-    cells: int = 16, latency_ms: int = 300, gap_s: tuple[float, float] = (2.0, 5.0), timeout_s: float = 300.0,
-    workdir: Path | None = None, say: Callable[[str], None] | None = None, burst: bool = False,
-    worker_env: dict[str, str] | None = None, two_homes_at_once: bool = False,
+    reflections: int = 24,
+    kills: int = 8,
+    server_restarts: int = 1,
+    seed: int = 0,
+    workers: int = 2,
+    cells: int = 16,
+    latency_ms: int = 300,
+    gap_s: tuple[float, float] = (2.0, 5.0),
+    timeout_s: float = 300.0,
+    workdir: Path | None = None,
+    say: Callable[[str], None] | None = None,
+    burst: bool = False,
+    worker_env: dict[str, str] | None = None,
+    two_homes_at_once: bool = False,
 ) -> ChaosReport:
     """The uncrashed setup, then the chaos setup, then the comparison (see the module docstring).
 
@@ -657,12 +739,22 @@ async def run_chaos(
     plan = Chaos(kills, server_restarts, seed, gap_s)
     # reflections start one after the other over the chaos window, so the events find some running
     spread = plan.window_s / max(1, reflections)
-    say(f"chaos: {reflections} reflections, {kills} kills, {server_restarts} server restart(s), seed {seed}; "
-        f"logs in {root}")
-    common: dict[str, Any] = dict(workers=workers, cells=cells, latency_ms=latency_ms, timeout_s=timeout_s, say=say,
-                                  worker_env=worker_env, derived_queue=two_homes_at_once)
-    uncrashed = run_setup("uncrashed", root / "uncrashed", jobs, spread_s=0.0 if burst else spread, chaos=None,
-                          **common)
+    say(
+        f"chaos: {reflections} reflections, {kills} kills, {server_restarts} server restart(s), seed {seed}; "
+        f"logs in {root}"
+    )
+    common: dict[str, Any] = dict(
+        workers=workers,
+        cells=cells,
+        latency_ms=latency_ms,
+        timeout_s=timeout_s,
+        say=say,
+        worker_env=worker_env,
+        derived_queue=two_homes_at_once,
+    )
+    uncrashed = run_setup(
+        "uncrashed", root / "uncrashed", jobs, spread_s=0.0 if burst else spread, chaos=None, **common
+    )
     chaotic = run_setup("chaos", root / "chaos", jobs, spread_s=spread, chaos=plan, **common)
     if two_homes_at_once:
         base, wild = await asyncio.gather(uncrashed, chaotic)
@@ -706,11 +798,19 @@ def render(report: ChaosReport) -> str:
         ["model requests answered (OpenAI server)", c.requests_answered, u.requests_answered, ""],
         ["requests abandoned by a killed worker", c.requests_abandoned, u.requests_abandoned, ""],
         ["duplicated completed model requests", c.duplicates, u.duplicates, "= 0"],
-        [f"  of them answered to a worker SIGKILLed < {KILL_WINDOW_S * 1000:.0f} ms later", c.duplicates_at_kill,
-         "", ""],
+        [
+            f"  of them answered to a worker SIGKILLed < {KILL_WINDOW_S * 1000:.0f} ms later",
+            c.duplicates_at_kill,
+            "",
+            "",
+        ],
         *[[f"worker-log lines '{p}'", c.warnings[p], u.warnings[p], "= 0"] for p in WARNING_PATTERNS],
-        [f"  of them during or < {RESTART_ATTRIBUTION_S:.0f} s after a server restart", c.warnings_after_restart,
-         "", ""],
+        [
+            f"  of them during or < {RESTART_ATTRIBUTION_S:.0f} s after a server restart",
+            c.warnings_after_restart,
+            "",
+            "",
+        ],
         ["answer -> response cached ms, median", _q(c.cache_lag_ms, 0.5), _q(u.cache_lag_ms, 0.5), ""],
         ["answer -> response cached ms, p90", _q(c.cache_lag_ms, 0.9), _q(u.cache_lag_ms, 0.9), ""],
         ["answer -> response cached ms, max", _q(c.cache_lag_ms, 1.0), _q(u.cache_lag_ms, 1.0), ""],
@@ -721,7 +821,10 @@ def render(report: ChaosReport) -> str:
         lines += [f"{s.label}: duplicate: {d}" for d in s.duplicate_details]
         lines += [f"{s.label}: warning: {w}" for w in s.warning_lines]
         lines += [f"{s.label}: worker exit: {e}" for e in s.unexpected_exits]
-        lines += [f"{s.label}: server restart {i + 1}: down {b - a:.2f} s" for i, (a, b) in enumerate(s.restart_windows)]
+        lines += [
+            f"{s.label}: server restart {i + 1}: down {b - a:.2f} s"
+            for i, (a, b) in enumerate(s.restart_windows)
+        ]
         lines += [f"{s.label}: failed {wid}: {why}" for wid, why in s.failed.items()]
     for wid, diffs in report.differing.items():
         lines += [f"differs {wid}: {d}" for d in diffs]
@@ -736,8 +839,13 @@ def _quiet_client_logs() -> None:
     from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
     with contextlib.suppress(RuntimeError):
-        Runtime.set_default(Runtime(telemetry=TelemetryConfig(
-            logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR")))))
+        Runtime.set_default(
+            Runtime(
+                telemetry=TelemetryConfig(
+                    logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+                )
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -749,28 +857,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cells", type=int, default=16, help="execute_code calls per scripted reflection")
     ap.add_argument("--latency-ms", type=int, default=300, help="the OpenAI server's reply latency")
-    ap.add_argument("--gap", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN_S", "MAX_S"),
-                    help="seconds between two chaos events (uniform)")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        nargs=2,
+        default=(2.0, 5.0),
+        metavar=("MIN_S", "MAX_S"),
+        help="seconds between two chaos events (uniform)",
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="per setup, for everything")
-    ap.add_argument("--two-homes-at-once", action="store_true",
-                    help="run both setups at the same time, each on its own home, queues derived from the stores")
-    ap.add_argument("--burst", action="store_true", help="start the uncrashed setup's reflections all at "
-                    "once (default: on the chaos run's schedule)")
-    ap.add_argument("--worker-models", default=None, metavar="SPEC",
-                    help="RR_WORKER_MODELS for the workers (the model families they prepare before polling)")
-    ap.add_argument("--keep", type=Path, default=None, help="work directory to keep (default: a temp dir, "
-                    "removed when every invariant holds)")
+    ap.add_argument(
+        "--two-homes-at-once",
+        action="store_true",
+        help="run both setups at the same time, each on its own home, queues derived from the stores",
+    )
+    ap.add_argument(
+        "--burst",
+        action="store_true",
+        help="start the uncrashed setup's reflections all at once (default: on the chaos run's schedule)",
+    )
+    ap.add_argument(
+        "--worker-models",
+        default=None,
+        metavar="SPEC",
+        help="RR_WORKER_MODELS for the workers (the model families they prepare before polling)",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="work directory to keep (default: a temp dir, removed when every invariant holds)",
+    )
     a = ap.parse_args(argv)
     _quiet_client_logs()
     root = a.keep or Path(tempfile.mkdtemp(prefix="rr-chaos-"))
-    report = asyncio.run(run_chaos(a.reflections, a.kills, a.server_restarts, a.seed, a.workers, a.cells,
-                                   a.latency_ms, (a.gap[0], a.gap[1]), a.timeout, root, burst=a.burst,
-                                   worker_env={"RR_WORKER_MODELS": a.worker_models} if a.worker_models else None,
-                                   two_homes_at_once=a.two_homes_at_once))
-    print(f"{a.reflections} reflections (half heuristic, half openai-chat with {a.cells} cells at "
-          f"{a.latency_ms} ms), {a.workers} workers, {a.kills} kills, {a.server_restarts} server restart(s), "
-          f"seed {a.seed}, uncrashed setup {'started at once' if a.burst else 'started one after the other'}"
-          + (f", RR_WORKER_MODELS={a.worker_models}" if a.worker_models else ""))
+    report = asyncio.run(
+        run_chaos(
+            a.reflections,
+            a.kills,
+            a.server_restarts,
+            a.seed,
+            a.workers,
+            a.cells,
+            a.latency_ms,
+            (a.gap[0], a.gap[1]),
+            a.timeout,
+            root,
+            burst=a.burst,
+            worker_env={"RR_WORKER_MODELS": a.worker_models} if a.worker_models else None,
+            two_homes_at_once=a.two_homes_at_once,
+        )
+    )
+    print(
+        f"{a.reflections} reflections (half heuristic, half openai-chat with {a.cells} cells at "
+        f"{a.latency_ms} ms), {a.workers} workers, {a.kills} kills, {a.server_restarts} server restart(s), "
+        f"seed {a.seed}, uncrashed setup {'started at once' if a.burst else 'started one after the other'}"
+        + (f", RR_WORKER_MODELS={a.worker_models}" if a.worker_models else "")
+    )
     print(render(report))
     if report.ok and a.keep is None:
         shutil.rmtree(root, ignore_errors=True)

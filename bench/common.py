@@ -98,4 +98,6 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     def line(r: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
 
-    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])
+    return "\n".join(
+        [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])]
+    )

@@ -46,7 +46,7 @@ _WORDS = (
 _TOOLS = ("sql_query", "read_file", "search_docs", "run_python", "http_get", "list_dir")
 _ERRORS = (
     "Error: timeout after 30s while waiting for the tool",
-    "Error: relation \"refunds_march\" does not exist",
+    'Error: relation "refunds_march" does not exist',
     "Error: FileNotFoundError: exports/march_v2.csv",
     "Error: HTTP 503 Service Unavailable from payments API",
     "Error: Traceback (most recent call last): KeyError: 'refund_id'",
@@ -76,8 +76,10 @@ class _Text:
     def arguments(self, tool: str) -> str:
         r = self.rng
         if tool == "sql_query":
-            args: dict[str, Any] = {"sql": f"SELECT order_id, amount FROM refunds WHERE month = 3 AND n > {r.randint(1, 3)} "
-                                           f"LIMIT {r.choice((50, 100, 500))}"}
+            args: dict[str, Any] = {
+                "sql": f"SELECT order_id, amount FROM refunds WHERE month = 3 AND n > {r.randint(1, 3)} "
+                f"LIMIT {r.choice((50, 100, 500))}"
+            }
         elif tool in ("read_file", "list_dir"):
             args = {"path": f"exports/{r.choice(('march', 'refunds', 'orders'))}_{r.randint(1, 40)}.csv"}
         elif tool == "http_get":
@@ -92,10 +94,15 @@ class _Text:
             return f"{r.choice(_ERRORS)} ({tool}, attempt {r.randint(1, 3)})"
         if r.randrange(_LONG_EVERY) == 0:
             n = r.randint(8 * 1024, 64 * 1024) // 48
-            return "\n".join(f"{r.randint(100000, 999999)},{r.randint(1, 99999) / 100:.2f},EUR,{r.choice(('settled', 'pending', 'refunded'))}"
-                             for _ in range(n))
+            return "\n".join(
+                f"{r.randint(100000, 999999)},{r.randint(1, 99999) / 100:.2f},EUR,{r.choice(('settled', 'pending', 'refunded'))}"
+                for _ in range(n)
+            )
         if tool == "sql_query":
-            rows = [f"({r.randint(100000, 999999)}, {r.randint(1, 99999) / 100:.2f})" for _ in range(r.randint(2, 8))]
+            rows = [
+                f"({r.randint(100000, 999999)}, {r.randint(1, 99999) / 100:.2f})"
+                for _ in range(r.randint(2, 8))
+            ]
             return f"{len(rows)} rows: " + ", ".join(rows)
         return self.words(15, 70)
 
@@ -103,8 +110,11 @@ class _Text:
 def _ace_steps(t: _Text) -> Iterator[dict[str, Any]]:
     while True:
         tool = t.rng.choice(_TOOLS)
-        yield {"role": "assistant", "content": t.words(25, 80),
-               "tool_calls": [{"name": tool, "arguments": t.arguments(tool)}]}
+        yield {
+            "role": "assistant",
+            "content": t.words(25, 80),
+            "tool_calls": [{"name": tool, "arguments": t.arguments(tool)}],
+        }
         yield {"role": "tool", "tool_name": tool, "content": t.result(tool)}
 
 
@@ -116,9 +126,14 @@ def _openai_messages(t: _Text) -> Iterator[dict[str, Any]]:
         for _ in range(k):
             calls.append((f"call_{n:08d}", t.rng.choice(_TOOLS)))
             n += 1
-        yield {"role": "assistant", "content": t.words(25, 80),
-               "tool_calls": [{"id": cid, "type": "function", "function": {"name": tool, "arguments": t.arguments(tool)}}
-                              for cid, tool in calls]}
+        yield {
+            "role": "assistant",
+            "content": t.words(25, 80),
+            "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": tool, "arguments": t.arguments(tool)}}
+                for cid, tool in calls
+            ],
+        }
         for cid, tool in calls:
             yield {"role": "tool", "tool_call_id": cid, "content": t.result(tool)}
 
@@ -151,8 +166,10 @@ def generate(out: Path, size: int, shape: str, seed: int = 0) -> int:
                 sep = ", "
             put(tail)
         else:
-            system = {"role": "system", "content": "You are a data analyst agent. Use the tools to answer; "
-                                                   "report numbers exactly."}
+            system = {
+                "role": "system",
+                "content": "You are a data analyst agent. Use the tools to answer; report numbers exactly.",
+            }
             put(json.dumps(system) + "\n" + json.dumps({"role": "user", "content": QUESTION}) + "\n")
             last = json.dumps({"role": "assistant", "content": f"The answer: {FINAL_ANSWER}."}) + "\n"
             first = True
@@ -170,7 +187,9 @@ def generate(out: Path, size: int, shape: str, seed: int = 0) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gen_traces", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--size", required=True, help="about this many bytes: 1MB, 100MB, 1GB (10^n), 16MiB (2^n)")
+    ap.add_argument(
+        "--size", required=True, help="about this many bytes: 1MB, 100MB, 1GB (10^n), 16MiB (2^n)"
+    )
     ap.add_argument("--shape", required=True, choices=SHAPES)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -181,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     n = generate(args.out, size, args.shape, args.seed)
     dt = time.perf_counter() - t0
-    print(f"{args.out}: {n:,} bytes ({args.shape}, seed {args.seed}) in {dt:.1f} s ({n / 1e6 / max(dt, 1e-9):.0f} MB/s)",
-          file=sys.stderr)
+    print(
+        f"{args.out}: {n:,} bytes ({args.shape}, seed {args.seed}) in {dt:.1f} s ({n / 1e6 / max(dt, 1e-9):.0f} MB/s)",
+        file=sys.stderr,
+    )
     return 0
 
 

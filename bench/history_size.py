@@ -44,12 +44,20 @@ async def main() -> None:
             client = await connect(address, settings=settings)
             tq = f"hist-{uuid.uuid4().hex[:6]}"
             async with build_worker(client, tq):
-                for label, window in (("no compaction", 128_000), ("micro (12k window)", 12_000),
-                                      ("micro+summaries (3k window)", 3_000)):
+                for label, window in (
+                    ("no compaction", 128_000),
+                    ("micro (12k window)", 12_000),
+                    ("micro+summaries (3k window)", 3_000),
+                ):
                     payload_dir = Path(settings.blob_dir) / "sha256"
                     blobs_before = _dir_bytes(payload_dir)
-                    cfg = ReflectionConfig(model="bench-long-59", max_requests=80, max_tokens=5_000_000,
-                                           context_window=window, max_compactions=30)
+                    cfg = ReflectionConfig(
+                        model="bench-long-59",
+                        max_requests=80,
+                        max_tokens=5_000_000,
+                        context_window=window,
+                        max_compactions=30,
+                    )
                     inp = rr.build_input(trace, config=cfg)
                     handle = await rr.start_reflection(client, inp, tq, f"hist-{uuid.uuid4().hex[:8]}")
                     out = await handle.result()
@@ -60,14 +68,38 @@ async def main() -> None:
                         events += d.raw_description.workflow_execution_info.history_length
                         runs += 1
                     rt = out.raw["rr_trace"]
-                    rows.append([
-                        "external (16 KiB)" if threshold != "0" else "inline", label,
-                        out.raw["usage"]["requests"], out.raw["usage"]["total_tokens"], rt["compactions"], rt["microcompactions"], runs, events,
-                        f"{size / 1e6:.2f}", f"{(_dir_bytes(payload_dir) - blobs_before) / 1e6:.2f}",
-                    ])
+                    rows.append(
+                        [
+                            "external (16 KiB)" if threshold != "0" else "inline",
+                            label,
+                            out.raw["usage"]["requests"],
+                            out.raw["usage"]["total_tokens"],
+                            rt["compactions"],
+                            rt["microcompactions"],
+                            runs,
+                            events,
+                            f"{size / 1e6:.2f}",
+                            f"{(_dir_bytes(payload_dir) - blobs_before) / 1e6:.2f}",
+                        ]
+                    )
         print("60-request scripted reflection (59 cells x ~2,000 chars), one run each")
-        print(table(["payloads", "context", "requests", "tokens", "summaries", "microcompactions", "runs", "events",
-                     "history MB", "blobs written MB"], rows))
+        print(
+            table(
+                [
+                    "payloads",
+                    "context",
+                    "requests",
+                    "tokens",
+                    "summaries",
+                    "microcompactions",
+                    "runs",
+                    "events",
+                    "history MB",
+                    "blobs written MB",
+                ],
+                rows,
+            )
+        )
     finally:
         await server.astop()
 

@@ -74,14 +74,23 @@ from reflector.runtime.devserver import DevServer
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
-MODEL_REQUEST_SUFFIX = "model_request" + LOCAL_MODEL_SUFFIX  # pydantic-ai's model-request activity name + rr's
+MODEL_REQUEST_SUFFIX = (
+    "model_request" + LOCAL_MODEL_SUFFIX
+)  # pydantic-ai's model-request activity name + rr's
 RUN_CELL = RUN_CELL_ACTIVITY
 PREPARE = PREPARE_ACTIVITY
 LA_MARKER = "core_local_activity"
 CHILD_PLAN = {
-    "code": ["rows = traces['steps']\nwindow = rows[1000:1010]\nprint('root', type(rows).__name__, len(rows))"],
-    "children": [{"code": ["print('child', len(window), window[0]['index'], window[0]['role'], len(rows))"],
-                  "children": [], "after": []}],
+    "code": [
+        "rows = traces['steps']\nwindow = rows[1000:1010]\nprint('root', type(rows).__name__, len(rows))"
+    ],
+    "children": [
+        {
+            "code": ["print('child', len(window), window[0]['index'], window[0]['role'], len(rows))"],
+            "children": [],
+            "after": [],
+        }
+    ],
     "after": [],
 }
 _CLK = os.sysconf("SC_CLK_TCK")
@@ -165,7 +174,12 @@ class TreePoller(threading.Thread):
             proc = self.procs.get((pid, start))
             if proc is None:
                 try:
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    cmd = (
+                        Path(f"/proc/{pid}/cmdline")
+                        .read_bytes()
+                        .replace(b"\0", b" ")
+                        .decode(errors="replace")
+                    )
                 except OSError:
                     cmd = ""
                 proc = self.procs[(pid, start)] = Proc(pid, ppid, start, cmd.strip())
@@ -182,8 +196,11 @@ class TreePoller(threading.Thread):
         """Every sandbox host seen, each the group of processes of one host (see the module doc)."""
         by_pid = {p.pid: p for p in self.procs.values()}
         zygotes = {p.pid for p in self.procs.values() if p.ppid == self.root and "sandbox.zygote" in p.cmd}
-        heads = [p for p in self.procs.values()
-                 if p.ppid in zygotes or (p.ppid == self.root and "sandbox.host" in p.cmd)]
+        heads = [
+            p
+            for p in self.procs.values()
+            if p.ppid in zygotes or (p.ppid == self.root and "sandbox.host" in p.cmd)
+        ]
         groups: dict[int, list[Proc]] = {h.pid: [] for h in heads}
         for p in self.procs.values():
             q: Proc | None = p
@@ -208,8 +225,13 @@ class TreePoller(threading.Thread):
 
 
 # -- history ----------------------------------------------------------------------------------------
-_WFT_EVENTS = frozenset({EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
-                         EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED})
+_WFT_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    }
+)
 
 
 def _ts(t: Any) -> float:
@@ -271,12 +293,16 @@ async def read_history(client: Client, wf_id: str) -> Hist:
         t = _ts(ev.event_time)
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             h.started = t
-        elif ev.event_type in (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-                               EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-                               EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW):
+        elif ev.event_type in (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+        ):
             h.closed = t
         elif ev.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
-            h.children.append(ev.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id)
+            h.children.append(
+                ev.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+            )
         elif ev.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
             data = _marker(ev)
             if data is None:
@@ -379,21 +405,35 @@ async def run_one(run: Run, workdir: Path, keep: bool) -> None:
     poller: TreePoller | None = None
     try:
         with open(wlog, "wb") as out:
-            worker = subprocess.Popen(_cli("worker", "--processes", "1"), cwd=REPO, env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+            worker = subprocess.Popen(
+                _cli("worker", "--processes", "1"),
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         await _wait_worker(worker, wlog, address, tq)
         poller = TreePoller(worker.pid)
         poller.start()
         wf_id = f"huge-{name}-{uuid.uuid4().hex[:6]}"
         args = ["reflect", str(run.trace), "--json", "--id", wf_id]
-        args += (["--model", "scripted-plan", "--question", "PLAN:" + json.dumps(CHILD_PLAN)] if run.child
-                 else ["--model", "heuristic"])
-        print(f"[{name}] rr {shlex.join(args[:2])} ... (worker pid {worker.pid}, {address})", file=sys.stderr, flush=True)
+        args += (
+            ["--model", "scripted-plan", "--question", "PLAN:" + json.dumps(CHILD_PLAN)]
+            if run.child
+            else ["--model", "heuristic"]
+        )
+        print(
+            f"[{name}] rr {shlex.join(args[:2])} ... (worker pid {worker.pid}, {address})",
+            file=sys.stderr,
+            flush=True,
+        )
         lines: list[tuple[float, str]] = []
         with open(home / "reflect.out", "wb") as out:
             t0 = time.time()
-            client_proc = subprocess.Popen(_cli(*args), cwd=REPO, env=env, stdout=out, stderr=subprocess.PIPE,
-                                           start_new_session=True)
+            client_proc = subprocess.Popen(
+                _cli(*args), cwd=REPO, env=env, stdout=out, stderr=subprocess.PIPE, start_new_session=True
+            )
             reader = threading.Thread(target=_read_lines, args=(client_proc, lines), daemon=True)
             reader.start()
             code, maxrss_kb, t_end = await asyncio.to_thread(_wait4, client_proc.pid)
@@ -406,7 +446,9 @@ async def run_one(run: Run, workdir: Path, keep: bool) -> None:
         final = poller.sample()  # also the worker's high-water mark after the reflection
         err_text = (home / "reflect.err").read_text(errors="replace")
         if "in-process worker" in err_text:
-            run.notes.append(f"{name}: the client ran an in-process worker (its RSS then includes the workflow)")
+            run.notes.append(
+                f"{name}: the client ran an in-process worker (its RSS then includes the workflow)"
+            )
         stop = "?"
         with contextlib.suppress(ValueError, KeyError, json.JSONDecodeError):
             stop = json.loads((home / "reflect.out").read_text())["raw"]["rr_trace"]["stop_reason"]
@@ -418,18 +460,32 @@ async def run_one(run: Run, workdir: Path, keep: bool) -> None:
         except RPCError as e:  # the client failed before starting the workflow
             last = [line.strip() for _t, line in lines][-1:]
             run.notes.append(f"{name}: no workflow ({e}); rr reflect exited {code}: {last}")
-            failed: list[object] = [run.shape, run.size, f"{run.trace.stat().st_size / 1e6:.1f}", "-", f"exit {code}",
-                                    f"{maxrss_kb / 1024:.0f}"]
+            failed: list[object] = [
+                run.shape,
+                run.size,
+                f"{run.trace.stat().st_size / 1e6:.1f}",
+                "-",
+                f"exit {code}",
+                f"{maxrss_kb / 1024:.0f}",
+            ]
             run.row = failed + ["-"] * (len(HEADERS) - len(failed))
             return
         if h.first_model_how == "marker":
-            run.notes.append(f"{name}: no original_schedule_time in the marker: first model request = marker event time")
+            run.notes.append(
+                f"{name}: no original_schedule_time in the marker: first model request = marker event time"
+            )
         used, n_hosts = poller.session_hosts(final)
         for i, g in enumerate(poller.hosts()):
-            print(f"[{name}] host {i}: " + "; ".join(f"pid {p.pid} ppid {p.ppid} start {p.start / _CLK:.2f} "
-                                                      f"hwm {p.hwm_kb / 1024:.0f} MB rss {p.rss_kb / 1024:.0f} MB"
-                                                      f"{' (exited)' if p.last_seen < final else ''}"
-                                                      for p in g), file=sys.stderr)
+            print(
+                f"[{name}] host {i}: "
+                + "; ".join(
+                    f"pid {p.pid} ppid {p.ppid} start {p.start / _CLK:.2f} "
+                    f"hwm {p.hwm_kb / 1024:.0f} MB rss {p.rss_kb / 1024:.0f} MB"
+                    f"{' (exited)' if p.last_seen < final else ''}"
+                    for p in g
+                ),
+                file=sys.stderr,
+            )
         host_mb = [max(p.hwm_kb for p in g) / 1024 for g in used]  # child run: [child, root]
         expected = 2 if run.child else 1
         if len(used) != expected:
@@ -439,27 +495,48 @@ async def run_one(run: Run, workdir: Path, keep: bool) -> None:
         w = poller.worker()
         sha = ""
         with contextlib.suppress(StopIteration):
-            sha = next(p.name for p in (home / "blobs" / "sha256").rglob("*")
-                       if p.is_file() and len(p.name) == 64 and p.stat().st_size == run.trace.stat().st_size)
+            sha = next(
+                p.name
+                for p in (home / "blobs" / "sha256").rglob("*")
+                if p.is_file() and len(p.name) == 64 and p.stat().st_size == run.trace.stat().st_size
+            )
         tb, ib, ob = blob_bytes(home / "blobs", sha)
         # the upload ends with writing the index beside the trace blob (or with the blob, when none)
         written = [p.stat().st_mtime for p in (home / "blobs" / "sha256").rglob(f"{sha}*")] if sha else []
         uploaded = max(written) if written else h.started
         row: list[object] = [
-            run.shape, run.size, f"{run.trace.stat().st_size / 1e6:.1f}", "scripted-plan+child" if run.child else "heuristic",
-            stop, f"{maxrss_kb / 1024:.0f}", f"{root_mb:.0f}" if root_mb is not None else "-",
-            f"{w.hwm_kb / 1024:.0f}" if w else "-", f"{len(used)}/{n_hosts}",
-            f"{h.first_model:.2f}" if h.first_model is not None else "-", f"{h.la_seconds(PREPARE)[1]:.2f}",
+            run.shape,
+            run.size,
+            f"{run.trace.stat().st_size / 1e6:.1f}",
+            "scripted-plan+child" if run.child else "heuristic",
+            stop,
+            f"{maxrss_kb / 1024:.0f}",
+            f"{root_mb:.0f}" if root_mb is not None else "-",
+            f"{w.hwm_kb / 1024:.0f}" if w else "-",
+            f"{len(used)}/{n_hosts}",
+            f"{h.first_model:.2f}" if h.first_model is not None else "-",
+            f"{h.la_seconds(PREPARE)[1]:.2f}",
             "{} / {:.1f}".format(*h.la_seconds(RUN_CELL)),
-            f"{wall:.1f}", f"{uploaded - t0:.1f}", f"{h.started - uploaded:.1f}", f"{h.closed - h.started:.1f}",
-            f"{h.nbytes / 1024:.1f}", h.events, f"{(h.nbytes - h.wft_bytes) / 1024:.1f} / {h.events - h.wft_events}", f"{tb / 1e6:.1f}", f"{ib / 1e6:.2f}", f"{ob / 1024:.0f}",
+            f"{wall:.1f}",
+            f"{uploaded - t0:.1f}",
+            f"{h.started - uploaded:.1f}",
+            f"{h.closed - h.started:.1f}",
+            f"{h.nbytes / 1024:.1f}",
+            h.events,
+            f"{(h.nbytes - h.wft_bytes) / 1024:.1f} / {h.events - h.wft_events}",
+            f"{tb / 1e6:.1f}",
+            f"{ib / 1e6:.2f}",
+            f"{ob / 1024:.0f}",
         ]
         if run.child:
             if h.children:
                 ch = await read_history(client, h.children[0])
-                row += [f"{child_mb:.0f}" if child_mb is not None else "-",
-                        f"{ch.first_cell_done:.2f}" if ch.first_cell_done is not None else "-",
-                        f"{ch.nbytes / 1024:.1f}", ch.events]
+                row += [
+                    f"{child_mb:.0f}" if child_mb is not None else "-",
+                    f"{ch.first_cell_done:.2f}" if ch.first_cell_done is not None else "-",
+                    f"{ch.nbytes / 1024:.1f}",
+                    ch.events,
+                ]
                 with contextlib.suppress(ValueError, KeyError, json.JSONDecodeError):
                     out_json = json.loads((home / "reflect.out").read_text())
                     run.notes.append(f"{name}: root saw: {out_json['error_identification'][:300]!r}")
@@ -483,24 +560,55 @@ async def run_one(run: Run, workdir: Path, keep: bool) -> None:
 
 
 HEADERS = [
-    "shape", "size", "trace MB", "model", "stop", "client peak MB", "host peak MB (VmHWM)",
-    "worker peak MB (VmHWM)", "hosts used/seen", "first model req s", "prepare s", "cells n / s",
-    "rr reflect wall s", "start+upload s", "connect+start s", "workflow s",
-    "history KB", "events", "w/o WFT events: KB / events", "blob: trace MB", "blob: index MB", "blob: other KB",
-    "child host peak MB", "child start s", "child history KB", "child events",
+    "shape",
+    "size",
+    "trace MB",
+    "model",
+    "stop",
+    "client peak MB",
+    "host peak MB (VmHWM)",
+    "worker peak MB (VmHWM)",
+    "hosts used/seen",
+    "first model req s",
+    "prepare s",
+    "cells n / s",
+    "rr reflect wall s",
+    "start+upload s",
+    "connect+start s",
+    "workflow s",
+    "history KB",
+    "events",
+    "w/o WFT events: KB / events",
+    "blob: trace MB",
+    "blob: index MB",
+    "blob: other KB",
+    "child host peak MB",
+    "child start s",
+    "child history KB",
+    "child events",
 ]
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.huge_traces", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1MB,100MB,1GB", help="comma-separated sizes (1MB, 100MB, 1GB, 16MiB)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated shapes ({', '.join(SHAPES)})")
-    ap.add_argument("--child", action="store_true", help="a scripted-plan reflection with one recurse child "
-                                                         "instead of the heuristic")
-    ap.add_argument("--workdir", type=Path, help="traces (cached there) and rr homes (default: a temp dir, "
-                                                 "removed at the end)")
+    ap.add_argument(
+        "--shapes", default=",".join(SHAPES), help=f"comma-separated shapes ({', '.join(SHAPES)})"
+    )
+    ap.add_argument(
+        "--child",
+        action="store_true",
+        help="a scripted-plan reflection with one recurse child instead of the heuristic",
+    )
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        help="traces (cached there) and rr homes (default: a temp dir, removed at the end)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep", action="store_true", help="keep each run's rr home (server, worker and client logs)")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep each run's rr home (server, worker and client logs)"
+    )
     args = ap.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -520,8 +628,9 @@ async def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _runs(args: argparse.Namespace, sizes: list[str], shapes: list[str], nbytes: dict[str, int],
-                workdir: Path) -> None:
+async def _runs(
+    args: argparse.Namespace, sizes: list[str], shapes: list[str], nbytes: dict[str, int], workdir: Path
+) -> None:
     (workdir / "traces").mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load0 = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -533,15 +642,20 @@ async def _runs(args: argparse.Namespace, sizes: list[str], shapes: list[str], n
             if not trace.exists():
                 t0 = time.perf_counter()
                 generate(trace, nbytes[size], shape, args.seed)
-                print(f"generated {trace.name} ({trace.stat().st_size:,} bytes) in {time.perf_counter() - t0:.1f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"generated {trace.name} ({trace.stat().st_size:,} bytes) in {time.perf_counter() - t0:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             run = Run(shape, size, args.child, trace)
             await run_one(run, workdir, args.keep)
             runs.append(run)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"`python -m bench.huge_traces {shlex.join(sys.argv[1:])}` ({started}; {os.cpu_count()} cores, load "
-          f"average at the start {load0}, at the end {load}; host/worker peaks: largest VmHWM polled every "
-          f"{POLL_S * 1000:.0f} ms)")
+    print(
+        f"`python -m bench.huge_traces {shlex.join(sys.argv[1:])}` ({started}; {os.cpu_count()} cores, load "
+        f"average at the start {load0}, at the end {load}; host/worker peaks: largest VmHWM polled every "
+        f"{POLL_S * 1000:.0f} ms)"
+    )
     print()
     headers = HEADERS if args.child else HEADERS[:-4]
     print(table(headers, [r.row if args.child else r.row[:-4] for r in runs]))

@@ -128,8 +128,13 @@ def _child_parse(parser: str, plan: str, whole: bool) -> dict[str, Any]:
                         base, block = start, fh.read(max(BLOCK, end - start))
                     one(block[start - base : end - base])
     after = _usage()
-    return {"wall": time.perf_counter() - t, "cpu": after["cpu"] - before["cpu"], "rss_mb": after["rss_mb"],
-            "n": n, "refused": refused}
+    return {
+        "wall": time.perf_counter() - t,
+        "cpu": after["cpu"] - before["cpu"],
+        "rss_mb": after["rss_mb"],
+        "n": n,
+        "refused": refused,
+    }
 
 
 def _child_upload(paths: list[str]) -> dict[str, Any]:
@@ -145,8 +150,13 @@ def _child_upload(paths: list[str]) -> dict[str, Any]:
     after = _usage()
     import reflector
 
-    return {"wall": time.perf_counter() - t, "cpu": after["cpu"] - before["cpu"], "rss_mb": after["rss_mb"],
-            "format": ",".join(sorted(fmts)), "code": str(Path(reflector.__file__).resolve().parents[1])}
+    return {
+        "wall": time.perf_counter() - t,
+        "cpu": after["cpu"] - before["cpu"],
+        "rss_mb": after["rss_mb"],
+        "format": ",".join(sorted(fmts)),
+        "code": str(Path(reflector.__file__).resolve().parents[1]),
+    }
 
 
 def _child_hostile() -> dict[str, Any]:
@@ -169,8 +179,14 @@ def _spawn(args: list[str], env: dict[str, str] | None = None, tree: Path = REPO
     """Run this file as a script in `tree` (`python -m` would put the working directory first on the path,
     before PYTHONPATH: a baseline tree's child would import this tree's code)."""
     env = {**(os.environ if env is None else env), "PYTHONPATH": str(tree)}
-    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], cwd=tree, env=env,
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if res.returncode:
         raise RuntimeError(f"child {args} failed: {res.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -179,7 +195,11 @@ def _spawn(args: list[str], env: dict[str, str] | None = None, tree: Path = REPO
 
 # -- parent ------------------------------------------------------------------------------------------
 def _files(target: Path) -> list[Path]:
-    return sorted(p for p in target.iterdir() if p.suffix in (".json", ".jsonl")) if target.is_dir() else [target]
+    return (
+        sorted(p for p in target.iterdir() if p.suffix in (".json", ".jsonl"))
+        if target.is_dir()
+        else [target]
+    )
 
 
 def _offsets(paths: list[Path], work: Path) -> Iterator[tuple[Path, Path | None]]:
@@ -222,10 +242,31 @@ def parsers_table(targets: list[Path], work: Path) -> None:
             if size <= WHOLE_MAX:
                 w = _spawn(["parse", parser, str(plan), "whole"])
                 whole = f"{_mb_s(size, w['cpu'])} / {w['rss_mb']:.0f}"
-            rows.append([target.name, parser, f"{size / 1e6:.1f} MB, {r['n']:,}", f"{r['refused']:,}",
-                         _mb_s(size, r["cpu"]), f"{r['rss_mb']:.0f}", whole])
-    print(table(["trace", "parser", "size, records", "refused", "records: CPU MB/s", "records: peak RSS MB",
-                 "whole file: CPU MB/s / peak RSS MB"], rows))
+            rows.append(
+                [
+                    target.name,
+                    parser,
+                    f"{size / 1e6:.1f} MB, {r['n']:,}",
+                    f"{r['refused']:,}",
+                    _mb_s(size, r["cpu"]),
+                    f"{r['rss_mb']:.0f}",
+                    whole,
+                ]
+            )
+    print(
+        table(
+            [
+                "trace",
+                "parser",
+                "size, records",
+                "refused",
+                "records: CPU MB/s",
+                "records: peak RSS MB",
+                "whole file: CPU MB/s / peak RSS MB",
+            ],
+            rows,
+        )
+    )
 
 
 def upload_table(targets: list[Path], trees: dict[str, Path], reps: int, lazy_all: bool) -> None:
@@ -254,8 +295,17 @@ def upload_table(targets: list[Path], trees: dict[str, Path], reps: int, lazy_al
             wall = statistics.median(r["wall"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in runs)
             rss = statistics.median(r["rss_mb"] for r in runs)
-            rows.append([target.name, f"{size / 1e6:.1f}", runs[0]["format"], name, _mb_s(size, wall),
-                         _mb_s(size, cpu), f"{rss:.0f}"])
+            rows.append(
+                [
+                    target.name,
+                    f"{size / 1e6:.1f}",
+                    runs[0]["format"],
+                    name,
+                    _mb_s(size, wall),
+                    _mb_s(size, cpu),
+                    f"{rss:.0f}",
+                ]
+            )
     print(table(["trace", "MB", "format", "tree", "wall MB/s", "CPU MB/s", "peak RSS MB"], rows))
 
 
@@ -273,10 +323,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("traces", nargs="*", type=Path)
-    ap.add_argument("--baseline", type=Path, help="another tree to upload with (PYTHONPATH), e.g. from git archive")
+    ap.add_argument(
+        "--baseline", type=Path, help="another tree to upload with (PYTHONPATH), e.g. from git archive"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lazy-all", action="store_true", help="index every trace (RR_LAZY_TRACE_BYTES=1)")
-    ap.add_argument("--hostile", action="store_true", help="only the table of what each parser does with hostile inputs")
+    ap.add_argument(
+        "--hostile", action="store_true", help="only the table of what each parser does with hostile inputs"
+    )
     ap.add_argument("--skip-parsers", action="store_true")
     args = ap.parse_args(argv)
     if args.hostile:

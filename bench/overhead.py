@@ -43,18 +43,34 @@ async def main(reps: int) -> None:
                     await (await start(client, trace, model, tq)).result()
                     b = time.perf_counter() - t
                     t = time.perf_counter()
-                    await client.execute_workflow(AnchorWorkflow.run, model, id=f"anchor-{uuid.uuid4().hex[:8]}",
-                                                  task_queue=tq)
+                    await client.execute_workflow(
+                        AnchorWorkflow.run, model, id=f"anchor-{uuid.uuid4().hex[:8]}", task_queue=tq
+                    )
                     c = time.perf_counter() - t
                     if rep:
                         times["A"].append(a)
                         times["B"].append(b)
                         times["C"].append(c)
                 a, b, c = (median(times[k]) for k in "ABC")
-                rows.append([f"{latency} ms", a, b, c, (b - a) / STEPS * 1000, (c - a) / STEPS * 1000, b / a, c / a])
+                rows.append(
+                    [f"{latency} ms", a, b, c, (b - a) / STEPS * 1000, (c - a) / STEPS * 1000, b / a, c / a]
+                )
             print(f"scripted {STEPS}-step reflection, median of {reps} alternated runs each")
-            print(table(["model latency", "A in-process s", "B rr durable s", "C anchor s",
-                         "B overhead ms/step", "C overhead ms/step", "B/A", "C/A"], rows))
+            print(
+                table(
+                    [
+                        "model latency",
+                        "A in-process s",
+                        "B rr durable s",
+                        "C anchor s",
+                        "B overhead ms/step",
+                        "C overhead ms/step",
+                        "B/A",
+                        "C/A",
+                    ],
+                    rows,
+                )
+            )
     finally:
         server.stop()
 

@@ -74,8 +74,14 @@ def _unlabelled(run: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in run.items() if k not in WHOWHEN_LABEL_KEYS}
 
 
-async def _reflect_all(jobs: list[tuple[str, dict[str, Any]]], model: str, concurrency: int,
-                       settings: Settings, client: Any, tq: str) -> dict[str, tuple[dict[str, Any], float]]:
+async def _reflect_all(
+    jobs: list[tuple[str, dict[str, Any]]],
+    model: str,
+    concurrency: int,
+    settings: Settings,
+    client: Any,
+    tq: str,
+) -> dict[str, tuple[dict[str, Any], float]]:
     """Each job's reflection (as a dict) and its wall time, `concurrency` at a time."""
     work = settings.home / "quality"
     work.mkdir(parents=True, exist_ok=True)
@@ -89,8 +95,9 @@ async def _reflect_all(jobs: list[tuple[str, dict[str, Any]]], model: str, concu
             t0 = time.perf_counter()
             trace = rr.upload_trace(path, settings)
             inp = rr.build_input(trace, config=ReflectionConfig(model=model))
-            handle = await rr.start_reflection(client, inp, tq, f"quality-{name}-{uuid.uuid4().hex[:6]}",
-                                               trace_name=path.name)
+            handle = await rr.start_reflection(
+                client, inp, tq, f"quality-{name}-{uuid.uuid4().hex[:6]}", trace_name=path.name
+            )
             out = await handle.result()
             done[name] = (out.model_dump(mode="json"), time.perf_counter() - t0)
             if len(done) % 20 == 0:
@@ -174,13 +181,15 @@ def check_tau_diagnosis(raw: dict[str, Any], diag: dict[str, Any] | None) -> lis
     actual = diag.get("actual")
     if actual and kind in ("wrong_arguments", "extra_action") and at_step:
         leaves = [t for c in at_step if c[1] == tool for t in _leaf_texts(c[2])] + [
-            json.dumps(c[2], sort_keys=True).lower() for c in at_step]
+            json.dumps(c[2], sort_keys=True).lower() for c in at_step
+        ]
         if not _contains(leaves, str(actual)):
             false.append(f"actual {actual!r} is not a value of the agent's call at step {step}")
     exp = diag.get("expected")
     if exp and kind in ("wrong_arguments", "missing_action"):
         leaves = [t for a in expected for t in _leaf_texts(a.get("arguments", a.get("kwargs")))] + [
-            json.dumps(a.get("arguments", a.get("kwargs")), sort_keys=True).lower() for a in expected]
+            json.dumps(a.get("arguments", a.get("kwargs")), sort_keys=True).lower() for a in expected
+        ]
         if not _contains(leaves, str(exp)):
             false.append(f"expected {exp!r} is not a value of the expected actions")
     return false
@@ -189,7 +198,9 @@ def check_tau_diagnosis(raw: dict[str, Any], diag: dict[str, Any] | None) -> lis
 # ------------------------------------------------------------------------------------------ scoring
 
 
-def score_tau(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], float]], show: int) -> list[str]:
+def score_tau(
+    runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], float]], show: int
+) -> list[str]:
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     windows: list[float] = []
     shown = 0
@@ -235,12 +246,28 @@ def score_tau(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], 
     rows.append(_row("ALL (labelled)", total))
     exact = by_kind["wrong_arguments"] + by_kind["extra_action"]
     rows.append(_row("exact-step kinds", exact))
-    out_lines = [table(["label kind", "runs", "hit", "hit, echo-free", "symptom step", "kind", "with diagnosis",
-                        "false statements", "root != symptom"], rows)]
+    out_lines = [
+        table(
+            [
+                "label kind",
+                "runs",
+                "hit",
+                "hit, echo-free",
+                "symptom step",
+                "kind",
+                "with diagnosis",
+                "false statements",
+                "root != symptom",
+            ],
+            rows,
+        )
+    ]
     out_lines += _critical_lines(runs, outs)
     if windows:
-        out_lines.append(f"missing/wrong-information steps are windows: median {statistics.median(windows):.0%} of "
-                         f"the run (a step inside counts), so their step column is generous")
+        out_lines.append(
+            f"missing/wrong-information steps are windows: median {statistics.median(windows):.0%} of "
+            f"the run (a step inside counts), so their step column is generous"
+        )
     if false_total:
         out_lines.append("false statements found:\n  " + "\n  ".join(false_total[:40]))
     return out_lines + lines
@@ -251,8 +278,18 @@ def _row(kind: str, c: Counter[str]) -> list[object]:
 
     def pct(k: str) -> str:
         return f"{c[k] / n:.0%}" if n and kind != "unlabelled" else "-"
-    return [kind, n, pct("hit"), pct("echo_free"), pct("step"), pct("kind"), pct("has_diagnosis"),
-            c["false"] if kind != "unlabelled" else "-", pct("root_differs")]
+
+    return [
+        kind,
+        n,
+        pct("hit"),
+        pct("echo_free"),
+        pct("step"),
+        pct("kind"),
+        pct("has_diagnosis"),
+        c["false"] if kind != "unlabelled" else "-",
+        pct("root_differs"),
+    ]
 
 
 def _critical_lines(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, Any], float]]) -> list[str]:
@@ -267,17 +304,24 @@ def _critical_lines(runs: list[dict[str, Any]], outs: dict[str, tuple[dict[str, 
         want = CRITICAL[key][0]
         diag = outs[name][0].get("diagnosis") or {}
         got["n"] += 1
-        for col, value in (("root", diag.get("step")), ("symptom", diag.get("symptom_step", diag.get("step")))):
+        for col, value in (
+            ("root", diag.get("step")),
+            ("symptom", diag.get("symptom_step", diag.get("step"))),
+        ):
             got[f"{col}_exact"] += value == want
             got[f"{col}_near"] += isinstance(value, int) and abs(value - want) <= 2
     n = got["n"]
     if not n:
         return []
-    rows: list[list[object]] = [[name, n, f"{got[f'{col}_exact'] / n:.0%}", f"{got[f'{col}_near'] / n:.0%}"]
-                                for name, col in (("diagnosis.step (the root cause)", "root"),
-                                                  ("diagnosis.symptom_step", "symptom"))]
-    return ["", f"hand labels of the critical step ({n} runs; {LABELLER}, {LABEL_DATE}):",
-            table(["against the critical step", "runs", "exact", "within 2 steps"], rows)]
+    rows: list[list[object]] = [
+        [name, n, f"{got[f'{col}_exact'] / n:.0%}", f"{got[f'{col}_near'] / n:.0%}"]
+        for name, col in (("diagnosis.step (the root cause)", "root"), ("diagnosis.symptom_step", "symptom"))
+    ]
+    return [
+        "",
+        f"hand labels of the critical step ({n} runs; {LABELLER}, {LABEL_DATE}):",
+        table(["against the critical step", "runs", "exact", "within 2 steps"], rows),
+    ]
 
 
 def _shown(name: str, label: TauLabel, out: dict[str, Any]) -> list[str]:
@@ -289,7 +333,8 @@ def _shown(name: str, label: TauLabel, out: dict[str, Any]) -> list[str]:
         f"diagnosis: {json.dumps({k: v for k, v in diag.items() if k != 'evidence'}, ensure_ascii=False)[:600]}",
         f"error_identification: {str(out.get('error_identification'))[:700]}",
         f"key_insight: {str(out.get('key_insight'))[:300]}",
-        "learnings: " + " | ".join(str(x.get("learning"))[:200] for x in out.get("extracted_learnings") or []),
+        "learnings: "
+        + " | ".join(str(x.get("learning"))[:200] for x in out.get("extracted_learnings") or []),
     ]
 
 
@@ -306,7 +351,11 @@ def renamed_whowhen(data: dict[str, Any]) -> dict[str, Any]:
     with the original names or their order (sorted by a hash of the name), everywhere the name occurs: the
     messages' `name`, the text, `system_prompt`'s keys, and the label `mistake_agent`."""
     names = {str(m.get("name")) for m in data.get("history") or [] if isinstance(m, dict) and m.get("name")}
-    names |= {str(k) for k in (data.get("system_prompt") or {})} if isinstance(data.get("system_prompt"), dict) else set()
+    names |= (
+        {str(k) for k in (data.get("system_prompt") or {})}
+        if isinstance(data.get("system_prompt"), dict)
+        else set()
+    )
     order = sorted(names, key=lambda x: hashlib.sha256(x.encode()).hexdigest())
     # letters, not numbers: a name with digits would read as an id (a value) to the toolkit's tracing
     mapping = {x: "Agent_" + "".join(chr(65 + d) for d in _digits26(i)) for i, x in enumerate(order)}
@@ -324,20 +373,28 @@ def renamed_whowhen(data: dict[str, Any]) -> dict[str, Any]:
             return {sub(k) if isinstance(k, str) else k: sub(v) for k, v in value.items()}
         return value
 
-    out = {k: sub(v) if k in ("history", "system_prompt", "mistake_agent", "mistake_reason") else v
-           for k, v in data.items()}
+    out = {
+        k: sub(v) if k in ("history", "system_prompt", "mistake_agent", "mistake_reason") else v
+        for k, v in data.items()
+    }
     return out
 
 
 def role_only_whowhen(data: dict[str, Any]) -> dict[str, Any]:
     """A Who&When run in the Magentic-One dialect: each message's agent only in its `role`, no `name`."""
-    history = [{"role": m.get("name") or m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
-               for m in data.get("history") or []]
+    history = [
+        {"role": m.get("name") or m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
+        for m in data.get("history") or []
+    ]
     return {**data, "history": history}
 
 
-def score_whowhen(runs: list[tuple[str, dict[str, Any]]], outs: dict[str, tuple[dict[str, Any], float]],
-                  prefix: str = "ww-", title: str = "Who&When") -> list[str]:
+def score_whowhen(
+    runs: list[tuple[str, dict[str, Any]]],
+    outs: dict[str, tuple[dict[str, Any], float]],
+    prefix: str = "ww-",
+    title: str = "Who&When",
+) -> list[str]:
     """Agent- and step-level accuracy, for each half (odd / even file numbers: the rules of issue 15 were
     designed on the odd half) and in all."""
     halves: dict[str, Counter[str]] = {"odd": Counter(), "even": Counter(), "all": Counter()}
@@ -362,14 +419,31 @@ def score_whowhen(runs: list[tuple[str, dict[str, Any]]], outs: dict[str, tuple[
     if not halves["all"]["n"]:
         return []
     rows: list[list[object]] = [
-        [f"this model: {half} ({'design half of issue 15' if half == 'odd' else 'held out' if half == 'even' else 'all'})",
-         h["n"], f"{h['agent'] / h['n']:.1%}", f"{h['step'] / h['n']:.1%}", f"{h['with_diag'] / h['n']:.0%}"]
-        for half, h in halves.items() if h["n"]
+        [
+            f"this model: {half} ({'design half of issue 15' if half == 'odd' else 'held out' if half == 'even' else 'all'})",
+            h["n"],
+            f"{h['agent'] / h['n']:.1%}",
+            f"{h['step'] / h['n']:.1%}",
+            f"{h['with_diag'] / h['n']:.0%}",
+        ]
+        for half, h in halves.items()
+        if h["n"]
     ]
     rows += [
-        ["random choice (published)", "", f"{WHOWHEN_RANDOM['agent']:.1%}", f"{WHOWHEN_RANDOM['step']:.1%}", ""],
-        [f"GPT-4o best (published: {WHOWHEN_PUBLISHED['agent'][1]} / {WHOWHEN_PUBLISHED['step'][1]})", "",
-         f"{WHOWHEN_PUBLISHED['agent'][0]:.1%}", f"{WHOWHEN_PUBLISHED['step'][0]:.1%}", ""],
+        [
+            "random choice (published)",
+            "",
+            f"{WHOWHEN_RANDOM['agent']:.1%}",
+            f"{WHOWHEN_RANDOM['step']:.1%}",
+            "",
+        ],
+        [
+            f"GPT-4o best (published: {WHOWHEN_PUBLISHED['agent'][1]} / {WHOWHEN_PUBLISHED['step'][1]})",
+            "",
+            f"{WHOWHEN_PUBLISHED['agent'][0]:.1%}",
+            f"{WHOWHEN_PUBLISHED['step'][0]:.1%}",
+            "",
+        ],
     ]
     return [table([title, "runs", "agent-level", "step-level", "with diagnosis"], rows)]
 
@@ -411,8 +485,10 @@ async def run(args: argparse.Namespace) -> None:
         wall = time.perf_counter() - t0
     finally:
         await server.astop()
-    print(f"model {args.model}: {len(outs)} reflections in {wall:.0f} s, median "
-          f"{statistics.median(t for _o, t in outs.values()):.2f} s each (concurrency {args.concurrency})\n")
+    print(
+        f"model {args.model}: {len(outs)} reflections in {wall:.0f} s, median "
+        f"{statistics.median(t for _o, t in outs.values()):.2f} s each (concurrency {args.concurrency})\n"
+    )
     if tau:
         print(f"tau-bench: {len(tau)} failed runs of {tau_path.name}")
         print("\n".join(score_tau(tau, outs, args.show)))
@@ -421,10 +497,14 @@ async def run(args: argparse.Namespace) -> None:
         print(f"Who&When: {len(ww)} labelled runs of {ww_dir.name}")
         print("\n".join(score_whowhen(ww, outs)))
         if renamed:
-            print("\nthe same runs with every agent renamed Agent_A, Agent_B, ... (in an order unrelated to the names):")
+            print(
+                "\nthe same runs with every agent renamed Agent_A, Agent_B, ... (in an order unrelated to the names):"
+            )
             print("\n".join(score_whowhen(renamed, outs, "wwr-", "Who&When, agents renamed")))
         if role_only:
-            print("\nthe same runs with each agent named only in `role` (the Magentic-One dialect, no `name`):")
+            print(
+                "\nthe same runs with each agent named only in `role` (the Magentic-One dialect, no `name`):"
+            )
             print("\n".join(score_whowhen(role_only, outs, "wwo-", "Who&When, role-only names")))
     if args.json:
         Path(args.json).write_text(json.dumps({k: v[0] for k, v in outs.items()}, indent=1), encoding="utf-8")
@@ -433,14 +513,20 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="heuristic")
-    p.add_argument("--traces", default="", help="folder with the labelled set (tau-bench-airline-gpt-4o.json, "
-                   "who-and-when/algorithm-generated/)")
+    p.add_argument(
+        "--traces",
+        default="",
+        help="folder with the labelled set (tau-bench-airline-gpt-4o.json, "
+        "who-and-when/algorithm-generated/)",
+    )
     p.add_argument("--tau", help="a tau-bench results file (list of runs with info.task.actions)")
     p.add_argument("--whowhen", help="a folder of Who&When json files")
     p.add_argument("--skip-tau", action="store_true")
     p.add_argument("--skip-whowhen", action="store_true")
     p.add_argument("--no-rename", action="store_true", help="skip the Who&When runs with the agents renamed")
-    p.add_argument("--role-only", action="store_true", help="also run Who&When with the agents named only in role")
+    p.add_argument(
+        "--role-only", action="store_true", help="also run Who&When with the agents named only in role"
+    )
     p.add_argument("--limit", type=int, default=None, help="at most N runs of each set")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--show", type=int, default=0, help="print N tau-bench reflections beside their labels")
@@ -451,5 +537,12 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["main", "check_tau_diagnosis", "score_tau", "score_whowhen", "renamed_whowhen", "role_only_whowhen",
-           "leaf_differences"]
+__all__ = [
+    "main",
+    "check_tau_diagnosis",
+    "score_tau",
+    "score_whowhen",
+    "renamed_whowhen",
+    "role_only_whowhen",
+    "leaf_differences",
+]

@@ -183,8 +183,11 @@ def _result_of(traj: list[Any], i: int, call_id: Any) -> str | None:
 
 
 def _said(raw_run: dict[str, Any]) -> list[str]:
-    return [str(m.get("content") or "").lower().replace(",", "") for m in raw_run.get("traj") or []
-            if isinstance(m, dict) and m.get("role") == "assistant"]
+    return [
+        str(m.get("content") or "").lower().replace(",", "")
+        for m in raw_run.get("traj") or []
+        if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
 
 
 def tau_label(raw_run: dict[str, Any]) -> TauLabel:
@@ -192,8 +195,13 @@ def tau_label(raw_run: dict[str, Any]) -> TauLabel:
     task = (raw_run.get("info") or {}).get("task") or {}
     all_expected = task.get("actions") or []
     expected_pos = [i for i, a in enumerate(all_expected) if _is_write(str(a.get("name")))]
-    expected = [(str(all_expected[i].get("name")), _args(all_expected[i].get("arguments", all_expected[i].get("kwargs"))))
-                for i in expected_pos]
+    expected = [
+        (
+            str(all_expected[i].get("name")),
+            _args(all_expected[i].get("arguments", all_expected[i].get("kwargs"))),
+        )
+        for i in expected_pos
+    ]
     writes = _agent_writes(raw_run)
     traj = raw_run.get("traj") or []
     last = max(len(traj) - 1, 0)
@@ -208,8 +216,11 @@ def tau_label(raw_run: dict[str, Any]) -> TauLabel:
     for ei, (name, args) in enumerate(expected):
         if ei in matched_step:
             continue
-        same = [(len(leaf_differences(args, aargs)), step, aargs)
-                for ai, (step, aname, aargs) in enumerate(writes) if ai not in used and aname == name]
+        same = [
+            (len(leaf_differences(args, aargs)), step, aargs)
+            for ai, (step, aname, aargs) in enumerate(writes)
+            if ai not in used and aname == name
+        ]
         if same:
             _n, step, aargs = min(same, key=lambda t: (t[0], t[1]))
             return TauLabel("wrong_arguments", name, step=step, differences=leaf_differences(args, aargs))
@@ -225,8 +236,14 @@ def tau_label(raw_run: dict[str, Any]) -> TauLabel:
     for out in task.get("outputs") or []:
         value = str(out).lower()
         if not any(value in t for t in said):
-            first = next((i for i, m in enumerate(traj) if isinstance(m, dict)
-                          and value in str(m.get("content") or "").lower().replace(",", "")), 0)
+            first = next(
+                (
+                    i
+                    for i, m in enumerate(traj)
+                    if isinstance(m, dict) and value in str(m.get("content") or "").lower().replace(",", "")
+                ),
+                0,
+            )
             return TauLabel("wrong_information", None, window=(first, last), output=str(out))
     return TauLabel("unlabelled")
 
@@ -236,10 +253,22 @@ def tau_label(raw_run: dict[str, Any]) -> TauLabel:
 
 def reflection_text(out: dict[str, Any]) -> str:
     """Every text the reflection shows a reader (raw and citations excluded: the workflow writes them)."""
-    parts = [str(out.get(k) or "") for k in ("reasoning", "error_identification", "root_cause_analysis",
-                                             "correct_approach", "key_insight")]
+    parts = [
+        str(out.get(k) or "")
+        for k in (
+            "reasoning",
+            "error_identification",
+            "root_cause_analysis",
+            "correct_approach",
+            "key_insight",
+        )
+    ]
     for item in out.get("extracted_learnings") or []:
-        parts += [str(item.get("learning") or ""), str(item.get("evidence") or ""), str(item.get("justification") or "")]
+        parts += [
+            str(item.get("learning") or ""),
+            str(item.get("evidence") or ""),
+            str(item.get("justification") or ""),
+        ]
     diag = out.get("diagnosis") or {}
     parts += [str(diag.get(k) or "") for k in ("tool", "argument", "actual", "expected", "summary")]
     return "\n".join(parts)
@@ -249,15 +278,26 @@ def answer_key_texts(raw_run: dict[str, Any]) -> list[str]:
     """The answer key (expected actions and outputs) serialised the ways a reflection could paste it."""
     task = (raw_run.get("info") or {}).get("task") or {}
     actions = task.get("actions") or []
-    texts = [json.dumps(actions), json.dumps(actions, separators=(",", ":")), repr(actions),
-             json.dumps(task.get("outputs") or [])]
+    texts = [
+        json.dumps(actions),
+        json.dumps(actions, separators=(",", ":")),
+        repr(actions),
+        json.dumps(task.get("outputs") or []),
+    ]
     for a in actions:
         args = _args(a.get("arguments", a.get("kwargs")))
-        texts += [json.dumps(args), json.dumps(args, separators=(",", ":")), json.dumps(args, sort_keys=True),
-                  json.dumps(args, sort_keys=True, separators=(",", ":")), repr(args)]
+        texts += [
+            json.dumps(args),
+            json.dumps(args, separators=(",", ":")),
+            json.dumps(args, sort_keys=True),
+            json.dumps(args, sort_keys=True, separators=(",", ":")),
+            repr(args),
+        ]
         if isinstance(args, dict):
+
             def v(x: Any) -> str:
                 return x if isinstance(x, str) else json.dumps(x, sort_keys=True, separators=(",", ":"))
+
             inner = ", ".join(f"{k}={v(args[k])}" for k in sorted(args))
             texts += [f"{a.get('name')}({inner})", inner]
     return texts

@@ -34,9 +34,14 @@ STEPS = 20
 
 def spawn(home: Path, address: str, tq: str, tag: str) -> subprocess.Popen[bytes]:
     log = open(home / f"worker-{tag}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "bench.worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq},
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.worker"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": tq},
+        start_new_session=True,
+    )
 
 
 async def ready(home: Path, tag: str) -> None:
@@ -85,8 +90,19 @@ async def main(reps: int) -> None:
             w2.terminate()
             w2.wait(30)
         print(f"{STEPS}-step scripted reflection, 200 ms model latency; uncrashed run {base:.2f} s")
-        print(table(["run", "killed at s", "kill -> done s", "uncrashed time left s", "recovery cost s",
-                     "extra model calls"], rows))
+        print(
+            table(
+                [
+                    "run",
+                    "killed at s",
+                    "kill -> done s",
+                    "uncrashed time left s",
+                    "recovery cost s",
+                    "extra model calls",
+                ],
+                rows,
+            )
+        )
         print(f"median recovery cost: {median(costs):.2f} s over {reps} runs")
     finally:
         await server.astop()

@@ -22,7 +22,11 @@ from reflector.client import connect
 from reflector.contract import ReflectionConfig
 from worker import build_worker
 
-CHILD = {"code": ["print('child cell 1')", "print('child cell 2')", "print('child cell 3')"], "children": [], "after": []}
+CHILD = {
+    "code": ["print('child cell 1')", "print('child cell 2')", "print('child cell 3')"],
+    "children": [],
+    "after": [],
+}
 ROOT = {"code": ["print('root')"], "children": [CHILD] * 8, "after": []}
 
 
@@ -34,25 +38,66 @@ async def main() -> None:
         tq = f"rec-{uuid.uuid4().hex[:6]}"
         async with build_worker(client, tq):
             for max_requests, max_tokens in ((50, 500_000), (20, 40_000)):
-                cfg = ReflectionConfig(model="scripted-plan", max_requests=max_requests, max_tokens=max_tokens)
+                cfg = ReflectionConfig(
+                    model="scripted-plan", max_requests=max_requests, max_tokens=max_tokens
+                )
                 inp = rr.build_input(trace, question="PLAN:" + json.dumps(ROOT), config=cfg)
-                out = await (await rr.start_reflection(client, inp, tq, f"rec8-{uuid.uuid4().hex[:8]}")).result()
+                out = await (
+                    await rr.start_reflection(client, inp, tq, f"rec8-{uuid.uuid4().hex[:8]}")
+                ).result()
                 rows = []
                 for i, call in enumerate(out.raw["rr_trace"]["subagent_calls"], 1):
                     u, a = call["usage"], call["allocation"]
-                    rows.append([f"child {i}", a["requests"], u["requests"], a["tokens"], u["total_tokens"],
-                                 call["stop_reason"]])
+                    rows.append(
+                        [
+                            f"child {i}",
+                            a["requests"],
+                            u["requests"],
+                            a["tokens"],
+                            u["total_tokens"],
+                            call["stop_reason"],
+                        ]
+                    )
                 own = [r for r in out.raw["usage_records"] if r["depth"] == 0]
-                rows.append(["root (own turns)", "", len(own), "", sum(r["input_tokens"] + r["output_tokens"]
-                                                                       for r in own), ""])
+                rows.append(
+                    [
+                        "root (own turns)",
+                        "",
+                        len(own),
+                        "",
+                        sum(r["input_tokens"] + r["output_tokens"] for r in own),
+                        "",
+                    ]
+                )
                 usage = out.raw["usage"]
-                rows.append(["TREE TOTAL", max_requests, usage["requests"], max_tokens, usage["total_tokens"],
-                             out.raw["rr_trace"]["stop_reason"]])
+                rows.append(
+                    [
+                        "TREE TOTAL",
+                        max_requests,
+                        usage["requests"],
+                        max_tokens,
+                        usage["total_tokens"],
+                        out.raw["rr_trace"]["stop_reason"],
+                    ]
+                )
                 largest = max(r["input_tokens"] + r["output_tokens"] for r in out.raw["usage_records"])
-                print(f"root limits: {max_requests} requests, {max_tokens:,} tokens "
-                      f"(largest single request: {largest:,} tokens = the overshoot bound)")
-                print(table(["session", "requests allowed", "requests used", "tokens allowed", "tokens used",
-                             "stop"], rows))
+                print(
+                    f"root limits: {max_requests} requests, {max_tokens:,} tokens "
+                    f"(largest single request: {largest:,} tokens = the overshoot bound)"
+                )
+                print(
+                    table(
+                        [
+                            "session",
+                            "requests allowed",
+                            "requests used",
+                            "tokens allowed",
+                            "tokens used",
+                            "stop",
+                        ],
+                        rows,
+                    )
+                )
                 print()
     finally:
         await server.astop()

@@ -56,11 +56,18 @@ async def main() -> None:
                         origin = await handle.result()
                         fresh_s.append(time.perf_counter() - t0)
                         fresh_paid.append(sum(server.completed.values()) - n0)
-                        assert origin.raw["rr_trace"]["total_iterations"] == args.steps, origin.raw["rr_trace"]
+                        assert origin.raw["rr_trace"]["total_iterations"] == args.steps, origin.raw[
+                            "rr_trace"
+                        ]
 
                         n0, t0 = sum(server.completed.values()), time.perf_counter()
-                        plan = await plan_rerun(client, env.settings, handle.id, args.from_step,
-                                                model=f"openai-chat:bench-new-{uuid.uuid4().hex[:6]}")
+                        plan = await plan_rerun(
+                            client,
+                            env.settings,
+                            handle.id,
+                            args.from_step,
+                            model=f"openai-chat:bench-new-{uuid.uuid4().hex[:6]}",
+                        )
                         plan_s.append(time.perf_counter() - t0)
                         out = await (await rr.start_reflection(client, plan.input, tq)).result()
                         rerun_s.append(time.perf_counter() - t0)
@@ -68,14 +75,25 @@ async def main() -> None:
                         assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw["rr_trace"]
                         assert out.raw["rerun"]["reused_requests"] == args.from_step - 1
                     assert not server.duplicated_completions()
-                rows.append([f"{latency:g}", "fresh", median(fresh_s), f"{min(fresh_paid)}–{max(fresh_paid)}", "", ""])
-                rows.append([f"{latency:g}", f"rerun from {args.from_step}", median(rerun_s),
-                             f"{min(rerun_paid)}–{max(rerun_paid)}", median(plan_s),
-                             f"{median(rerun_s) / median(fresh_s):.2f}"])
+                rows.append(
+                    [f"{latency:g}", "fresh", median(fresh_s), f"{min(fresh_paid)}–{max(fresh_paid)}", "", ""]
+                )
+                rows.append(
+                    [
+                        f"{latency:g}",
+                        f"rerun from {args.from_step}",
+                        median(rerun_s),
+                        f"{min(rerun_paid)}–{max(rerun_paid)}",
+                        median(plan_s),
+                        f"{median(rerun_s) / median(fresh_s):.2f}",
+                    ]
+                )
     finally:
         await env.server.astop()
-    print(f"{args.steps}-step reflection, rerun from step {args.from_step}; medians of {args.reps} "
-          "(requests paid: min–max over the reps)")
+    print(
+        f"{args.steps}-step reflection, rerun from step {args.from_step}; medians of {args.reps} "
+        "(requests paid: min–max over the reps)"
+    )
     print(table(["latency s", "run", "wall s", "requests paid", "plan s", "rerun / fresh"], rows))
 
 

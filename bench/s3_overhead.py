@@ -40,6 +40,7 @@ async def child(model: str, runs: int, rtt_ms: float) -> None:
     calls: collections.Counter[str] = collections.Counter()
     mirror = mirror_for(settings)
     if mirror is not None:
+
         def on_call(event_name: str, **_kw: object) -> None:
             calls[event_name.split(".")[-1]] += 1
             if rtt_ms:
@@ -58,7 +59,9 @@ async def child(model: str, runs: int, rtt_ms: float) -> None:
             out = await (await start(client, trace, model, tq)).result()
             times.append(time.perf_counter() - t)
             assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw["rr_trace"]
-    print("RESULT " + json.dumps({"times": times, "calls": {k: v / runs for k, v in calls.items()}}), flush=True)
+    print(
+        "RESULT " + json.dumps({"times": times, "calls": {k: v / runs for k, v in calls.items()}}), flush=True
+    )
 
 
 def run_child(mode: str, model: str, runs: int, rtt_ms: float, base_env: dict[str, str]) -> dict[str, object]:
@@ -68,12 +71,27 @@ def run_child(mode: str, model: str, runs: int, rtt_ms: float, base_env: dict[st
     if mode == "file":
         for k in ("RR_BLOB_URL", "AWS_ENDPOINT_URL"):
             env.pop(k, None)
-    out = subprocess.run([sys.executable, "-m", "bench.s3_overhead", "--child", model, "--runs", str(runs),
-                          "--rtt-ms", str(rtt_ms)], env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.s3_overhead",
+            "--child",
+            model,
+            "--runs",
+            str(runs),
+            "--rtt-ms",
+            str(rtt_ms),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"{mode} child failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    result: dict[str, object] = json.loads(line[len("RESULT "):])
+    result: dict[str, object] = json.loads(line[len("RESULT ") :])
     return result
 
 
@@ -146,14 +164,37 @@ def main(reps: int, rtts: list[float], models: list[str]) -> None:
                                 calls = r["calls"]  # type: ignore[assignment]
                     f, s = median(per["file"]), median(per["s3"])
                     total_calls = sum(calls.values())
-                    rows.append([model, f"{rtt:g}", f, s, s / f, (s - f) / steps * 1000, total_calls / steps,
-                                 " ".join(f"{k}={v:g}" for k, v in sorted(calls.items()))])
+                    rows.append(
+                        [
+                            model,
+                            f"{rtt:g}",
+                            f,
+                            s,
+                            s / f,
+                            (s - f) / steps * 1000,
+                            total_calls / steps,
+                            " ".join(f"{k}={v:g}" for k, v in sorted(calls.items())),
+                        ]
+                    )
     finally:
         server.stop()
     print(table(["S3 work of", "S3 rtt ms", "file ms", "S3 ms", "extra ms"], micro_rows))
     print()
-    print(table(["model", "S3 rtt ms", "file s", "S3 s", "S3/file", "extra ms/step", "S3 calls/step",
-                 "S3 calls per reflection"], rows))
+    print(
+        table(
+            [
+                "model",
+                "S3 rtt ms",
+                "file s",
+                "S3 s",
+                "S3/file",
+                "extra ms/step",
+                "S3 calls/step",
+                "S3 calls per reflection",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,13 @@ class CellsWorkflow:
         for i in range(n):
             out: CellOutcome = await workflow.execute_local_activity(
                 RUN_CELL_ACTIVITY,
-                CellInput(session_id=session_id, seq=prep.next_seq + i, code=CELL, trace=trace, init_ref=prep.init_ref),
+                CellInput(
+                    session_id=session_id,
+                    seq=prep.next_seq + i,
+                    code=CELL,
+                    trace=trace,
+                    init_ref=prep.init_ref,
+                ),
                 result_type=CellOutcome,
                 start_to_close_timeout=_LA_TIMEOUT,
             )
@@ -78,7 +84,12 @@ async def _direct(n: int) -> tuple[list[float], list[float], list[float], list[f
     home = Path(tempfile.mkdtemp(prefix="rr-bench-cells-"))
     trace = home / "trace.json"
     trace.write_text(json.dumps(TRACE))
-    kw = {"trace_path": str(trace), "trace_format": "auto", "extra_vars": {"task": {}}, "limits": SandboxLimits()}
+    kw = {
+        "trace_path": str(trace),
+        "trace_format": "auto",
+        "extra_vars": {"task": {}},
+        "limits": SandboxLimits(),
+    }
     direct: list[float] = []
     prefill: dict[int, list[float]] = {0: [], 2: []}
     for pool_size in (0, 2):
@@ -148,12 +159,21 @@ async def main(n: int, reps: int) -> None:
         ["(D) SessionManager.run_cell direct", median(direct), median(direct) / exec_ms],
         ["(E) in-process exec", exec_ms, 1.0],
     ]
-    print(f"trivial cell `{CELL}`, N={n} cells per workflow, medians ({reps} workflow runs; D and E per cell)")
+    print(
+        f"trivial cell `{CELL}`, N={n} cells per workflow, medians ({reps} workflow runs; D and E per cell)"
+    )
     print(table(["path", "ms per cell", "x in-process exec"], rows))
     print()
     print("first cell of a new session (prefill `describe_traces()` incl. host start), median of 10")
-    print(table(["host", "ms"], [["spawned on demand (pool_size=0)", median(prefill_cold)],
-                                 ["from the warm pool (pool_size=2)", median(prefill_pool)]]))
+    print(
+        table(
+            ["host", "ms"],
+            [
+                ["spawned on demand (pool_size=0)", median(prefill_cold)],
+                ["from the warm pool (pool_size=2)", median(prefill_pool)],
+            ],
+        )
+    )
     print(f"\nworkflow walls: 0 cells {median(walls[0]):.3f} s, {n} cells {median(walls[n]):.3f} s")
     print(f"command: python -m bench.sandbox_cells --cells {n} --reps {reps}")
 

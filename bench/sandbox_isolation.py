@@ -46,8 +46,15 @@ async def direct(home: Path, trace: Path, mode: IsolationMode, cells: int) -> tu
     """(pooled first cell ms, per-cell ms) for one session."""
     from reflector.contract import PREFILL_CODE
 
-    sessions = SessionManager(home / f"j-{mode}-{uuid.uuid4().hex[:6]}", pool_size=2, isolation=mode, fsync=False)
-    kw = {"trace_path": str(trace), "trace_format": "auto", "extra_vars": {"task": {}}, "limits": SandboxLimits()}
+    sessions = SessionManager(
+        home / f"j-{mode}-{uuid.uuid4().hex[:6]}", pool_size=2, isolation=mode, fsync=False
+    )
+    kw = {
+        "trace_path": str(trace),
+        "trace_format": "auto",
+        "extra_vars": {"task": {}},
+        "limits": SandboxLimits(),
+    }
     await sessions.prewarm()
     t0 = time.perf_counter()
     r = await sessions.run_cell("s", 1, PREFILL_CODE, **kw)
@@ -90,8 +97,15 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
         per_mode = {m: dataclasses.replace(Settings.from_env(), sandbox_isolation=m) for m in MODES}
         async with contextlib.AsyncExitStack() as stack:
             for mode, settings in per_mode.items():
-                await stack.enter_async_context(build_worker(client, f"bench-iso-{run}-{mode}", settings=settings,
-                                                             max_live_sandboxes=64, extra_workflows=[CellsWorkflow]))
+                await stack.enter_async_context(
+                    build_worker(
+                        client,
+                        f"bench-iso-{run}-{mode}",
+                        settings=settings,
+                        max_live_sandboxes=64,
+                        extra_workflows=[CellsWorkflow],
+                    )
+                )
             for rep in range(reps + 1):  # the first round warms up and is discarded
                 for mode, settings in per_mode.items():
                     sessions = sandbox_activities.runtime_for(settings, max_live=64).sessions  # that worker's
@@ -100,7 +114,10 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
                         sid = f"bench-{uuid.uuid4().hex[:10]}"
                         t0 = time.perf_counter()
                         ok = await client.execute_workflow(
-                            CellsWorkflow.run, args=[sid, trace, n], id=sid, task_queue=f"bench-iso-{run}-{mode}"
+                            CellsWorkflow.run,
+                            args=[sid, trace, n],
+                            id=sid,
+                            task_queue=f"bench-iso-{run}-{mode}",
                         )
                         assert ok == n, (ok, n)
                         if rep:
@@ -108,9 +125,7 @@ async def activity_path(cells: int, reps: int) -> dict[str, list[float]]:
             await sandbox_activities.shutdown()
     finally:
         server.stop()
-    return {
-        m: [(w - median(walls[(m, 0)])) * 1000 / cells for w in walls[(m, cells)]] for m in MODES
-    }
+    return {m: [(w - median(walls[(m, 0)])) * 1000 / cells for w in walls[(m, cells)]] for m in MODES}
 
 
 async def main(cells: int, rounds: int, reps: int) -> None:
@@ -145,9 +160,13 @@ async def main(cells: int, rounds: int, reps: int) -> None:
     rows = [
         row("host start, cold (spawn until ready), ms", {m: median(cold[m]) for m in MODES}),
         row("first cell of a session, warm pool, ms", {m: median(pooled[m]) for m in MODES}),
-        row(f"trivial cell, SessionManager.run_cell, ms (n={len(per_cell['auto'])})",
-            {m: median(per_cell[m]) for m in MODES}),
-        row("trivial cell, activity path (wall(N)-wall(0))/N, ms", {m: median(via_activity[m]) for m in MODES}),
+        row(
+            f"trivial cell, SessionManager.run_cell, ms (n={len(per_cell['auto'])})",
+            {m: median(per_cell[m]) for m in MODES},
+        ),
+        row(
+            "trivial cell, activity path (wall(N)-wall(0))/N, ms", {m: median(via_activity[m]) for m in MODES}
+        ),
         row("rebuild after host SIGKILL, 10 cells, 10 MB trace, ms", {m: rebuild[(m, 10)] for m in MODES}),
         row("rebuild after host SIGKILL, 50 cells, 10 MB trace, ms", {m: rebuild[(m, 50)] for m in MODES}),
     ]

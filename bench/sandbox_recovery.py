@@ -101,7 +101,9 @@ async def main(reps: int, every: int, big_mb: int) -> None:
         for label, ev in (("journal replay only", 0), (f"snapshot every {every}", every)):
             t, replayed, snap = await measure(home / f"j-{mb}-{n}-{ev}", traces[mb], n, ev, reps)
             rows.append([f"{mb} MB", n, label, snap or "-", replayed, t])
-    print(f"rebuild after SIGKILL of the host (next run_cell incl. trace load and probe cell), median of {reps}")
+    print(
+        f"rebuild after SIGKILL of the host (next run_cell incl. trace load and probe cell), median of {reps}"
+    )
     print(table(["trace", "recorded cells", "mode", "snapshot seq", "cells replayed", "rebuild s"], rows))
     print(f"\ncommand: python -m bench.sandbox_recovery --reps {reps} --every {every} --big-mb {big_mb}")
 

@@ -22,7 +22,12 @@ GRID_LATENCIES_MS = (200, 1000, 3000)  # bench/throughput.py --grid
 
 
 def _n_returns(messages: list[ModelMessage]) -> int:
-    return sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code")
+    return sum(
+        1
+        for m in messages
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == "execute_code"
+    )
 
 
 CALLS_FILE_ENV = "RR_BENCH_CALLS_FILE"
@@ -58,8 +63,10 @@ def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
         k = _n_returns(messages)
         if k < steps:
             code = f"v{k} = {k} * 2\nprint(v{k})"
-            return ModelResponse(parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{k}")],
-                                 usage=_usage(messages))
+            return ModelResponse(
+                parts=[ToolCallPart("execute_code", {"code": code}, tool_call_id=f"c{k}")],
+                usage=_usage(messages),
+            )
         args = {
             "reasoning": f"{steps} cells ran",
             "error_identification": "none",
@@ -69,8 +76,10 @@ def script(steps: int, latency_ms: int):  # type: ignore[no-untyped-def]
             "extracted_learnings": [],
             "skill_tags": [],
         }
-        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")],
-                             usage=_usage(messages))
+        return ModelResponse(
+            parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")],
+            usage=_usage(messages),
+        )
 
     return fn
 
@@ -81,7 +90,10 @@ def model_name(steps: int, latency_ms: int) -> str:
 
 for _s in STEPS:
     for _l in sorted({*LATENCIES_MS, *GRID_LATENCIES_MS}):
-        register_model(model_name(_s, _l), lambda s=_s, latency=_l: FunctionModel(script(s, latency), model_name=model_name(s, latency)))
+        register_model(
+            model_name(_s, _l),
+            lambda s=_s, latency=_l: FunctionModel(script(s, latency), model_name=model_name(s, latency)),
+        )
 
 
 # A long reflection for the history-size benchmark: `cells` cells printing `chars` characters each, then
@@ -92,13 +104,20 @@ _DONE_RE = __import__("re").compile(r"bench summary: (\d+) cells")
 
 def long_script(cells: int, chars: int):  # type: ignore[no-untyped-def]
     async def fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+        first = next(
+            (str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), ""
+        )
         if first.startswith("SUMMARISE_TRANSCRIPT"):
             before = [int(x) for x in _DONE_RE.findall(first)]
             n = first.count("[ToolReturnPart execute_code]") + (before[-1] if before else 0)
             return ModelResponse(parts=[TextPart(f"bench summary: {n} cells ran")])
-        summarised = [int(x) for m in messages for p in m.parts if isinstance(p, TextPart)
-                      for x in _DONE_RE.findall(p.content)]
+        summarised = [
+            int(x)
+            for m in messages
+            for p in m.parts
+            if isinstance(p, TextPart)
+            for x in _DONE_RE.findall(p.content)
+        ]
         k = _n_returns(messages) + (summarised[-1] if summarised else 0)
         if k < cells and info.function_tools:
             words = chars // 5
@@ -110,7 +129,12 @@ def long_script(cells: int, chars: int):  # type: ignore[no-untyped-def]
 
 
 _ANSWER = {
-    "reasoning": "bench", "error_identification": "none", "root_cause_analysis": "none",
-    "correct_approach": "none", "key_insight": "none", "extracted_learnings": [], "skill_tags": [],
+    "reasoning": "bench",
+    "error_identification": "none",
+    "root_cause_analysis": "none",
+    "correct_approach": "none",
+    "key_insight": "none",
+    "extracted_learnings": [],
+    "skill_tags": [],
 }
 register_model("bench-long-59", lambda: FunctionModel(long_script(59, 2_000), model_name="bench-long-59"))

@@ -72,20 +72,31 @@ async def main(roots: int, repeat: int) -> None:
     try:
         client = await rr.connect(env.address, settings=env.settings)
         tq = f"bench-suite-replay-{uuid.uuid4().hex[:6]}"
-        plan = {"code": ["print('root', 'x' * 20000)"], "children": [{"code": ["print('child')"]}],
-                "after": ["print('after')"]}
+        plan = {
+            "code": ["print('root', 'x' * 20000)"],
+            "children": [{"code": ["print('child')"]}],
+            "after": ["print('after')"],
+        }
         cfg = ReflectionConfig(model="scripted-plan", recursion="always")
         async with build_worker(client, tq):
-            handles = [await rr.start_reflection(client, rr.build_input(env.trace, question="PLAN:" + json.dumps(plan),
-                                                                        config=cfg), tq, f"sr-{uuid.uuid4().hex[:8]}")
-                       for _ in range(roots)]
+            handles = [
+                await rr.start_reflection(
+                    client,
+                    rr.build_input(env.trace, question="PLAN:" + json.dumps(plan), config=cfg),
+                    tq,
+                    f"sr-{uuid.uuid4().hex[:8]}",
+                )
+                for _ in range(roots)
+            ]
             for h in handles:
                 await h.result()
         empty = env.home / "another-store"
         empty.mkdir()
         dirs = [Path(env.settings.blob_dir), empty]
-        rows: dict[str, list[tuple[float, float]]] = {"before (a replay worker per history)": [],
-                                                      "after (one replay worker, fetched ahead)": []}
+        rows: dict[str, list[tuple[float, float]]] = {
+            "before (a replay worker per history)": [],
+            "after (one replay worker, fetched ahead)": [],
+        }
         counts: dict[str, int] = {}
         for _ in range(repeat):
             for name, fn in zip(rows, (_before, replay_server_histories), strict=True):
@@ -94,9 +105,15 @@ async def main(roots: int, repeat: int) -> None:
                 rows[name].append((time.perf_counter() - t0, _cpu() - c0))
                 assert not failures, failures
                 counts[name] = n
-        print(table(["replay", "histories", "wall s (median)", "CPU s (median)"],
-                    [[name, counts[name], median([w for w, _ in xs]), median([c for _, c in xs])]
-                     for name, xs in rows.items()]))
+        print(
+            table(
+                ["replay", "histories", "wall s (median)", "CPU s (median)"],
+                [
+                    [name, counts[name], median([w for w, _ in xs]), median([c for _, c in xs])]
+                    for name, xs in rows.items()
+                ],
+            )
+        )
     finally:
         await env.server.astop()
 

@@ -189,8 +189,13 @@ class Kind:
 
 def _spawn(module: str, home: Path, tag: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     log = home / f"{tag}.log"
-    proc = subprocess.Popen([sys.executable, "-m", module], cwd=REPO, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module],
+        cwd=REPO,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
     return proc, log
 
 
@@ -209,8 +214,9 @@ async def _start_batch(kind: Kind, n: int, model: str, env: BenchEnv) -> list[Wo
         async with sem:
             if kind.name == "rr":
                 return await start(kind.client, env.trace, model, kind.task_queue, prefix=f"tp{n}")  # type: ignore[no-any-return]
-            return await kind.client.start_workflow(AnchorWorkflow.run, model, id=f"anchor{n}-{uuid.uuid4().hex[:8]}",
-                                                    task_queue=kind.task_queue)
+            return await kind.client.start_workflow(
+                AnchorWorkflow.run, model, id=f"anchor{n}-{uuid.uuid4().hex[:8]}", task_queue=kind.task_queue
+            )
 
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
@@ -223,10 +229,16 @@ async def _history_counts(handles: list[WorkflowHandle[Any, Any]]) -> tuple[int,
     async def one(h: WorkflowHandle[Any, Any]) -> tuple[int, int, int]:
         async with sem:
             hist = await h.fetch_history()
-        timed_out = [e.workflow_task_timed_out_event_attributes.timeout_type for e in hist.events
-                     if e.event_type == WFT_TIMED_OUT]
-        return (sum(t == START_TO_CLOSE for t in timed_out), sum(t != START_TO_CLOSE for t in timed_out),
-                sum(e.event_type == WFT_FAILED for e in hist.events))
+        timed_out = [
+            e.workflow_task_timed_out_event_attributes.timeout_type
+            for e in hist.events
+            if e.event_type == WFT_TIMED_OUT
+        ]
+        return (
+            sum(t == START_TO_CLOSE for t in timed_out),
+            sum(t != START_TO_CLOSE for t in timed_out),
+            sum(e.event_type == WFT_FAILED for e in hist.events),
+        )
 
     counts = await asyncio.gather(*(one(h) for h in handles))
     return tuple(sum(c[i] for c in counts) for i in range(3))  # type: ignore[return-value]
@@ -257,11 +269,17 @@ def _requests_used(results: list[Any]) -> tuple[int, collections.Counter[str]]:
     return used, stops
 
 
-async def run_point(kind: Kind, n: int, steps: int, latency: int, model: str, env: BenchEnv,
-                    calls: Calls) -> list[object]:
+async def run_point(
+    kind: Kind, n: int, steps: int, latency: int, model: str, env: BenchEnv, calls: Calls
+) -> list[object]:
     pids = [p.pid for p in kind.procs]
     o0 = own_cpu(pids)
-    w0, s0, calls0, nf0 = tree_cpu(pids), tree_cpu([env.server.pid or 0]), calls.count(), kind.not_found_warnings()
+    w0, s0, calls0, nf0 = (
+        tree_cpu(pids),
+        tree_cpu([env.server.pid or 0]),
+        calls.count(),
+        kind.not_found_warnings(),
+    )
     d0 = time.process_time()  # this process: the client and the scripted HTTP model
     with MemorySampler(pids) as mem:
         t = time.perf_counter()
@@ -272,29 +290,69 @@ async def run_point(kind: Kind, n: int, steps: int, latency: int, model: str, en
     w1, s1, d1 = tree_cpu(pids), tree_cpu([env.server.pid or 0]), time.process_time()
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        raise RuntimeError(f"{len(failed)}/{n} {kind.name} runs failed; first: {failed[0]!r} / "
-                           f"{getattr(failed[0], 'cause', None)!r}")
+        raise RuntimeError(
+            f"{len(failed)}/{n} {kind.name} runs failed; first: {failed[0]!r} / "
+            f"{getattr(failed[0], 'cause', None)!r}"
+        )
     total_steps = n * (steps + 1)
     used, stops = _requests_used(results)
     if set(stops) != {"completed"} or used != total_steps:
-        print(f"  {kind.name}: stop reasons {dict(stops)}, {used} requests used, {total_steps} scripted", flush=True)
+        print(
+            f"  {kind.name}: stop reasons {dict(stops)}, {used} requests used, {total_steps} scripted",
+            flush=True,
+        )
     paid_twice = calls.count() - calls0 - used
     timeouts, sticky_fallbacks, wft_failed = await _history_counts(handles)
     mb = 1024 * 1024
-    return [kind.name, latency, n, wall, used / wall, (w1 - w0) / used * 1000,
-            (o1 - o0) / used * 1000, (s1 - s0) / used * 1000, (d1 - d0) / used * 1000,
-            wall / ((steps + 1) * latency / 1000) if latency else "-", timeouts,  # 0 ms: no latency bound
-            kind.not_found_warnings() - nf0, sticky_fallbacks, wft_failed, paid_twice, mem.worker_peak / mb, mem.hosts_peak / mb,
-            mem.hosts_peak_count, mem.total_pss_peak / mb / n]
+    return [
+        kind.name,
+        latency,
+        n,
+        wall,
+        used / wall,
+        (w1 - w0) / used * 1000,
+        (o1 - o0) / used * 1000,
+        (s1 - s0) / used * 1000,
+        (d1 - d0) / used * 1000,
+        wall / ((steps + 1) * latency / 1000) if latency else "-",
+        timeouts,  # 0 ms: no latency bound
+        kind.not_found_warnings() - nf0,
+        sticky_fallbacks,
+        wft_failed,
+        paid_twice,
+        mem.worker_peak / mb,
+        mem.hosts_peak / mb,
+        mem.hosts_peak_count,
+        mem.total_pss_peak / mb / n,
+    ]
 
 
-HEADERS = ["agent", "latency ms", "in flight", "wall s", "steps/s", "worker CPU ms/step", "of which worker process",
-           "server CPU ms/step",
-           "bench CPU ms/step", "wall / latency bound", "WFT timeouts", "not found", "sticky fallbacks", "WFT failed", "paid twice", "worker peak MB",
-           "hosts peak MB", "host procs", "PSS MB per reflection"]
+HEADERS = [
+    "agent",
+    "latency ms",
+    "in flight",
+    "wall s",
+    "steps/s",
+    "worker CPU ms/step",
+    "of which worker process",
+    "server CPU ms/step",
+    "bench CPU ms/step",
+    "wall / latency bound",
+    "WFT timeouts",
+    "not found",
+    "sticky fallbacks",
+    "WFT failed",
+    "paid twice",
+    "worker peak MB",
+    "hosts peak MB",
+    "host procs",
+    "PSS MB per reflection",
+]
 
 
-async def main(points: list[tuple[int, int]], steps: int, kinds: list[str], transport: str, procs: int = 1) -> None:
+async def main(
+    points: list[tuple[int, int]], steps: int, kinds: list[str], transport: str, procs: int = 1
+) -> None:
     env = await start_bench_env()
     home, address = env.home, env.address
     os.environ[scripts.CALLS_FILE_ENV] = str(home / "model-calls")
@@ -303,7 +361,11 @@ async def main(points: list[tuple[int, int]], steps: int, kinds: list[str], tran
     if transport == "http":
         # latency is set per point; replies are decided from the request alone, like a real provider's
         server = OpenAIServer(cells=steps, code=bench_code, nodelay=True, record=False).start()
-        extra |= {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench", "RR_WORKER_MODELS": HTTP_MODEL}
+        extra |= {
+            "OPENAI_BASE_URL": server.base_url,
+            "OPENAI_API_KEY": "bench",
+            "RR_WORKER_MODELS": HTTP_MODEL,
+        }
         os.environ.update(extra)  # the client checks the model name too (today it builds the model)
     calls = Calls(server)
     started: dict[str, Kind] = {}
@@ -311,17 +373,37 @@ async def main(points: list[tuple[int, int]], steps: int, kinds: list[str], tran
         for name in kinds:
             tq = f"tp-{name}-{uuid.uuid4().hex[:6]}"
             module, count = ("bench.worker", procs) if name == "rr" else ("bench.anchor_worker", 1)
-            spawned = [_spawn(module, home, f"{name}{i}", {**extra, "RR_TASK_QUEUE": tq}) for i in range(count)]
-            client = (await connect(address) if name == "rr"
-                      else await Client.connect(address, plugins=[PydanticAIPlugin()]))
+            spawned = [
+                _spawn(module, home, f"{name}{i}", {**extra, "RR_TASK_QUEUE": tq}) for i in range(count)
+            ]
+            client = (
+                await connect(address)
+                if name == "rr"
+                else await Client.connect(address, plugins=[PydanticAIPlugin()])
+            )
             started[name] = Kind(name, tq, [p for p, _ in spawned], [log for _, log in spawned], client)
         for kind in started.values():
             await _ready(kind)
         spy = None
         if os.environ.get("RR_BENCH_PYSPY") and "rr" in started:
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(started["rr"].procs[0].pid), "-r", "100", "-f", "raw",
-                                    "--threads", "--gil", "-o", os.environ["RR_BENCH_PYSPY"]],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(started["rr"].procs[0].pid),
+                    "-r",
+                    "100",
+                    "-f",
+                    "raw",
+                    "--threads",
+                    "--gil",
+                    "-o",
+                    os.environ["RR_BENCH_PYSPY"],
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         rows: list[list[object]] = []
         for latency, n in points:
             model = HTTP_MODEL if server is not None else scripts.model_name(steps, latency)
@@ -333,8 +415,10 @@ async def main(points: list[tuple[int, int]], steps: int, kinds: list[str], tran
                 row = await run_point(kind, n, steps, latency, model, env, calls)
                 rows.append(row)
                 print(table(HEADERS, [row]).splitlines()[-1], flush=True)
-        print(f"\n{steps}-step scripted reflections ({transport} model), one worker process per agent + the "
-              f"embedded dev server, {os.cpu_count()} cores")
+        print(
+            f"\n{steps}-step scripted reflections ({transport} model), one worker process per agent + the "
+            f"embedded dev server, {os.cpu_count()} cores"
+        )
         print(table(HEADERS, rows))
         if spy is not None:
             spy.send_signal(2)
@@ -364,10 +448,16 @@ if __name__ == "__main__":
     ap.add_argument("--transport", default="http", choices=["http", "function"])
     ap.add_argument("--worker-processes", type=int, default=1)
     a = ap.parse_args()
-    if a.transport == "function" and any((a.steps, lat) not in {(s, x) for s in scripts.STEPS
-                                                                 for x in (*scripts.LATENCIES_MS, *GRID_LATENCIES_MS)}
-                                         for lat in a.latency):
-        ap.error(f"--transport function has scripted models for steps {scripts.STEPS} and latencies "
-                 f"{sorted({*scripts.LATENCIES_MS, *GRID_LATENCIES_MS})} ms only")
+    if a.transport == "function" and any(
+        (a.steps, lat)
+        not in {(s, x) for s in scripts.STEPS for x in (*scripts.LATENCIES_MS, *GRID_LATENCIES_MS)}
+        for lat in a.latency
+    ):
+        ap.error(
+            f"--transport function has scripted models for steps {scripts.STEPS} and latencies "
+            f"{sorted({*scripts.LATENCIES_MS, *GRID_LATENCIES_MS})} ms only"
+        )
     lats, concs = (GRID_LATENCIES_MS, GRID_CONCURRENCY) if a.grid else (a.latency, a.concurrency)
-    asyncio.run(main([(lat, n) for lat in lats for n in concs], a.steps, a.kinds, a.transport, a.worker_processes))
+    asyncio.run(
+        main([(lat, n) for lat in lats for n in concs], a.steps, a.kinds, a.transport, a.worker_processes)
+    )

@@ -45,7 +45,7 @@ def tokens_of(text: str) -> list[int]:
     if ENC is not None:
         return list(ENC.encode(text, disallowed_special=()))
     data = text.encode()
-    return [hash(data[i:i + 4]) for i in range(0, len(data), 4)]
+    return [hash(data[i : i + 4]) for i in range(0, len(data), 4)]
 
 
 def _text(content: Any) -> str:

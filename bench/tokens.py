@@ -74,8 +74,11 @@ def _make_server(cells: int) -> Any:
             tools = {t.get("function", {}).get("name") for t in body.get("tools") or []}
             outputs = _chat_cell_outputs(body.get("messages") or [])
             if len(outputs) >= self.cells and "final_result" not in tools:
-                reply["choices"][0]["message"] = {"role": "assistant", "content": json.dumps(_reflection(outputs)),
-                                                  "refusal": None}
+                reply["choices"][0]["message"] = {
+                    "role": "assistant",
+                    "content": json.dumps(_reflection(outputs)),
+                    "refusal": None,
+                }
                 reply["choices"][0]["finish_reason"] = "stop"
             return reply
 
@@ -161,12 +164,16 @@ async def _rr(traces: list[Trace], server: Any) -> dict[str, list[dict[str, Any]
                 before = len(server.requests)
                 ref = rr.upload_trace(t.path, env.settings)
                 cfg = ReflectionConfig(model=f"openai-chat:bench-tokens-{uuid.uuid4().hex[:6]}")
-                result = await (await rr.start_reflection(client, rr.build_input(ref, config=cfg), tq)).result()
+                result = await (
+                    await rr.start_reflection(client, rr.build_input(ref, config=cfg), tq)
+                ).result()
                 assert result.raw["rr_trace"]["stop_reason"] == "completed", result.raw["rr_trace"]
                 bodies = [r.body for r in server.requests[before:]]
                 counted = sum(len(request_tokens(b)) for b in bodies)
                 billed = result.raw["usage"]["input_tokens"]
-                assert billed == counted, f"rr's ledger says {billed} input tokens, the server counted {counted}"
+                assert billed == counted, (
+                    f"rr's ledger says {billed} input tokens, the server counted {counted}"
+                )
                 out[t.name] = bodies
     finally:
         from activities import sandbox as sandbox_activities
@@ -214,18 +221,29 @@ def _row(system: str, trace: str, bodies: list[dict[str, Any]]) -> dict[str, Any
     first = bodies[0] if bodies else {}
     tools = first.get("tools") or []
     return {
-        "system": system, "trace": trace, "requests": len(counts), "first": counts[0] if counts else 0,
-        "average": statistics.mean(counts) if counts else 0.0, "reflection": sum(counts),
+        "system": system,
+        "trace": trace,
+        "requests": len(counts),
+        "first": counts[0] if counts else 0,
+        "average": statistics.mean(counts) if counts else 0.0,
+        "reflection": sum(counts),
         "cached": sum(cached),
-        "tools_first": len(tokens_of(json.dumps([t.get("function", t) for t in tools], separators=(",", ":"))))
-        if tools else 0,
+        "tools_first": len(
+            tokens_of(json.dumps([t.get("function", t) for t in tools], separators=(",", ":")))
+        )
+        if tools
+        else 0,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", type=Path, default=None,
-                    help="folder with tau-bench-airline-gpt-4o.json, openclaw-*.jsonl, who-and-when/")
+    ap.add_argument(
+        "--traces",
+        type=Path,
+        default=None,
+        help="folder with tau-bench-airline-gpt-4o.json, openclaw-*.jsonl, who-and-when/",
+    )
     ap.add_argument("--cells", type=int, default=3, help="execute_code calls before the answer (each system)")
     ap.add_argument("--only", default="rr,anchor,seed", help="systems to run (comma-separated)")
     ap.add_argument("--json", type=Path, default=None, help="write the rows and the first rr request here")
@@ -251,23 +269,60 @@ def main() -> None:
         for name, bodies in by_trace.items():
             rows.append(_row(system, name, bodies))
     print(f"Input tokens per request ({TOKENIZER}; {args.cells} execute_code calls, then the answer)")
-    print(table(["system", "trace", "requests", "first", "average", "per reflection", "cached (modelled)",
-                 "tool defs"],
-                [[r["system"], r["trace"], r["requests"], r["first"], round(r["average"]), r["reflection"],
-                  r["cached"], r["tools_first"]] for r in rows]))
+    print(
+        table(
+            [
+                "system",
+                "trace",
+                "requests",
+                "first",
+                "average",
+                "per reflection",
+                "cached (modelled)",
+                "tool defs",
+            ],
+            [
+                [
+                    r["system"],
+                    r["trace"],
+                    r["requests"],
+                    r["first"],
+                    round(r["average"]),
+                    r["reflection"],
+                    r["cached"],
+                    r["tools_first"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     by_system: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_system.setdefault(r["system"], []).append(r)
     print("\nMedian over the traces")
-    print(table(["system", "first", "average", "per reflection", "cached (modelled)", "tool defs"],
-                [[s, round(statistics.median(r["first"] for r in rs)), round(statistics.median(r["average"] for r in rs)),
-                  round(statistics.median(r["reflection"] for r in rs)), round(statistics.median(r["cached"] for r in rs)),
-                  round(statistics.median(r["tools_first"] for r in rs))] for s, rs in by_system.items()]))
+    print(
+        table(
+            ["system", "first", "average", "per reflection", "cached (modelled)", "tool defs"],
+            [
+                [
+                    s,
+                    round(statistics.median(r["first"] for r in rs)),
+                    round(statistics.median(r["average"] for r in rs)),
+                    round(statistics.median(r["reflection"] for r in rs)),
+                    round(statistics.median(r["cached"] for r in rs)),
+                    round(statistics.median(r["tools_first"] for r in rs)),
+                ]
+                for s, rs in by_system.items()
+            ],
+        )
+    )
     for s in skipped:
         print(f"skipped: {s}")
     if args.json is not None:
         first_rr = next((b[0] for s, d in runs if s == "rr" for b in d.values() if b), None)
-        args.json.write_text(json.dumps({"tokenizer": TOKENIZER, "rows": rows, "first_rr_request": first_rr}, indent=1))
+        args.json.write_text(
+            json.dumps({"tokenizer": TOKENIZER, "rows": rows, "first_rr_request": first_rr}, indent=1)
+        )
 
 
 if __name__ == "__main__":

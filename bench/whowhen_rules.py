@@ -45,7 +45,9 @@ def load(folder: Path) -> list[tuple[int, dict[str, Any], str, int]]:
     return out
 
 
-def _score(runs: list[tuple[int, dict[str, Any], str, int]], guess: Guess, other: Guess) -> dict[str, list[int]]:
+def _score(
+    runs: list[tuple[int, dict[str, Any], str, int]], guess: Guess, other: Guess
+) -> dict[str, list[int]]:
     """Per half ("all", "odd", "even"): [runs, fired, agent hits, step hits, step hits where fired,
     `other`'s step hits on the runs where `guess` fired]."""
     halves: dict[str, list[int]] = {"all": [0] * 6, "odd": [0] * 6, "even": [0] * 6}
@@ -93,19 +95,34 @@ def rows(runs: list[tuple[int, dict[str, Any], str, int]]) -> list[list[object]]
     out: list[list[object]] = []
     for name, guess in guesses:
         h = _score(runs, guess, _combination_without(name))
-        out.append([
-            name, f"{h['all'][1]}/{h['all'][0]}",
-            *(_pct(h[x][k], h[x][0]) for x in ("all", "odd", "even") for k in (2, 3)),
-            *(f"{_pct(h[x][4], h[x][1])} vs {_pct(h[x][5], h[x][1])}" for x in ("odd", "even")),
-        ])
+        out.append(
+            [
+                name,
+                f"{h['all'][1]}/{h['all'][0]}",
+                *(_pct(h[x][k], h[x][0]) for x in ("all", "odd", "even") for k in (2, 3)),
+                *(f"{_pct(h[x][4], h[x][1])} vs {_pct(h[x][5], h[x][1])}" for x in ("odd", "even")),
+            ]
+        )
     blank = [""] * (len(HEADERS) - 4)
     out.append(["random choice (published)", "", f"{RANDOM['agent']:.1%}", f"{RANDOM['step']:.1%}", *blank])
-    out.append(["GPT-4o best (published)", "", f"{PUBLISHED['agent']:.1%}", f"{PUBLISHED['step']:.1%}", *blank])
+    out.append(
+        ["GPT-4o best (published)", "", f"{PUBLISHED['agent']:.1%}", f"{PUBLISHED['step']:.1%}", *blank]
+    )
     return out
 
 
-HEADERS = ["rule", "fires", "agent", "step", "agent odd", "step odd", "agent even", "step even",
-           "odd: step where fired vs the others", "even: step where fired vs the others"]
+HEADERS = [
+    "rule",
+    "fires",
+    "agent",
+    "step",
+    "agent odd",
+    "step odd",
+    "agent even",
+    "step even",
+    "odd: step where fired vs the others",
+    "even: step where fired vs the others",
+]
 
 
 def main(argv: list[str]) -> int:

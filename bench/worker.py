@@ -1,6 +1,6 @@
 """A benchmark worker process: ReflectionWorkflow plus the anchor workflow, bench models registered.
 
-    TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
+TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
         for name, supplier in suppliers.items():
             s = supplier.stats
             rate = f", rate {s.rate}" if s.rate else ""
-            parts.append(f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}")
+            parts.append(
+                f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}"
+            )
             s.window_max_lag_s = 0.0
         print("admission: " + "; ".join(parts), flush=True)
 
@@ -38,8 +40,13 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     suppliers = {"workflow tasks": workflow_admission(), "activities": activity_admission()}
-    async with build_worker(client, s.task_queue, extra_workflows=[AnchorWorkflow],
-                            admission=suppliers["workflow tasks"], activity_slots_supplier=suppliers["activities"]):
+    async with build_worker(
+        client,
+        s.task_queue,
+        extra_workflows=[AnchorWorkflow],
+        admission=suppliers["workflow tasks"],
+        activity_slots_supplier=suppliers["activities"],
+    ):
         print(f"rr worker pid={os.getpid()} ready", flush=True)
         lag = asyncio.create_task(_report(suppliers))
         await stop.wait()

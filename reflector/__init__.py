@@ -16,14 +16,27 @@ if TYPE_CHECKING:
     from reflector.contract import ReflectorDeps as RRDeps
     from reflector.contract import ReflectorOutput
 
-__all__ = ["reflect", "areflect", "RRConfig", "RRStep", "ReflectorOutput", "RRDeps", "TraceSandbox",
-           "ExecutionResult", "ExecutionTimeoutError"]
+__all__ = [
+    "reflect",
+    "areflect",
+    "RRConfig",
+    "RRStep",
+    "ReflectorOutput",
+    "RRDeps",
+    "TraceSandbox",
+    "ExecutionResult",
+    "ExecutionTimeoutError",
+]
 
 _API = {"reflect", "areflect", "RRConfig", "ReflectorOutput"}
 # ACE's other public names of its RR (`ace.steps.rr_step.__all__`), as rr has them: where they live, their name there
-_ACE_NAMES = {"RRStep": ("reflector.client.ace", "RRStep"), "RRDeps": ("reflector.contract", "ReflectorDeps"), "TraceSandbox": ("reflector.client.trace_sandbox", "TraceSandbox"),
-              "ExecutionResult": ("reflector.client.trace_sandbox", "ExecutionResult"),
-              "ExecutionTimeoutError": ("reflector.client.trace_sandbox", "ExecutionTimeoutError")}
+_ACE_NAMES = {
+    "RRStep": ("reflector.client.ace", "RRStep"),
+    "RRDeps": ("reflector.contract", "ReflectorDeps"),
+    "TraceSandbox": ("reflector.client.trace_sandbox", "TraceSandbox"),
+    "ExecutionResult": ("reflector.client.trace_sandbox", "ExecutionResult"),
+    "ExecutionTimeoutError": ("reflector.client.trace_sandbox", "ExecutionTimeoutError"),
+}
 
 
 def __getattr__(name: str) -> Any:

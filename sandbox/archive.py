@@ -91,13 +91,17 @@ def decode_archive(sha256_hex: str, data: bytes, max_bytes: int = ARCHIVE_MAX_BY
     if len(data) > max_bytes:
         raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} exceeds {max_bytes:,} bytes")
     if hashlib.sha256(data).hexdigest() != sha256_hex:
-        raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)")
+        raise ValueError(
+            f"ARCHIVE: archived transcript {sha256_hex} is corrupt (content does not match its sha256)"
+        )
     try:
         value = json.loads(data)
     except ValueError as exc:
         raise ValueError(f"ARCHIVE: archived transcript {sha256_hex} is not valid JSON: {exc}") from None
     if not isinstance(value, list):
-        raise TypeError(f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list")
+        raise TypeError(
+            f"ARCHIVE: archived transcript {sha256_hex} is a {type(value).__name__}, expected a list"
+        )
     return value
 
 

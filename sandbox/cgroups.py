@@ -108,7 +108,9 @@ def find_cgroup_base(explicit: str | None = None) -> tuple[str | None, str]:
             )
             continue
         if mine == root:
-            reasons.append(f"the worker is in the root cgroup of {root}; set {CGROUP_ENV} to a delegated cgroup")
+            reasons.append(
+                f"the worker is in the root cgroup of {root}; set {CGROUP_ENV} to a delegated cgroup"
+            )
             continue
         why = check_cgroup_base(os.path.dirname(mine))
         if why is None:

@@ -210,7 +210,9 @@ class SubprocessExecutor:
             t0 = time.perf_counter()
             try:
                 resp = await asyncio.wait_for(
-                    self._exchange({"op": "cell", "code": code}, answer=self._answer, stdout_max=self._stdout_max),
+                    self._exchange(
+                        {"op": "cell", "code": code}, answer=self._answer, stdout_max=self._stdout_max
+                    ),
                     self.limits.cell_timeout_s,
                 )
             except TimeoutError:
@@ -240,8 +242,11 @@ class SubprocessExecutor:
             t0 = time.perf_counter()
             try:
                 resp = await asyncio.wait_for(
-                    self._exchange({"op": "unguarded", "code": code}, answer=self._answer,
-                                   stdout_max=UNGUARDED_STDOUT_CHARS),
+                    self._exchange(
+                        {"op": "unguarded", "code": code},
+                        answer=self._answer,
+                        stdout_max=UNGUARDED_STDOUT_CHARS,
+                    ),
                     self.limits.cell_timeout_s,
                 )
             except TimeoutError:
@@ -421,7 +426,13 @@ class SubprocessExecutor:
         # A reply frame holds stdout (up to 6 bytes a character as escaped JSON), an error, a FINAL_ANSWER.
         max_reply = MAX_REPLY_BYTES + 6 * stdout_max
         return await _exchange(
-            self._proc, obj, payload, sink=sink, answer=answer, max_payload=cap, stdout_max=stdout_max,
+            self._proc,
+            obj,
+            payload,
+            sink=sink,
+            answer=answer,
+            max_payload=cap,
+            stdout_max=stdout_max,
             max_reply=max_reply,
         )
 

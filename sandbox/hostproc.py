@@ -98,7 +98,9 @@ def sweep_stale_workdirs(root: str | None = None) -> int:
     root = root or tempfile.gettempdir()
     removed = 0
     for entry in os.scandir(root):
-        parts = entry.name[len(WORKDIR_PREFIX) :].split("-", 1) if entry.name.startswith(WORKDIR_PREFIX) else []
+        parts = (
+            entry.name[len(WORKDIR_PREFIX) :].split("-", 1) if entry.name.startswith(WORKDIR_PREFIX) else []
+        )
         if len(parts) != 2 or not parts[0].isdigit() or not entry.is_dir(follow_symlinks=False):
             continue
         if not os.path.exists(f"/proc/{parts[0]}"):
@@ -130,7 +132,9 @@ async def _launch(
     server = await _zygote(python) if zygote else None
     if server is not None:
         try:
-            forked = await server.spawn(["sandbox.host", *args[6:]], env, workdir, stderr_path, START_TIMEOUT_S)
+            forked = await server.spawn(
+                ["sandbox.host", *args[6:]], env, workdir, stderr_path, START_TIMEOUT_S
+            )
             return _HostProc(forked, workdir, stderr_path)
         except (OSError, RuntimeError) as exc:
             log.warning("sandbox: the host fork server failed (%s); starting this host directly", exc)
@@ -354,7 +358,11 @@ def _submitted_problem(value: Any) -> str | None:
     size = len(text)
     if size > FINAL_ANSWER_MAX_BYTES:
         size -= len(_SURROGATE_SPELLING.findall(text))
-    return None if size <= FINAL_ANSWER_MAX_BYTES else f"is {size:,} bytes as JSON (limit {FINAL_ANSWER_MAX_BYTES:,})"
+    return (
+        None
+        if size <= FINAL_ANSWER_MAX_BYTES
+        else f"is {size:,} bytes as JSON (limit {FINAL_ANSWER_MAX_BYTES:,})"
+    )
 
 
 def _isolation_problem(value: Any) -> str | None:
@@ -364,10 +372,16 @@ def _isolation_problem(value: Any) -> str | None:
     if value.get("mode") not in MODES:
         return "names an unknown mode"
     layers, missing = value.get("layers", []), value.get("missing", {})
-    if type(layers) is not list or len(layers) > 32 or not all(type(v) is str and len(v) <= 200 for v in layers):
+    if (
+        type(layers) is not list
+        or len(layers) > 32
+        or not all(type(v) is str and len(v) <= 200 for v in layers)
+    ):
         return "has malformed layers"
-    if type(missing) is not dict or len(missing) > 32 or not all(
-        type(v) is str and len(k) <= 200 and len(v) <= 2000 for k, v in missing.items()
+    if (
+        type(missing) is not dict
+        or len(missing) > 32
+        or not all(type(v) is str and len(k) <= 200 and len(v) <= 2000 for k, v in missing.items())
     ):
         return "has malformed missing layers"
     for key in ("landlock_abi", "uid"):

@@ -77,7 +77,9 @@ worker's own cgroup, when it is such a directory (systemd `Delegate=yes` with th
 HOST_MAX_FDS = 64
 """RLIMIT_NOFILE of a locked-down host. It holds about ten (stdio, its two protocol fds, the trace and its
 index, an import in flight); the cap bounds what fds pin outside RLIMIT_AS (pipe buffers, epoll, ...)."""
-HOST_PIDS_MAX = 8  # the supervisor, the reaper and the host (seccomp allows no fork): slack for the kernel's view
+HOST_PIDS_MAX = (
+    8  # the supervisor, the reaper and the host (seccomp allows no fork): slack for the kernel's view
+)
 CGROUP_MEMORY_SLACK = 64 * 1024**2  # memory.max over RLIMIT_AS: the supervisor, the reaper, kernel memory
 CGROUP_PREFIX = "rr-host-"
 
@@ -219,8 +221,6 @@ def _map_ids(uid: int, gid: int) -> None:
 _ID_MAPPERS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 
-
-
 def _subordinate_start(path: str, names: tuple[str, ...]) -> int | None:
     """The first id of the range `path` (`/etc/subuid` format: name:start:count) gives one of `names`."""
     try:
@@ -230,7 +230,13 @@ def _subordinate_start(path: str, names: tuple[str, ...]) -> int | None:
         return None
     for line in lines:
         parts = line.strip().split(":")
-        if len(parts) == 3 and parts[0] in names and parts[1].isdigit() and parts[2].isdigit() and int(parts[2]) >= 1:
+        if (
+            len(parts) == 3
+            and parts[0] in names
+            and parts[1].isdigit()
+            and parts[2].isdigit()
+            and int(parts[2]) >= 1
+        ):
             return int(parts[1])
     return None
 
@@ -272,8 +278,13 @@ def _unshare_subordinate(uid: int, gid: int, sub: tuple[int, int, str, str]) -> 
             os.read(ready_r, 1)
             result = b"ok"
             for tool, own, first in ((sub[2], uid, sub[0]), (sub[3], gid, sub[1])):
-                run = subprocess.run([tool, str(target), "0", str(own), "1", "1", str(first), "1"],
-                                     stdin=subprocess.DEVNULL, capture_output=True, timeout=10, env={})
+                run = subprocess.run(
+                    [tool, str(target), "0", str(own), "1", "1", str(first), "1"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=10,
+                    env={},
+                )
                 if run.returncode != 0:
                     result = f"{os.path.basename(tool)}: {run.stderr.decode(errors='replace').strip()[:200]}".encode()
                     break
@@ -291,6 +302,8 @@ def _unshare_subordinate(uid: int, gid: int, sub: tuple[int, int, str, str]) -> 
     if why:
         return why
     if answer != "ok":
-        _map_ids(uid, gid)  # the uid map is still unwritten (newuidmap failed) or the gid map (then this raises)
+        _map_ids(
+            uid, gid
+        )  # the uid map is still unwritten (newuidmap failed) or the gid map (then this raises)
         return answer
     return None

@@ -47,6 +47,7 @@ class Replica(Protocol):
     def remove_tree(self, directory: Path | str) -> None: ...
     def pull_tree(self, directory: Path | str) -> int: ...
 
+
 _SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -58,7 +59,9 @@ class RebuildFailed(Exception):
 class Journal:
     """The journal and snapshot files of every session under `root` (created if missing)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True, replica: Replica | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool = True, replica: Replica | None = None
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
@@ -125,8 +128,10 @@ class Journal:
         """Remove journal entries for `seq` (and later ones unless `only_this`): they are being re-run."""
         directory = self.session_dir(session_id)
         if only_this:
-            self._unlink(directory / name
-                         for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json"))
+            self._unlink(
+                directory / name
+                for name in (f"{seq:08d}.json", f"snapshot-{seq:08d}.pkl", f"snapshot-{seq:08d}.json")
+            )
             return
         if not directory.is_dir():
             return
@@ -201,8 +206,12 @@ class Journal:
             _fsync_dir(directory)
         sidecar = {"seq": seq, "start_key": start_key, "size": size}
         self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
-        self._unlink(p for old_seq, path in self.snapshots(session_id) if old_seq < keep_from
-                     for p in (path, path.with_suffix(".json")))
+        self._unlink(
+            p
+            for old_seq, path in self.snapshots(session_id)
+            if old_seq < keep_from
+            for p in (path, path.with_suffix(".json"))
+        )
 
     def write_snapshot(
         self, session_id: str, seq: int, start_key: str, blob: bytes, *, keep_from: int
@@ -212,8 +221,12 @@ class Journal:
         self.write_atomic(directory / f"snapshot-{seq:08d}.pkl", blob)
         sidecar = {"seq": seq, "start_key": start_key, "size": len(blob)}
         self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
-        self._unlink(p for old_seq, path in self.snapshots(session_id) if old_seq < keep_from
-                     for p in (path, path.with_suffix(".json")))
+        self._unlink(
+            p
+            for old_seq, path in self.snapshots(session_id)
+            if old_seq < keep_from
+            for p in (path, path.with_suffix(".json"))
+        )
 
 
 def _fsync_dir(directory: Path) -> None:

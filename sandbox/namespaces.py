@@ -35,7 +35,9 @@ from sandbox.isolation import (
 __all__ = ["enter_namespaces"]
 
 
-def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailable: Iterable[str] = ()) -> None:
+def enter_namespaces(
+    mode: IsolationMode, report: IsolationReport, *, unavailable: Iterable[str] = ()
+) -> None:
     """Move this process into new namespaces; returns in the host, the parents never return.
 
     The process that was spawned (the executor's `proc`, call it P) stays in the worker's PID
@@ -84,6 +86,7 @@ def enter_namespaces(mode: IsolationMode, report: IsolationReport, *, unavailabl
     report.layers.append("namespaces")
     if proc_note:
         report.missing["private /proc"] = proc_note
+
 
 _subordinate: tuple[int, int] | None = None  # (uid, gid) this host becomes at the lockdown, when mapped
 
@@ -152,10 +155,26 @@ def _supervise(child: int) -> None:
 # Signals whose default action ends a process: P re-raises only these on itself (a breached host
 # choosing its own exit status must not be able to stop P or make it ignore the signal).
 _PASSED_ON_SIGNALS = frozenset(
-    int(s) for s in (
-        signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS,
-        signal.SIGFPE, signal.SIGILL, signal.SIGSYS, signal.SIGTRAP, signal.SIGTERM, signal.SIGINT,
-        signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2,
+    int(s)
+    for s in (
+        signal.SIGKILL,
+        signal.SIGXCPU,
+        signal.SIGXFSZ,
+        signal.SIGSEGV,
+        signal.SIGABRT,
+        signal.SIGBUS,
+        signal.SIGFPE,
+        signal.SIGILL,
+        signal.SIGSYS,
+        signal.SIGTRAP,
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGPIPE,
+        signal.SIGQUIT,
+        signal.SIGALRM,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
     )
 )
 

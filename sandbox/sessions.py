@@ -161,7 +161,9 @@ class SessionManager:
         self.isolation: IsolationMode = isolation or isolation_defaults.DEFAULT_MODE
         self.zygote = zygote
         if executor_factory is None:
-            self.pool = HostPool(pool_size, isolation=self.isolation, zygote=zygote) if pool_size > 0 else None
+            self.pool = (
+                HostPool(pool_size, isolation=self.isolation, zygote=zygote) if pool_size > 0 else None
+            )
             executor_factory = self._pooled_factory
         self._factory = executor_factory
         self._max_live = max(1, max_live)
@@ -270,8 +272,14 @@ class SessionManager:
         """
         with tempfile.TemporaryDirectory(prefix="rr-export-") as directory:
             path, skipped = await self.export_to_file(
-                session_id, seq, Path(directory), trace_path=trace_path, trace_format=trace_format,
-                extra_vars=extra_vars, limits=limits, inherit=inherit,
+                session_id,
+                seq,
+                Path(directory),
+                trace_path=trace_path,
+                trace_format=trace_format,
+                extra_vars=extra_vars,
+                limits=limits,
+                inherit=inherit,
             )
             return await asyncio.to_thread(path.read_bytes), skipped
 
@@ -449,7 +457,10 @@ class SessionManager:
         await self._evict(keep=session_id)
         self.stats.rebuilds += 1
         self.stats.cells_replayed += len(entries)
-        info: dict[str, Any] = {"cells_replayed": len(entries), "rebuild_ms": (time.perf_counter() - t0) * 1000}
+        info: dict[str, Any] = {
+            "cells_replayed": len(entries),
+            "rebuild_ms": (time.perf_counter() - t0) * 1000,
+        }
         if snap_seq:
             info["snapshot_seq"] = snap_seq
         if self.journal.replica is not None:
@@ -496,7 +507,9 @@ class SessionManager:
                 return
             size = path.stat().st_size
             try:
-                await self._io(self.journal.adopt_snapshot, session_id, seq, live.start_key, path, keep_from=keep_from)
+                await self._io(
+                    self.journal.adopt_snapshot, session_id, seq, live.start_key, path, keep_from=keep_from
+                )
             finally:
                 path.unlink(missing_ok=True)  # adopted: already renamed away
         else:
@@ -506,7 +519,9 @@ class SessionManager:
                 meta["snapshot"] = f"skipped: {resp.get('error')}"
                 return
             size = len(blob)
-            await self._io(self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from)
+            await self._io(
+                self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from
+            )
         self.stats.snapshots_written += 1
         meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
         meta["snapshot_bytes"] = size

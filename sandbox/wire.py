@@ -80,8 +80,22 @@ CHANNEL_BROKEN_EXIT = 86
 _HELD_SIGNALS = frozenset(
     getattr(signal, name)
     for name in (
-        "SIGXCPU", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
-        "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE", "SIGWINCH", "SIGURG", "SIGIO", "SIGXFSZ",
+        "SIGXCPU",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGCHLD",
+        "SIGPIPE",
+        "SIGWINCH",
+        "SIGURG",
+        "SIGIO",
+        "SIGXFSZ",
     )
     if hasattr(signal, name)
 )

@@ -99,7 +99,9 @@ def serve(sock: socket.socket) -> None:
         if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            sock.send(json.dumps({"failed": req.get("spawn"), "error": f"expected 3 fds, got {len(fds)}"}).encode())
+            sock.send(
+                json.dumps({"failed": req.get("spawn"), "error": f"expected 3 fds, got {len(fds)}"}).encode()
+            )
             continue
         pid = os.fork()
         if pid == 0:

@@ -70,9 +70,20 @@ class _Zygote:
         try:
             with open(os.path.join(workdir, "zygote.stderr"), "wb") as log_fh:
                 self._proc = await asyncio.create_subprocess_exec(
-                    self.python, "-S", "-s", "-B", "-m", "sandbox.zygote", str(child.fileno()),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=log_fh,
-                    cwd=workdir, env=host_env(workdir), pass_fds=[child.fileno()], start_new_session=True,
+                    self.python,
+                    "-S",
+                    "-s",
+                    "-B",
+                    "-m",
+                    "sandbox.zygote",
+                    str(child.fileno()),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log_fh,
+                    cwd=workdir,
+                    env=host_env(workdir),
+                    pass_fds=[child.fileno()],
+                    start_new_session=True,
                 )
         finally:
             child.close()
@@ -107,7 +118,9 @@ class _Zygote:
                     if "spawned" in obj:
                         fut.set_result(int(obj["pid"]))
                     else:
-                        fut.set_exception(RuntimeError(f"the zygote could not fork a host: {obj.get('error')}"))
+                        fut.set_exception(
+                            RuntimeError(f"the zygote could not fork a host: {obj.get('error')}")
+                        )
             elif "exited" in obj:
                 pid, rc = int(obj["exited"]), int(obj["returncode"])
                 child = self._children.pop(pid, None)
@@ -173,7 +186,9 @@ class _Zygote:
             os.close(out_r)
             raise
         reader = asyncio.StreamReader(limit=2**16, loop=self.loop)
-        await self.loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0))
+        await self.loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0)
+        )
         transport, protocol = await self.loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0)
         )

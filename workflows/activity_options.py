@@ -20,7 +20,9 @@ __all__ = [
 ]
 
 MODEL_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
+    initial_interval=timedelta(milliseconds=500),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
     maximum_attempts=6,
 )
 # pydantic-ai heartbeats model requests in the background (every half of this); a dead worker's in-flight
@@ -31,7 +33,9 @@ MODEL_RETRY = RetryPolicy(
 # with a 3 s model; 10 s: 10 at 500 with a 200 ms model, start delays up to 13 s; bench/throughput.py).
 # 30 s is pydantic-ai's default. In-process models run as local activities and never heartbeat.
 MODEL_HEARTBEAT = timedelta(seconds=30)
-MODEL_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT)
+MODEL_ACTIVITY = ActivityConfig(
+    start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=MODEL_HEARTBEAT
+)
 BASE_ACTIVITY = ActivityConfig(start_to_close_timeout=timedelta(minutes=5), retry_policy=MODEL_RETRY)
 SUMMARISE_TIMEOUT = timedelta(minutes=5)
 
@@ -44,6 +48,8 @@ REBUILD_ALLOWANCE_S = 120.0
 # for a transient file-system fault; a store that stays unusable fails the batch (not one run's fault).
 BATCH_ACTIVITY_TIMEOUT = timedelta(minutes=2)
 BATCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=10),
+    initial_interval=timedelta(milliseconds=500),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
     maximum_attempts=5,
 )

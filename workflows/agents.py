@@ -38,7 +38,6 @@ def model_resolver() -> ResolveModelId[Any]:
     return ResolveModelId(_resolve)
 
 
-
 def _budget(ctx: RunContext[ReflectorDeps]) -> str:
     d = ctx.deps
     return prompts.budget(d.max_requests, d.max_tokens, shared_with_children=recurse_offered(d))

@@ -100,8 +100,13 @@ class BatchReflectionWorkflow:
     @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> BatchProgress:
         return BatchProgress(
-            phase=self.phase, total=self.total, done=self.cursor.reflected, running=self.running,
-            failed=self.cursor.failed, continued_as_new=self.cursor.runs - 1, last_event=self.last_event,
+            phase=self.phase,
+            total=self.total,
+            done=self.cursor.reflected,
+            running=self.running,
+            failed=self.cursor.failed,
+            continued_as_new=self.cursor.runs - 1,
+            last_event=self.last_event,
         )
 
     @workflow.run
@@ -117,13 +122,19 @@ class BatchReflectionWorkflow:
             while cur.next_index < stop:
                 page = await self._local(
                     READ_MANIFEST_ACTIVITY,
-                    ReadManifestInput(manifest=inp.manifest, offset=cur.offset, first_index=cur.next_index,
-                                      limit=min(inp.page_size, stop - cur.next_index)),
-                    ManifestPage, "read manifest page",
+                    ReadManifestInput(
+                        manifest=inp.manifest,
+                        offset=cur.offset,
+                        first_index=cur.next_index,
+                        limit=min(inp.page_size, stop - cur.next_index),
+                    ),
+                    ManifestPage,
+                    "read manifest page",
                 )
                 if not page.runs:
-                    raise ApplicationError(f"the manifest ends at run {cur.next_index} of {self.total}",
-                                           non_retryable=True)
+                    raise ApplicationError(
+                        f"the manifest ends at run {cur.next_index} of {self.total}", non_retryable=True
+                    )
                 for run in page.runs:
                     await workflow.wait_condition(lambda: self.running < inp.concurrency)
                     self.running += 1
@@ -146,15 +157,21 @@ class BatchReflectionWorkflow:
                 await asyncio.wait(tasks)
         if chunk:
             records = WriteRecordsInput(batch_id=batch_id, records=[chunk[i] for i in sorted(chunk)])
-            cur.record_pages.append(await self._local(WRITE_RECORDS_ACTIVITY, records, str, "write record page"))
+            cur.record_pages.append(
+                await self._local(WRITE_RECORDS_ACTIVITY, records, str, "write record page")
+            )
         if cancelled:
             return await self._finish(inp, batch_id, cancelled=True)
         if cur.next_index < self.total:
             self.phase = "continuing as new"
-            workflow.continue_as_new(inp.model_copy(update={"cursor": cur.model_copy(update={"runs": cur.runs + 1})}))
+            workflow.continue_as_new(
+                inp.model_copy(update={"cursor": cur.model_copy(update={"runs": cur.runs + 1})})
+            )
         return await self._finish(inp, batch_id)
 
-    async def _reflect_run(self, inp: BatchInput, batch_id: str, run: BatchRun, chunk: dict[int, str]) -> None:
+    async def _reflect_run(
+        self, inp: BatchInput, batch_id: str, run: BatchRun, chunk: dict[int, str]
+    ) -> None:
         """Reflect on one run in a child workflow and store its record; a failure is recorded, not raised."""
         wf_id: str | None = None
         out: ReflectorOutput | None = None
@@ -164,12 +181,21 @@ class BatchReflectionWorkflow:
                 error = "the manifest lists no trace for this run"
             if error is None and run.trace is not None:
                 wf_id = child_id(batch_id, run.index)
-                child = ReflectionInput(trace=run.trace, skillbook=inp.skillbook, mode=inp.mode, config=inp.config,
-                                        parent_workflow_id=batch_id, search_attributes=inp.search_attributes,
-                                        skillbook_ref=inp.skillbook_ref)
+                child = ReflectionInput(
+                    trace=run.trace,
+                    skillbook=inp.skillbook,
+                    mode=inp.mode,
+                    config=inp.config,
+                    parent_workflow_id=batch_id,
+                    search_attributes=inp.search_attributes,
+                    skillbook_ref=inp.skillbook_ref,
+                )
                 try:
                     out = await workflow.execute_child_workflow(
-                        WORKFLOW_NAME, child, id=wf_id, result_type=ReflectorOutput,
+                        WORKFLOW_NAME,
+                        child,
+                        id=wf_id,
+                        result_type=ReflectorOutput,
                         parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                         task_timeout=workflow.info().task_timeout,
                         **_child_visibility(child, batch_id, run.source or run.run_id),
@@ -198,7 +224,8 @@ class BatchReflectionWorkflow:
         res = await self._local(
             SYNTHESISE_BATCH_ACTIVITY,
             SynthesiseBatchInput(batch_id=batch_id, record_pages=list(cur.record_pages), n_runs=self.total),
-            SynthesiseBatchResult, "synthesise",
+            SynthesiseBatchResult,
+            "synthesise",
         )
         want_llm = inp.llm_synthesis if inp.llm_synthesis is not None else is_llm(inp.config.model)
         llm_out: ReflectorOutput | None = None
@@ -206,37 +233,64 @@ class BatchReflectionWorkflow:
         if want_llm and res.synthesis.reflected and not cancelled:
             self.phase = "LLM synthesis over the run records"
             synth = ReflectionInput(
-                trace=res.records, question=llm_question(self.total), feedback=llm_feedback(res.synthesis),
-                mode="offline", config=inp.config, parent_workflow_id=batch_id, search_attributes=inp.search_attributes,
+                trace=res.records,
+                question=llm_question(self.total),
+                feedback=llm_feedback(res.synthesis),
+                mode="offline",
+                config=inp.config,
+                parent_workflow_id=batch_id,
+                search_attributes=inp.search_attributes,
             )
             try:
                 llm_out = await workflow.execute_child_workflow(
-                    WORKFLOW_NAME, synth, id=f"{batch_id}.synthesis", result_type=ReflectorOutput,
-                    parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, task_timeout=workflow.info().task_timeout,
+                    WORKFLOW_NAME,
+                    synth,
+                    id=f"{batch_id}.synthesis",
+                    result_type=ReflectorOutput,
+                    parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+                    task_timeout=workflow.info().task_timeout,
                     **_child_visibility(synth, batch_id, "run records"),
                 )
             except ChildWorkflowError as e:
                 llm_error = _failure_text(e.cause or e)
         self.phase = "done"
         out = BatchOutput(
-            batch_id=batch_id, model=inp.config.model, n_runs=self.total, reflected=cur.reflected,
-            failed=cur.failed, continued_as_new=cur.runs - 1, synthesis=res.synthesis, records=res.records,
-            llm_synthesis=llm_out, llm_synthesis_error=llm_error, cancelled=cancelled,
+            batch_id=batch_id,
+            model=inp.config.model,
+            n_runs=self.total,
+            reflected=cur.reflected,
+            failed=cur.failed,
+            continued_as_new=cur.runs - 1,
+            synthesis=res.synthesis,
+            records=res.records,
+            llm_synthesis=llm_out,
+            llm_synthesis_error=llm_error,
+            cancelled=cancelled,
         )
         if inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
             complete = out.failed == 0 and out.synthesis.incomplete_reflections == 0
-            workflow.upsert_search_attributes(sa.end_updates(
-                "cancelled" if cancelled else "completed" if complete else "incomplete",
-                requests=cur.requests, tokens=cur.total_tokens, children=cur.reflected + cur.failed,
-            ))
+            workflow.upsert_search_attributes(
+                sa.end_updates(
+                    "cancelled" if cancelled else "completed" if complete else "incomplete",
+                    requests=cur.requests,
+                    tokens=cur.total_tokens,
+                    children=cur.reflected + cur.failed,
+                )
+            )
         return out
 
     async def _local(self, name: str, arg: Any, result_type: type[T], summary: str) -> T:
         # a cancellation (`rr cancel`) arriving meanwhile is raised as such once the activity is resolved
-        result: T = await await_cancel_safe(workflow.start_local_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=BATCH_ACTIVITY_TIMEOUT,
-            retry_policy=BATCH_RETRY, summary=summary,
-        ))
+        result: T = await await_cancel_safe(
+            workflow.start_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=BATCH_ACTIVITY_TIMEOUT,
+                retry_policy=BATCH_RETRY,
+                summary=summary,
+            )
+        )
         return result
 
 
@@ -245,7 +299,8 @@ def _child_visibility(child: ReflectionInput, batch_id: str, source: str) -> dic
     if not child.search_attributes or child.trace is None:
         return {}
     return {
-        "search_attributes": sa.start_attributes(child.config.model, trace_sha256=child.trace.sha256,
-                                                 parent=batch_id, batch_id=batch_id),
+        "search_attributes": sa.start_attributes(
+            child.config.model, trace_sha256=child.trace.sha256, parent=batch_id, batch_id=batch_id
+        ),
         "memo": sa.memo(child.trace, source),
     }

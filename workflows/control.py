@@ -40,8 +40,12 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
         for its schema again (the answer is still validated by `ReflectionDraft`, which defaults it to empty)."""
         if ctx.deps.has_skillbook:
             return tool_defs
-        return [replace(t, parameters_json_schema=prompts.without_skill_tags(t.parameters_json_schema))
-                if t.name == OUTPUT_TOOL else t for t in tool_defs]
+        return [
+            replace(t, parameters_json_schema=prompts.without_skill_tags(t.parameters_json_schema))
+            if t.name == OUTPUT_TOOL
+            else t
+            for t in tool_defs
+        ]
 
     async def before_model_request(
         self, ctx: RunContext[ReflectorDeps], request_context: ModelRequestContext
@@ -74,11 +78,18 @@ class SessionControl(AbstractCapability[ReflectorDeps]):
             called = [p.tool_name for p in response.parts if isinstance(p, ToolCallPart)]
             state.last_tool = ", ".join(dict.fromkeys(called)) or "(text, no tool)"
             if not reused:
-                state.charge("turn", response.model_name, response.usage.input_tokens, response.usage.output_tokens,
-                             cache_read_tokens=response.usage.cache_read_tokens,
-                             cache_write_tokens=response.usage.cache_write_tokens)
+                state.charge(
+                    "turn",
+                    response.model_name,
+                    response.usage.input_tokens,
+                    response.usage.output_tokens,
+                    cache_read_tokens=response.usage.cache_read_tokens,
+                    cache_write_tokens=response.usage.cache_write_tokens,
+                )
             if response.usage.input_tokens > 0 and state.last_request_chars > 0:
-                state.counters.chars_per_token = max(0.5, state.last_request_chars / response.usage.input_tokens)
+                state.counters.chars_per_token = max(
+                    0.5, state.last_request_chars / response.usage.input_tokens
+                )
         return response
 
 
@@ -109,22 +120,30 @@ async def _compact(state: SessionState, messages: list[ModelMessage]) -> list[Mo
     if message_chars(compacted) / state.counters.chars_per_token <= threshold:
         return compacted
     if state.counters.compactions >= cfg.max_compactions:
-        raise SessionEnded("max_compactions", f"the context needed a summary after {state.counters.compactions} summaries")
+        raise SessionEnded(
+            "max_compactions", f"the context needed a summary after {state.counters.compactions} summaries"
+        )
     _enforce_budget(state)
     state.phase = "summarising"
     reuse = reusing_summary(state)  # `rr rerun`: the origin's summary, paid by the origin
-    result: SummariseResult = await reused_summary(state) if reuse else await await_cancel_safe(
-        workflow.start_activity(
-            SUMMARISE_ACTIVITY,
-            SummariseInput(
-                model=cfg.model, transcript_json=transcript_json(messages), workflow_id=state.session_id,
-                depth=state.inp.depth,
-            ),
-            result_type=SummariseResult,
-            start_to_close_timeout=SUMMARISE_TIMEOUT,
-            heartbeat_timeout=MODEL_HEARTBEAT,
-            retry_policy=MODEL_RETRY,
-            summary="summarise",
+    result: SummariseResult = (
+        await reused_summary(state)
+        if reuse
+        else await await_cancel_safe(
+            workflow.start_activity(
+                SUMMARISE_ACTIVITY,
+                SummariseInput(
+                    model=cfg.model,
+                    transcript_json=transcript_json(messages),
+                    workflow_id=state.session_id,
+                    depth=state.inp.depth,
+                ),
+                result_type=SummariseResult,
+                start_to_close_timeout=SUMMARISE_TIMEOUT,
+                heartbeat_timeout=MODEL_HEARTBEAT,
+                retry_policy=MODEL_RETRY,
+                summary="summarise",
+            )
         )
     )
     if not reuse:
@@ -146,5 +165,3 @@ def continue_as_new_now(state: SessionState, messages: list[ModelMessage]) -> No
 def continue_as_new(ctx: RunContext[ReflectorDeps]) -> None:
     """`TemporalDurability`'s handler for Temporal's continue-as-new suggestion."""
     continue_as_new_now(current_state(), list(ctx.messages))
-
-

@@ -121,7 +121,11 @@ class _LocalModelRequest:
         model_name = getattr(params, "model_id", None) or op_id.model_name
         cfg = self._config
         params_wire, deps = payload
-        with rebuilt_model_errors(), model_response_payload_errors(model_name), handed_over(params_wire, deps) as key:
+        with (
+            rebuilt_model_errors(),
+            model_response_payload_errors(model_name),
+            handed_over(params_wire, deps) as key,
+        ):
             response: ModelResponse = await await_cancel_safe(
                 workflow.start_local_activity(
                     self._local,
@@ -158,12 +162,16 @@ class LocalModelDurability(TemporalDurability[AgentDepsT]):
         async def run(params: Any, deps: Any) -> ModelResponse:
             # pydantic-ai's activity body minus its heartbeat loop (local activities do not heartbeat)
             semantic = op.parameter_transport.load((params, deps), runtime=runtime)
-            with non_retryable_subclasses_as_application_errors(), model_errors_as_application_errors(non_retryable):
+            with (
+                non_retryable_subclasses_as_application_errors(),
+                model_errors_as_application_errors(non_retryable),
+            ):
                 return await op.handler(semantic)
 
         self.local_request_activity = cached_request_activity(run, name)
-        local = _LocalModelRequest(inner, self.local_request_activity, self._model_activity_config,
-                                   steps=agent.name == AGENT_NAME)
+        local = _LocalModelRequest(
+            inner, self.local_request_activity, self._model_activity_config, steps=agent.name == AGENT_NAME
+        )
         self._bound_model_operations = ops._replace(request=local)
 
 

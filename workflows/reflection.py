@@ -101,10 +101,18 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             messages_in = ModelMessagesTypeAdapter.validate_json(inp.continuation.messages_json)
         elif len(inp.skillbook) > MAX_INLINE_SKILLBOOK_CHARS and workflow.patched(INLINE_SKILLBOOK_PATCH):
             # parsed here it would block the workflow task past the deadlock detector (every attempt)
-            return self._ended(self._output(None, [], "error", (
-                f"the inline skillbook is {len(inp.skillbook):,} characters, over the limit of "
-                f"{MAX_INLINE_SKILLBOOK_CHARS:,} for `ReflectionInput.skillbook`: pass it as `skillbook_ref` "
-                "(reflector.client.upload_skillbook, which build_input uses)")))
+            return self._ended(
+                self._output(
+                    None,
+                    [],
+                    "error",
+                    (
+                        f"the inline skillbook is {len(inp.skillbook):,} characters, over the limit of "
+                        f"{MAX_INLINE_SKILLBOOK_CHARS:,} for `ReflectionInput.skillbook`: pass it as `skillbook_ref` "
+                        "(reflector.client.upload_skillbook, which build_input uses)"
+                    ),
+                )
+            )
         else:
             try:
                 prep = await self._prepare(inp)
@@ -117,10 +125,19 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 state.phase = "done"
                 return self._ended(self._output(None, [], "cancelled", CANCELLED_DETAIL))
             if prep.skillbook_error is not None:
-                return self._ended(self._output(None, [], "error", f"skillbook refused: {prep.skillbook_error}"))
+                return self._ended(
+                    self._output(None, [], "error", f"skillbook refused: {prep.skillbook_error}")
+                )
             if prep.context_error is not None:
-                return self._ended(self._output(None, [], "error", f"context_code failed: {prep.context_error}",
-                                                context_error=prep.context_error))
+                return self._ended(
+                    self._output(
+                        None,
+                        [],
+                        "error",
+                        f"context_code failed: {prep.context_error}",
+                        context_error=prep.context_error,
+                    )
+                )
             prompt = self._task_prompt(prep)
 
         deps = ReflectorDeps(
@@ -177,25 +194,27 @@ class ReflectionWorkflow(PydanticAIWorkflow):
     async def _prepare(self, inp: ReflectionInput) -> PrepareSessionResult:
         state = self.state
         state.phase = "preparing sandbox"
-        prep: PrepareSessionResult = await await_cancel_safe(workflow.start_local_activity(
-            PREPARE_ACTIVITY,
-            PrepareSessionInput(
-                session_id=state.session_id,
-                trace=inp.trace,
-                question=inp.question,
-                ground_truth=inp.ground_truth,
-                feedback=inp.feedback,
-                skillbook=inp.skillbook,
-                limits=state.limits,
-                inherit_ref=inp.inherit_ref,
-                context_code=inp.context_code,
-                skillbook_ref=inp.skillbook_ref,
-            ),
-            result_type=PrepareSessionResult,
-            start_to_close_timeout=timedelta(seconds=inp.config.cell_timeout_s * 2 + REBUILD_ALLOWANCE_S),
-            retry_policy=CELL_RETRY,
-            summary="prefill",
-        ))
+        prep: PrepareSessionResult = await await_cancel_safe(
+            workflow.start_local_activity(
+                PREPARE_ACTIVITY,
+                PrepareSessionInput(
+                    session_id=state.session_id,
+                    trace=inp.trace,
+                    question=inp.question,
+                    ground_truth=inp.ground_truth,
+                    feedback=inp.feedback,
+                    skillbook=inp.skillbook,
+                    limits=state.limits,
+                    inherit_ref=inp.inherit_ref,
+                    context_code=inp.context_code,
+                    skillbook_ref=inp.skillbook_ref,
+                ),
+                result_type=PrepareSessionResult,
+                start_to_close_timeout=timedelta(seconds=inp.config.cell_timeout_s * 2 + REBUILD_ALLOWANCE_S),
+                retry_policy=CELL_RETRY,
+                summary="prefill",
+            )
+        )
         state.init_ref, state.counters.seq, state.facts = prep.init_ref, prep.next_seq - 1, prep.facts
         state.cell_outputs[1] = _shown_preview(prep.preview)
         state.phase = "thinking"
@@ -205,30 +224,38 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         """Upsert the stop reason and totals (where the namespace has rr's search attributes)."""
         if self.state.inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
             rt, usage = out.raw.get("rr_trace", {}), out.raw.get("usage", {})
-            workflow.upsert_search_attributes(sa.end_updates(
-                str(rt.get("stop_reason", "completed")), requests=int(usage.get("requests", 0)),
-                tokens=int(usage.get("total_tokens", 0)), children=len(rt.get("subagent_calls", [])),
-            ))
+            workflow.upsert_search_attributes(
+                sa.end_updates(
+                    str(rt.get("stop_reason", "completed")),
+                    requests=int(usage.get("requests", 0)),
+                    tokens=int(usage.get("total_tokens", 0)),
+                    children=len(rt.get("subagent_calls", [])),
+                )
+            )
         return out
 
     async def _close(self) -> None:
-        await _despite_cancel(workflow.start_local_activity(
-            CLOSE_ACTIVITY,
-            CloseSessionInput(session_id=self.state.session_id),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=CELL_RETRY,
-            summary="close sandbox",
-        ))
+        await _despite_cancel(
+            workflow.start_local_activity(
+                CLOSE_ACTIVITY,
+                CloseSessionInput(session_id=self.state.session_id),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=CELL_RETRY,
+                summary="close sandbox",
+            )
+        )
         if local_model_requests():
             # A regular activity: scheduling it ends the workflow task, which records every model
             # response in the history before the response cache is deleted.
-            await _despite_cancel(workflow.start_activity(
-                FORGET_ACTIVITY,
-                self.state.session_id,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=CELL_RETRY,
-                summary="forget cached model responses",
-            ))
+            await _despite_cancel(
+                workflow.start_activity(
+                    FORGET_ACTIVITY,
+                    self.state.session_id,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=CELL_RETRY,
+                    summary="forget cached model responses",
+                )
+            )
 
     async def _synthesise(self, messages: list[ModelMessage]) -> ReflectionDraft | None:
         """One last, budgeted request that turns the findings so far into a reflection."""
@@ -259,16 +286,23 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                     usage_limits=UsageLimits(request_limit=1),
                 )
                 draft = result.output.model_copy(
-                    update={"reasoning": f"PARTIAL (synthesised after the budget ran out): {result.output.reasoning}"}
+                    update={
+                        "reasoning": f"PARTIAL (synthesised after the budget ran out): {result.output.reasoning}"
+                    }
                 )
             except (UnexpectedModelBehavior, AgentRunError):
                 draft = None
         # charged whether or not the answer was usable: the request was made
         for response in synth_messages:
             if isinstance(response, ModelResponse):
-                state.charge("synthesis", response.model_name, response.usage.input_tokens, response.usage.output_tokens,
-                             cache_read_tokens=response.usage.cache_read_tokens,
-                             cache_write_tokens=response.usage.cache_write_tokens)
+                state.charge(
+                    "synthesis",
+                    response.model_name,
+                    response.usage.input_tokens,
+                    response.usage.output_tokens,
+                    cache_read_tokens=response.usage.cache_read_tokens,
+                    cache_write_tokens=response.usage.cache_write_tokens,
+                )
         return draft
 
     def _task_prompt(self, prep: PrepareSessionResult) -> str:
@@ -276,7 +310,9 @@ class ReflectionWorkflow(PydanticAIWorkflow):
         preview = _shown_preview(prep.preview)
         skillbook_line = ""
         if inp.skillbook_ref is not None:  # the prepare activity read the blob: the first ids and the count
-            skillbook_line = f"A skillbook ({inp.skillbook_ref.chars} chars) is in the variable `skillbook`.\n"
+            skillbook_line = (
+                f"A skillbook ({inp.skillbook_ref.chars} chars) is in the variable `skillbook`.\n"
+            )
             if inp.mode == "online":
                 listed = ", ".join(f"[{sid}]" for sid in prep.skill_ids[:SKILL_IDS_SHOWN])
                 more = prep.skill_count - min(len(prep.skill_ids), SKILL_IDS_SHOWN)
@@ -290,23 +326,35 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 skillbook_line += prompts.ONLINE + f"{IDS_LINE} {shown or '(none found)'}\n"
         facts = prep.facts
         if inp.depth > 0:  # a child's question is its parent's sub-question; the agent's is in the trace
-            question_line = (f"Sub-question from the parent session: {inp.question}\nQuestion given to the agent: "
-                             + prompts.task_field(None, facts.question, key="question", none="(see `traces`)"))
+            question_line = (
+                f"Sub-question from the parent session: {inp.question}\nQuestion given to the agent: "
+                + prompts.task_field(None, facts.question, key="question", none="(see `traces`)")
+            )
         else:
             question_line = "Question given to the agent: " + prompts.task_field(
-                inp.question, facts.question, key="question",
-                none="(none in the task or at the trace's top level; in a batch each run has its own)")
+                inp.question,
+                facts.question,
+                key="question",
+                none="(none in the task or at the trace's top level; in a batch each run has its own)",
+            )
         if facts.actions_checked or inp.trace.format == "tau-bench":
-            truth_none = ("none as text: the trace carries the task's expected actions (see "
-                          + ("expected_actions(traces))" if facts.actions_checked else "expected_actions(traces['runs'][i]))"))
+            truth_none = "none as text: the trace carries the task's expected actions (see " + (
+                "expected_actions(traces))"
+                if facts.actions_checked
+                else "expected_actions(traces['runs'][i]))"
+            )
         else:
-            truth_none = "(none in the trace or the task: judge the outcome from the steps, errors and feedback)"
+            truth_none = (
+                "(none in the trace or the task: judge the outcome from the steps, errors and feedback)"
+            )
         return prompts.render(
             prompts.TASK,
             format=inp.trace.format,
             size=inp.trace.size,
             question_line=question_line,
-            ground_truth=prompts.task_field(inp.ground_truth, facts.ground_truth, key="ground_truth", none=truth_none),
+            ground_truth=prompts.task_field(
+                inp.ground_truth, facts.ground_truth, key="ground_truth", none=truth_none
+            ),
             feedback=prompts.task_field(inp.feedback, facts.feedback, key="feedback", none="(none)"),
             mode=inp.mode,
             skillbook_line=skillbook_line,
@@ -367,7 +415,9 @@ def _may_recurse(inp: ReflectionInput) -> bool:
     `recursion="always"`. Recorded before this rule, and a rerun whose reused prefix started children: as then."""
     if not workflow.patched(RECURSE_BY_STRATEGY_PATCH):
         return True
-    return prompts.may_split(inp.trace.size, inp.config.recursion) or (inp.rerun is not None and inp.rerun.children > 0)
+    return prompts.may_split(inp.trace.size, inp.config.recursion) or (
+        inp.rerun is not None and inp.rerun.children > 0
+    )
 
 
 def _reused_steps(inp: ReflectionInput) -> int:
@@ -396,7 +446,9 @@ def _model_settings(config: ReflectionConfig, session_id: str) -> ModelSettings:
     return cast(ModelSettings, settings)
 
 
-def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: StopReason, error: str) -> ReflectionDraft:
+def _fallback(
+    state: SessionState, messages: list[ModelMessage], stop_reason: StopReason, error: str
+) -> ReflectionDraft:
     """A deterministic reflection from what the session saw, when the model could not finish."""
     outputs = [
         str(p.content)
@@ -421,8 +473,16 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
         verdict = (
             f" The agent's state-changing actions {'match' if facts.answer_correct else 'do NOT match'} the "
             "expected actions (compared by name and arguments)"
-            + (f"; expected but not taken: {'; '.join(facts.missing_actions)[:400]}" if facts.missing_actions else "")
-            + (f"; taken but not expected: {'; '.join(facts.unexpected_actions)[:400]}" if facts.unexpected_actions else "")
+            + (
+                f"; expected but not taken: {'; '.join(facts.missing_actions)[:400]}"
+                if facts.missing_actions
+                else ""
+            )
+            + (
+                f"; taken but not expected: {'; '.join(facts.unexpected_actions)[:400]}"
+                if facts.unexpected_actions
+                else ""
+            )
             + "."
         )
     elif facts.answer_correct is not None:
@@ -443,9 +503,13 @@ def _fallback(state: SessionState, messages: list[ModelMessage], stop_reason: St
             + (f"Cell outputs so far: {seen}" if cancelled else f"Last cell output: {seen}")
         ),
         root_cause_analysis="Not determined: the session stopped before an analysis was complete.",
-        correct_approach=("Re-run the reflection (it was cancelled)." if cancelled else
-                          "Re-run the reflection with a larger budget (--max-requests / --max-tokens)."),
-        key_insight=("Cancelled reflection" if cancelled else "Incomplete reflection") + "; see raw.rr_trace.stop_reason.",
+        correct_approach=(
+            "Re-run the reflection (it was cancelled)."
+            if cancelled
+            else "Re-run the reflection with a larger budget (--max-requests / --max-tokens)."
+        ),
+        key_insight=("Cancelled reflection" if cancelled else "Incomplete reflection")
+        + "; see raw.rr_trace.stop_reason.",
         extracted_learnings=[],
         skill_tags=[],
         diagnosis=facts.diagnosis,  # the facts cell's first divergence, when the trace has expected actions

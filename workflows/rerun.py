@@ -83,7 +83,11 @@ def reusing_summary(state: SessionState) -> bool:
 async def _local(state: SessionState, name: str, arg: object, result_type: type[Any], summary: str) -> Any:
     return await await_cancel_safe(
         workflow.start_local_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=_TIMEOUT, retry_policy=CELL_RETRY,
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=_TIMEOUT,
+            retry_policy=CELL_RETRY,
             summary=summary,
         )
     )
@@ -95,8 +99,11 @@ async def reused_response(state: SessionState) -> ModelResponse:
     step = state.counters.iterations + 1
     state.last_event = f"reused step {step}"
     response: ModelResponse = await _local(
-        state, RERUN_RESPONSE_ACTIVITY, ReusedItemInput(prefix_sha256=r.prefix_sha256, index=step - 1),
-        ModelResponse, f"reused step {step} of {r.origin}",
+        state,
+        RERUN_RESPONSE_ACTIVITY,
+        ReusedItemInput(prefix_sha256=r.prefix_sha256, index=step - 1),
+        ModelResponse,
+        f"reused step {step} of {r.origin}",
     )
     state.counters.reused_requests += 1
     return response
@@ -106,9 +113,11 @@ async def reused_cell(state: SessionState, seq: int, code: str) -> CellOutcome:
     r = _rerun(state)
     assert r is not None
     outcome: CellOutcome = await _local(
-        state, RERUN_CELL_ACTIVITY,
+        state,
+        RERUN_CELL_ACTIVITY,
         ReusedCellInput(prefix_sha256=r.prefix_sha256, session_id=state.session_id, seq=seq, code=code),
-        CellOutcome, f"reused cell {seq}",
+        CellOutcome,
+        f"reused cell {seq}",
     )
     state.counters.reused_cells += 1
     return outcome
@@ -118,8 +127,11 @@ async def reused_child(state: SessionState, number: int) -> ReusedChild:
     r = _rerun(state)
     assert r is not None
     child: ReusedChild = await _local(
-        state, RERUN_CHILD_ACTIVITY, ReusedItemInput(prefix_sha256=r.prefix_sha256, index=number),
-        ReusedChild, f"reused child {number}",
+        state,
+        RERUN_CHILD_ACTIVITY,
+        ReusedItemInput(prefix_sha256=r.prefix_sha256, index=number),
+        ReusedChild,
+        f"reused child {number}",
     )
     state.counters.reused_children += 1
     return child
@@ -129,9 +141,11 @@ async def reused_summary(state: SessionState) -> SummariseResult:
     r = _rerun(state)
     assert r is not None
     result: SummariseResult = await _local(
-        state, RERUN_SUMMARY_ACTIVITY,
+        state,
+        RERUN_SUMMARY_ACTIVITY,
         ReusedItemInput(prefix_sha256=r.prefix_sha256, index=state.counters.compactions),
-        SummariseResult, f"reused summary {state.counters.compactions + 1}",
+        SummariseResult,
+        f"reused summary {state.counters.compactions + 1}",
     )
     state.counters.reused_summaries += 1
     return result

@@ -41,7 +41,6 @@ __all__ = ["SessionState", "SessionEnded", "current_state", "await_cancel_safe",
 T = TypeVar("T")
 
 
-
 class SessionEnded(Exception):
     """Raised from workflow-side tools or hooks to end the agent run (caught by the workflow).
 
@@ -118,8 +117,16 @@ class SessionState:
         """One request is kept back for the final synthesis when the budget allows it."""
         return 1 if self.inp.config.max_requests >= 3 else 0
 
-    def charge(self, kind: str, model: str | None, input_tokens: int, output_tokens: int, *,
-               cache_read_tokens: int = 0, cache_write_tokens: int = 0) -> None:
+    def charge(
+        self,
+        kind: str,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> None:
         """Charge one model request of this session (a turn, a summary or the synthesis) to the ledger."""
         self.ledger.charge(
             UsageRecord(
@@ -157,22 +164,26 @@ class SessionState:
 
         # `rr rerun`: a cell the origin ran before the first live step returns its recorded outcome
         reuse = rerun.reusing_cell(self, self.counters.seq)
-        outcome: CellOutcome = await rerun.reused_cell(self, self.counters.seq, code) if reuse else await await_cancel_safe(
-            workflow.start_local_activity(
-                RUN_CELL_ACTIVITY,
-                CellInput(
-                    session_id=self.session_id,
-                    seq=self.counters.seq,
-                    code=code,
-                    trace=self.inp.trace,
-                    init_ref=self.init_ref,
-                    limits=self.limits,
-                    inherit_ref=self.inp.inherit_ref,
-                ),
-                result_type=CellOutcome,
-                start_to_close_timeout=self._activity_timeout(),
-                retry_policy=CELL_RETRY,
-                summary=f"cell {self.counters.seq}",
+        outcome: CellOutcome = (
+            await rerun.reused_cell(self, self.counters.seq, code)
+            if reuse
+            else await await_cancel_safe(
+                workflow.start_local_activity(
+                    RUN_CELL_ACTIVITY,
+                    CellInput(
+                        session_id=self.session_id,
+                        seq=self.counters.seq,
+                        code=code,
+                        trace=self.inp.trace,
+                        init_ref=self.init_ref,
+                        limits=self.limits,
+                        inherit_ref=self.inp.inherit_ref,
+                    ),
+                    result_type=CellOutcome,
+                    start_to_close_timeout=self._activity_timeout(),
+                    retry_policy=CELL_RETRY,
+                    summary=f"cell {self.counters.seq}",
+                )
             )
         )
         self.phase = "thinking"
@@ -224,9 +235,11 @@ class SessionState:
         running_id = f"{self.session_id}.r{c.recursions}" if running else ""
         children = [
             ChildProgress(
-                workflow_id=str(call.get("child_workflow_id", "")), done=True,
+                workflow_id=str(call.get("child_workflow_id", "")),
+                done=True,
                 requests=int(call.get("usage", {}).get("requests", 0)),
-                total_tokens=int(call.get("usage", {}).get("total_tokens", 0)), stop_reason=call.get("stop_reason"),
+                total_tokens=int(call.get("usage", {}).get("total_tokens", 0)),
+                stop_reason=call.get("stop_reason"),
             )
             for call in self.subagent_calls
         ] + ([ChildProgress(workflow_id=running_id)] if running else [])
@@ -243,7 +256,9 @@ class SessionState:
             max_depth=cfg.max_depth,
             max_requests=self.ledger.max_requests,
             max_tokens=self.ledger.max_tokens,
-            last_cell=c.seq if self.init_ref else 0,  # the prepare cells (prefill = cell 1) ran once init_ref is set
+            last_cell=c.seq
+            if self.init_ref
+            else 0,  # the prepare cells (prefill = cell 1) ran once init_ref is set
             last_tool=self.last_tool,
             compactions=c.compactions,
             microcompactions=c.microcompactions,

@@ -105,7 +105,9 @@ async def think(ctx: RunContext[ReflectorDeps], thought: str, evidence_refs: lis
         evidence_refs: Where it comes from, e.g. ["cell 3", "step 12"].
     """
     state = current_state()
-    state.thoughts.append({"thought": thought, "evidence_refs": list(evidence_refs or []), "after_cell": state.counters.seq})
+    state.thoughts.append(
+        {"thought": thought, "evidence_refs": list(evidence_refs or []), "after_cell": state.counters.seq}
+    )
     return "noted"
 
 
@@ -138,11 +140,15 @@ async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str
 def _over_cap(prompt: str, context_code: str) -> str | None:
     """Why `recurse`'s arguments cannot become a child's input (`reflector.analysis.limits`), or None."""
     if len(prompt) > MAX_TASK_TEXT_CHARS:
-        return (f"`prompt` is {len(prompt):,} characters, over the limit of {MAX_TASK_TEXT_CHARS:,}: ask a short "
-                "sub-question (the child sees your variables; put data there, or slice it in `context_code`)")
+        return (
+            f"`prompt` is {len(prompt):,} characters, over the limit of {MAX_TASK_TEXT_CHARS:,}: ask a short "
+            "sub-question (the child sees your variables; put data there, or slice it in `context_code`)"
+        )
     if len(context_code) > MAX_CONTEXT_CODE_CHARS:
-        return (f"`context_code` is {len(context_code):,} characters, over the limit of {MAX_CONTEXT_CODE_CHARS:,}: "
-                "compute the data in a cell first (the child inherits your variables) and keep `context_code` short")
+        return (
+            f"`context_code` is {len(context_code):,} characters, over the limit of {MAX_CONTEXT_CODE_CHARS:,}: "
+            "compute the data in a cell first (the child inherits your variables) and keep `context_code` short"
+        )
     return None
 
 
@@ -211,8 +217,12 @@ async def _reused_child(state: SessionState, prompt: str) -> str:
     child = await reused_child(state, state.counters.recursions)
     out, rt = child.output, child.output.raw.get("rr_trace", {})
     call = dict(child.call) or {
-        "prompt": prompt, "child_workflow_id": child.workflow_id, "depth": state.inp.depth + 1,
-        "usage": out.raw.get("usage", {}), "cut_short": bool(rt.get("timed_out")), "stop_reason": rt.get("stop_reason"),
+        "prompt": prompt,
+        "child_workflow_id": child.workflow_id,
+        "depth": state.inp.depth + 1,
+        "usage": out.raw.get("usage", {}),
+        "cut_short": bool(rt.get("timed_out")),
+        "stop_reason": rt.get("stop_reason"),
     }
     state.subagent_calls.append({**call, "reused_from": child.workflow_id})
     if out.raw.get("context_error"):
@@ -233,8 +243,9 @@ def child_visibility(child: ReflectionInput, parent_id: str) -> dict[str, Any]:
     shown = sa.memo_of(workflow.memo())
     batch = workflow.info().typed_search_attributes.get(sa.BATCH_ID)
     return {
-        "search_attributes": sa.start_attributes(child.config.model, trace_sha256=child.trace.sha256,
-                                                 parent=parent_id, batch_id=batch),
+        "search_attributes": sa.start_attributes(
+            child.config.model, trace_sha256=child.trace.sha256, parent=parent_id, batch_id=batch
+        ),
         "memo": sa.memo(child.trace, str(shown.get("trace", ""))),
     }
 
@@ -268,16 +279,20 @@ async def _look_up(tool: str, arg: str = "") -> str | None:
     if ref is None:
         return None
     if len(arg) > MAX_SKILL_QUERY_CHARS:
-        raise ModelRetry(f"the argument is {len(arg):,} characters, over the limit of {MAX_SKILL_QUERY_CHARS:,}: "
-                         "pass one skill id or a few words")
-    answer: str = await await_cancel_safe(workflow.start_local_activity(
-        SKILL_LOOKUP_ACTIVITY,
-        SkillLookupInput(skillbook=ref, tool=tool, arg=arg),
-        result_type=str,
-        start_to_close_timeout=timedelta(seconds=120),
-        retry_policy=CELL_RETRY,
-        summary=tool,
-    ))
+        raise ModelRetry(
+            f"the argument is {len(arg):,} characters, over the limit of {MAX_SKILL_QUERY_CHARS:,}: "
+            "pass one skill id or a few words"
+        )
+    answer: str = await await_cancel_safe(
+        workflow.start_local_activity(
+            SKILL_LOOKUP_ACTIVITY,
+            SkillLookupInput(skillbook=ref, tool=tool, arg=arg),
+            result_type=str,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=CELL_RETRY,
+            summary=tool,
+        )
+    )
     return answer
 
 
@@ -327,5 +342,3 @@ async def search_skills(ctx: RunContext[ReflectorDeps], query: str) -> str:
         if all(w in s.text.lower() for w in words)
     ]
     return "\n".join(hits[:20]) or "(no skill matches)"
-
-

@@ -156,7 +156,15 @@ def missing_outputs(outputs, texts):
 '''
 
 _rules: dict[str, Any] = {"re": re, "json": json}
-exec(compile('\ndef short(value, limit=300):\n    if value is None:\n        return None\n    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)\n    text = " ".join(text.split())\n    return text if len(text) <= limit else text[: limit - 3] + "..."\n' + ANSWER_RULES_SOURCE, "reflector/analysis/answers.py:rules", "exec"), _rules)
+exec(
+    compile(
+        '\ndef short(value, limit=300):\n    if value is None:\n        return None\n    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)\n    text = " ".join(text.split())\n    return text if len(text) <= limit else text[: limit - 3] + "..."\n'
+        + ANSWER_RULES_SOURCE,
+        "reflector/analysis/answers.py:rules",
+        "exec",
+    ),
+    _rules,
+)
 
 
 def compare_answers(final: str | None, truth: str | None) -> tuple[bool | None, list[str]]:

@@ -113,7 +113,9 @@ def check_citations(learnings: Sequence[ExtractedLearning], outputs: Mapping[int
                 own.append(CellCitation(learning=i, cell=holder, exists=True, quote=quote, printed=True))
             else:
                 cell = next((c for c in cands if c in outputs), cands[0])
-                own.append(CellCitation(learning=i, cell=cell, exists=cell in outputs, quote=quote, printed=False))
+                own.append(
+                    CellCitation(learning=i, cell=cell, exists=cell in outputs, quote=quote, printed=False)
+                )
         quoted = {c.cell for c in own if c.quote}
         own = [c for c in own if c.quote or c.cell not in quoted]  # a cell with a quote needs no bare entry
         result += own[:MAX_CITATIONS_PER_LEARNING]

@@ -20,8 +20,11 @@ _CONFIDENCE = {"wrong_arguments": 0.9, "extra_action": 0.85, "missing_action": 0
 
 def value_text(value: Any, limit: int = 120) -> str:
     """A value as the trace has it: a string as is, anything else as compact JSON; shortened."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True,
-                                                           separators=(",", ":"), default=str)
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    )
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -29,8 +32,10 @@ def value_text(value: Any, limit: int = 120) -> str:
 def divergence_summary(d: dict[str, Any]) -> str:
     kind, tool, step = d.get("kind"), d.get("tool"), d.get("step")
     if kind == "wrong_arguments":
-        return (f"At step {step} the agent called {tool} with {d.get('argument')} = {value_text(d.get('actual'))}; "
-                f"the task expected {value_text(d.get('expected'))}.")
+        return (
+            f"At step {step} the agent called {tool} with {d.get('argument')} = {value_text(d.get('actual'))}; "
+            f"the task expected {value_text(d.get('expected'))}."
+        )
     if kind == "missing_action":
         return f"The agent never made the expected {tool} call; step {step} is where it should have ({d.get('where')})."
     if kind == "extra_action":

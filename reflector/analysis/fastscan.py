@@ -62,8 +62,15 @@ def _deeper(value: Any, limit: int) -> bool:
 class FastScanner(Scanner):
     """`Scanner` (same arguments, same results) with JSON arrays and JSON lines parsed by msgspec."""
 
-    def __init__(self, fh: IO[bytes], name: str, *, chunk: int = BUFFER_BYTES, split_object: bool = True,
-                 yield_broken: bool = False) -> None:
+    def __init__(
+        self,
+        fh: IO[bytes],
+        name: str,
+        *,
+        chunk: int = BUFFER_BYTES,
+        split_object: bool = True,
+        yield_broken: bool = False,
+    ) -> None:
         super().__init__(fh, name, chunk=chunk, split_object=split_object, yield_broken=yield_broken)
         self._sep = ""  # the separator between two records as this file writes it (", ", ",\n  ", ...)
 
@@ -227,8 +234,9 @@ class FastScanner(Scanner):
             return None  # the stdlib path raises the nesting error
         return len(line) - len(line.lstrip(b" \t\r\n")), len(stripped), value
 
-    def _slow_line(self, buf: _Buffer, line: str, pos: int, lineno: int,
-                   bad: list[tuple[int, str]]) -> Iterator[tuple[int, int, Any]]:
+    def _slow_line(
+        self, buf: _Buffer, line: str, pos: int, lineno: int, bad: list[tuple[int, str]]
+    ) -> Iterator[tuple[int, int, Any]]:
         """The stdlib scanner's handling of one JSONL line (`line` starts at `pos` in the buffer)."""
         if not line.strip():
             return
@@ -240,4 +248,3 @@ class FastScanner(Scanner):
         elif self.yield_broken:
             n, msg = bad.pop()
             yield lead, lead + len(line.strip()), BrokenLine(n, msg)
-

@@ -56,9 +56,14 @@ class Allocation(BaseModel):
 def _sum(records: list[UsageRecord]) -> UsageSummary:
     inp = sum(r.input_tokens for r in records)
     out = sum(r.output_tokens for r in records)
-    return UsageSummary(input_tokens=inp, output_tokens=out, total_tokens=inp + out, requests=len(records),
-                        cache_read_tokens=sum(r.cache_read_tokens for r in records),
-                        cache_write_tokens=sum(r.cache_write_tokens for r in records))
+    return UsageSummary(
+        input_tokens=inp,
+        output_tokens=out,
+        total_tokens=inp + out,
+        requests=len(records),
+        cache_read_tokens=sum(r.cache_read_tokens for r in records),
+        cache_write_tokens=sum(r.cache_write_tokens for r in records),
+    )
 
 
 class Ledger(BaseModel):

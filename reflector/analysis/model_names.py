@@ -71,11 +71,13 @@ def from_litellm(name: str) -> str:
     if colon != -1 and (slash == -1 or colon < slash):
         return text  # provider:model (pydantic-ai), e.g. bedrock:us.anthropic.claude-...:0
     if slash != -1:
-        prefix, rest = text[:slash], text[slash + 1:]
+        prefix, rest = text[:slash], text[slash + 1 :]
         provider = LITELLM_PREFIXES.get(prefix.lower())
         if provider is None or not rest.strip():
-            raise UnmappedModelName(f"model {name!r}: LiteLLM prefix {prefix!r} has no pydantic-ai provider rr "
-                                    f"maps it to; accepted: {ACCEPTED_FORMS}")
+            raise UnmappedModelName(
+                f"model {name!r}: LiteLLM prefix {prefix!r} has no pydantic-ai provider rr "
+                f"maps it to; accepted: {ACCEPTED_FORMS}"
+            )
         return f"{provider}:{rest}"
     for starts, provider in BARE_FAMILIES:
         if text.lower().startswith(starts):

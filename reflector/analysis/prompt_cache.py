@@ -25,14 +25,28 @@ from typing import Any
 
 __all__ = ["CACHING_FAMILIES", "OPENAI_FAMILIES", "DEFAULT_CACHE", "with_prompt_cache", "cache_key", "caches"]
 
-CACHING_FAMILIES = ("anthropic", "bedrock", "openai", "openai-chat", "openai-responses", "google", "google-cloud",
-                    "openrouter")
+CACHING_FAMILIES = (
+    "anthropic",
+    "bedrock",
+    "openai",
+    "openai-chat",
+    "openai-responses",
+    "google",
+    "google-cloud",
+    "openrouter",
+)
 """Providers (the `provider:` of a model name) whose pydantic-ai models honour the `cache` setting."""
 OPENAI_FAMILIES = ("openai", "openai-chat", "openai-responses")
 """Providers that take `openai_prompt_cache_key`."""
 DEFAULT_CACHE: bool | str = True
 """The `cache` setting when the caller gave none: on, with the provider's default retention."""
-_PROVIDER_SPECIFIC = ("anthropic_cache", "bedrock_cache", "openrouter_cache", "openai_cache", "openai_prompt_cache")
+_PROVIDER_SPECIFIC = (
+    "anthropic_cache",
+    "bedrock_cache",
+    "openrouter_cache",
+    "openai_cache",
+    "openai_prompt_cache",
+)
 
 
 def _family(model: str) -> str:
@@ -49,8 +63,13 @@ def cache_key(session_id: str) -> str:
     return "rr-" + hashlib.sha256(session_id.encode()).hexdigest()[:32]
 
 
-def with_prompt_cache(model: str, given: dict[str, Any] | None, *, cache: bool | str = DEFAULT_CACHE,
-                      session_id: str | None = None) -> dict[str, Any] | None:
+def with_prompt_cache(
+    model: str,
+    given: dict[str, Any] | None,
+    *,
+    cache: bool | str = DEFAULT_CACHE,
+    session_id: str | None = None,
+) -> dict[str, Any] | None:
     """`given` model settings with prompt caching added for `model`'s provider (the module docstring's rule).
 
     `cache`: the setting to add when `given` has none (`True`, `False` or a retention); `session_id`: the

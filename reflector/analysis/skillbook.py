@@ -20,8 +20,16 @@ from reflector.analysis.limits import (
 )
 from reflector.contract import SKILL_TOOLS
 
-__all__ = ["Skill", "parse_skillbook", "iter_skills", "SKILL_ID_RE", "IDS_LINE", "ids_from_prompt", "check_skillbook",
-           "look_up"]
+__all__ = [
+    "Skill",
+    "parse_skillbook",
+    "iter_skills",
+    "SKILL_ID_RE",
+    "IDS_LINE",
+    "ids_from_prompt",
+    "check_skillbook",
+    "look_up",
+]
 
 # The task prompt lists the skillbook's ids on one line that starts with this (online mode only).
 IDS_LINE = "Skill ids in the skillbook:"
@@ -121,7 +129,10 @@ def check_skillbook(text: str) -> int:
 def _bounded(text: str, limit: int = MAX_SKILL_TOOL_CHARS) -> str:
     if len(text) <= limit:
         return text
-    return text[:limit] + f"\n[... {len(text) - limit:,} more characters: read the variable `skillbook` in a cell]"
+    return (
+        text[:limit]
+        + f"\n[... {len(text) - limit:,} more characters: read the variable `skillbook` in a cell]"
+    )
 
 
 def look_up(skills: Sequence[Skill], tool: str, arg: str = "") -> str:
@@ -133,7 +144,9 @@ def look_up(skills: Sequence[Skill], tool: str, arg: str = "") -> str:
         sections: dict[str, list[str]] = {}
         for skill in skills:
             sections.setdefault(skill.section or "(no section)", []).append(skill.id)
-        return _bounded("\n".join(f"{name}: {', '.join(ids)}" for name, ids in sections.items()) or "(no skills)")
+        return _bounded(
+            "\n".join(f"{name}: {', '.join(ids)}" for name, ids in sections.items()) or "(no skills)"
+        )
     if tool == get_skill:
         wanted = arg.strip().strip("[]")
         for skill in skills:
@@ -142,6 +155,8 @@ def look_up(skills: Sequence[Skill], tool: str, arg: str = "") -> str:
         return f"NOT FOUND: no skill has the exact id {wanted[:200]!r}."
     if tool == search_skills:
         words = arg.lower().split()
-        hits = [f"[{s.id}] {_bounded(s.text, 1_000)}" for s in skills if all(w in s.text.lower() for w in words)]
+        hits = [
+            f"[{s.id}] {_bounded(s.text, 1_000)}" for s in skills if all(w in s.text.lower() for w in words)
+        ]
         return _bounded("\n".join(hits[:20])) or "(no skill matches)"
     raise ValueError(f"unknown skill look-up {tool!r}")

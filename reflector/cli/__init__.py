@@ -34,10 +34,6 @@ DISTRIBUTION = "durable-recursive-reflector"
 _STDIN_CHUNK = 1024 * 1024
 
 
-
-
-
-
 def _version() -> str:
     """The installed distribution's version; the package's `__version__` when it is not installed."""
     from importlib import metadata
@@ -55,22 +51,38 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rr {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("server", help="run the embedded Temporal dev server (SQLite in RR_HOME) in the foreground")
+    s = sub.add_parser(
+        "server", help="run the embedded Temporal dev server (SQLite in RR_HOME) in the foreground"
+    )
     s.add_argument("--port", type=int, default=7233)
     s.add_argument("--ui-port", type=int, default=8233)
 
     w = sub.add_parser("worker", help="run a worker against TEMPORAL_ADDRESS on RR_TASK_QUEUE")
-    w.add_argument("--processes", type=int, metavar="N",
-                   help="worker processes under one supervisor (default: RR_WORKER_PROCESSES or the cores available)")
+    w.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="worker processes under one supervisor (default: RR_WORKER_PROCESSES or the cores available)",
+    )
 
     r = sub.add_parser("reflect", help="reflect on a trace file and print the reflection")
-    r.add_argument("trace", nargs="+",
-                   help="trace file (.json or .jsonl), or - to read one trace from stdin; several files or "
-                        "directories of them: a batch, one run per file")
-    r.add_argument("--batch", action="store_true",
-                   help="each file holds many runs (a JSON array, JSONL lines): a batch, one run per record")
-    r.add_argument("--concurrency", type=int, metavar="N",
-                   help="batch: runs reflected at once (default: 8 for in-process models, 4 for provider models)")
+    r.add_argument(
+        "trace",
+        nargs="+",
+        help="trace file (.json or .jsonl), or - to read one trace from stdin; several files or "
+        "directories of them: a batch, one run per file",
+    )
+    r.add_argument(
+        "--batch",
+        action="store_true",
+        help="each file holds many runs (a JSON array, JSONL lines): a batch, one run per record",
+    )
+    r.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="batch: runs reflected at once (default: 8 for in-process models, 4 for provider models)",
+    )
     r.add_argument("--model", help="pydantic-ai model string (default: RR_MODEL or 'heuristic')")
     r.add_argument("--question")
     r.add_argument("--ground-truth")
@@ -79,17 +91,28 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", choices=["online", "offline"], default="offline")
     r.add_argument("--max-requests", type=int)
     r.add_argument("--max-tokens", type=int)
-    r.add_argument("--recursion", choices=["auto", "always"],
-                   help="when the model may start child sessions (recurse): auto (default) on a large trace only, "
-                        "always below the depth limit")
+    r.add_argument(
+        "--recursion",
+        choices=["auto", "always"],
+        help="when the model may start child sessions (recurse): auto (default) on a large trace only, "
+        "always below the depth limit",
+    )
     r.add_argument("--id", help="workflow id (default: generated)")
     r.add_argument("--json", action="store_true", help="print the ReflectorOutput as JSON")
 
-    rr_ = sub.add_parser("rerun", help="a new reflection that reuses the recorded steps before N of another and "
-                                     "continues live from step N (e.g. with another model)")
+    rr_ = sub.add_parser(
+        "rerun",
+        help="a new reflection that reuses the recorded steps before N of another and "
+        "continues live from step N (e.g. with another model)",
+    )
     rr_.add_argument("id", help="the origin: a finished (or running) root reflection")
-    rr_.add_argument("--from-step", type=int, required=True, metavar="N",
-                     help="the first step (model request of the root session, 1-based) made live again")
+    rr_.add_argument(
+        "--from-step",
+        type=int,
+        required=True,
+        metavar="N",
+        help="the first step (model request of the root session, 1-based) made live again",
+    )
     rr_.add_argument("--model", help="model of the live steps (default: the origin's)")
     rr_.add_argument("--max-requests", type=int, help="budget of the live part (default: the origin's)")
     rr_.add_argument("--max-tokens", type=int)
@@ -103,50 +126,87 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="the progress of a reflection and its running children, or of a batch")
     st.add_argument("id")
     st.add_argument("--json", action="store_true", help="print the status as one JSON object")
-    st.add_argument("--follow", action="store_true",
-                    help="show the live progress until it ends, then its final status (exit code as `rr result`)")
+    st.add_argument(
+        "--follow",
+        action="store_true",
+        help="show the live progress until it ends, then its final status (exit code as `rr result`)",
+    )
 
     ls = sub.add_parser("list", help="reflections and batches, newest first, from Temporal's visibility")
-    ls.add_argument("--status", choices=["running", "completed", "failed", "incomplete"],
-                    help="completed: stop reason `completed`; incomplete: finished with another stop reason; "
-                         "failed: no output (failed, timed out, terminated)")
+    ls.add_argument(
+        "--status",
+        choices=["running", "completed", "failed", "incomplete"],
+        help="completed: stop reason `completed`; incomplete: finished with another stop reason; "
+        "failed: no output (failed, timed out, terminated)",
+    )
     ls.add_argument("--limit", type=int, default=20, metavar="N", help="at most N rows (default 20)")
     ls.add_argument("--all", action="store_true", help="include children (recursion, the runs of batches)")
     ls.add_argument("--json", action="store_true", help="print a JSON list of objects")
 
-    ca = sub.add_parser("cancel", help="cancel a reflection (or batch) and its children; it returns its findings so far")
+    ca = sub.add_parser(
+        "cancel", help="cancel a reflection (or batch) and its children; it returns its findings so far"
+    )
     ca.add_argument("id")
-    ca.add_argument("--wait", type=float, default=60.0, metavar="S",
-                    help="wait at most S seconds for it to close (default 60)")
+    ca.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="wait at most S seconds for it to close (default 60)",
+    )
     ca.add_argument("--json", action="store_true", help="print the outcome and the output as one JSON object")
 
     su = sub.add_parser("setup", help="register rr's search attributes in TEMPORAL_NAMESPACE (idempotent)")
     su.add_argument("--json", action="store_true")
 
-    rp = sub.add_parser("replay", help="replay every history of a reflection (each run of its continue-as-new "
-                                       "chain, each child) against the current code")
-    rp.add_argument("id", metavar="ID|FILE", help="a reflection id, a file written by `rr export` (or one JSON "
-                                                  "history), or a directory of `rr export --split` files")
+    rp = sub.add_parser(
+        "replay",
+        help="replay every history of a reflection (each run of its continue-as-new "
+        "chain, each child) against the current code",
+    )
+    rp.add_argument(
+        "id",
+        metavar="ID|FILE",
+        help="a reflection id, a file written by `rr export` (or one JSON "
+        "history), or a directory of `rr export --split` files",
+    )
     rp.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
-    ex = sub.add_parser("export", help="write every history of a reflection (each run, each child) as one JSON file, "
-                                       "payloads inlined: for `rr replay FILE` / `rr audit FILE` offline")
+    ex = sub.add_parser(
+        "export",
+        help="write every history of a reflection (each run, each child) as one JSON file, "
+        "payloads inlined: for `rr replay FILE` / `rr audit FILE` offline",
+    )
     ex.add_argument("id")
     ex_out = ex.add_mutually_exclusive_group()
     ex_out.add_argument("-o", "--output", metavar="FILE", help="write the export to FILE (default: stdout)")
-    ex_out.add_argument("--split", metavar="DIR", help="write one plain Temporal JSON history per run into DIR")
+    ex_out.add_argument(
+        "--split", metavar="DIR", help="write one plain Temporal JSON history per run into DIR"
+    )
     ex.add_argument("--json", action="store_true", help="with -o or --split: print a JSON summary on stdout")
 
     au = sub.add_parser("audit", help="the decision timeline of a reflection, from its history alone")
-    au.add_argument("id", metavar="ID|FILE", help="a reflection id, or a file written by `rr export` (or one JSON history)")
+    au.add_argument(
+        "id",
+        metavar="ID|FILE",
+        help="a reflection id, or a file written by `rr export` (or one JSON history)",
+    )
     au_out = au.add_mutually_exclusive_group()
     au_out.add_argument("--json", action="store_true", help="print the timeline as JSON")
-    au_out.add_argument("--html", metavar="OUT.html", help="write the timeline as one self-contained HTML file")
+    au_out.add_argument(
+        "--html", metavar="OUT.html", help="write the timeline as one self-contained HTML file"
+    )
 
-    g = sub.add_parser("gc", help="remove blobs, journals and caches that no retained workflow needs any more")
+    g = sub.add_parser(
+        "gc", help="remove blobs, journals and caches that no retained workflow needs any more"
+    )
     g.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
-    g.add_argument("--min-age", default="1h", metavar="AGE",
-                   help="never remove anything younger than this (default 1h; e.g. 3600, 90s, 15m, 2d)")
+    g.add_argument(
+        "--min-age",
+        default="1h",
+        metavar="AGE",
+        help="never remove anything younger than this (default 1h; e.g. 3600, 90s, 15m, 2d)",
+    )
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -203,7 +263,10 @@ def _on_termination_signals() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.cmd not in ("worker", "server"):  # those stop on SIGTERM their own way (graceful drain, forwarding)
+    if args.cmd not in (
+        "worker",
+        "server",
+    ):  # those stop on SIGTERM their own way (graceful drain, forwarding)
         _on_termination_signals()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -237,8 +300,10 @@ def _reflect_stdin(args: argparse.Namespace, settings: Settings) -> int:
     from reflector.runtime.settings import usable_dir
 
     if len(args.trace) > 1 or args.batch:
-        return _err("`rr reflect -` reads one trace from stdin; a batch is read from files (save the runs to a "
-                    "file, or drop the -)")
+        return _err(
+            "`rr reflect -` reads one trace from stdin; a batch is read from files (save the runs to a "
+            "file, or drop the -)"
+        )
     if sys.stdin is None:
         return _err("`rr reflect -`: this process has no stdin")
     tmp_dir = usable_dir(settings.home / "tmp", "RR_HOME")
@@ -252,12 +317,16 @@ def _reflect_stdin(args: argparse.Namespace, settings: Settings) -> int:
             while chunk := sys.stdin.buffer.read(_STDIN_CHUNK):
                 size += len(chunk)
                 if size > settings.max_trace_bytes:
-                    return _err(f"the trace on stdin is over the limit of {settings.max_trace_bytes:,} bytes "
-                                "(raise it with the environment variable RR_MAX_TRACE_BYTES)")
+                    return _err(
+                        f"the trace on stdin is over the limit of {settings.max_trace_bytes:,} bytes "
+                        "(raise it with the environment variable RR_MAX_TRACE_BYTES)"
+                    )
                 out.write(chunk)
         if size == 0:
-            return _err("the trace on stdin is empty (pipe a trace into `rr reflect -`, e.g. "
-                        "`cat trace.json | rr reflect -`)")
+            return _err(
+                "the trace on stdin is empty (pipe a trace into `rr reflect -`, e.g. "
+                "`cat trace.json | rr reflect -`)"
+            )
         args.trace, args.stdin_trace = [str(spooled)], spooled
         return asyncio.run(_dispatch(args, settings))
     finally:
@@ -300,44 +369,13 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         cause = e.cause
         return _err(f"reflection failed: {getattr(cause, 'message', None) or cause or e}", 1)
     except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND and args.cmd in ("result", "replay", "audit", "cancel", "export"):
+        if e.status == RPCStatusCode.NOT_FOUND and args.cmd in (
+            "result",
+            "replay",
+            "audit",
+            "cancel",
+            "export",
+        ):
             return _err(f"no reflection with id {args.id!r}")
         return _err(f"Temporal error: {e}", 1)
     return _err(f"unknown command {args.cmd}")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

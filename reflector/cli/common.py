@@ -35,13 +35,19 @@ def _finished(out: object) -> int:
     if c.is_complete(out):
         return 0
     if c.is_cancelled(out):
-        _say(f"the reflection was CANCELLED (rr cancel): the text is built from its findings so far: "
-             f"exit code {c.EXIT_CANCELLED}")
+        _say(
+            f"the reflection was CANCELLED (rr cancel): the text is built from its findings so far: "
+            f"exit code {c.EXIT_CANCELLED}"
+        )
         return c.EXIT_CANCELLED
     stop = out.raw.get("rr_trace", {}).get("stop_reason")
-    error = " ".join(str(out.raw.get("error") or "").split()) if stop == "error" else ""  # e.g. the provider's complaint
-    _say(f"the reflection is INCOMPLETE (stop reason: {stop}{': ' + error if error else ''}): "
-         f"exit code {c.EXIT_INCOMPLETE}")
+    error = (
+        " ".join(str(out.raw.get("error") or "").split()) if stop == "error" else ""
+    )  # e.g. the provider's complaint
+    _say(
+        f"the reflection is INCOMPLETE (stop reason: {stop}{': ' + error if error else ''}): "
+        f"exit code {c.EXIT_INCOMPLETE}"
+    )
     return c.EXIT_INCOMPLETE
 
 
@@ -51,13 +57,17 @@ def _batch_finished(out: object) -> int:
 
     assert isinstance(out, BatchOutput)
     if out.cancelled:
-        _say(f"the batch was CANCELLED ({out.reflected} runs reflected, {out.failed} failed before it stopped): "
-             f"exit code {c.EXIT_CANCELLED}")
+        _say(
+            f"the batch was CANCELLED ({out.reflected} runs reflected, {out.failed} failed before it stopped): "
+            f"exit code {c.EXIT_CANCELLED}"
+        )
         return c.EXIT_CANCELLED
     if c.is_batch_complete(out):
         return 0
-    _say(f"the batch is INCOMPLETE ({out.failed} runs could not be reflected on, "
-         f"{out.synthesis.incomplete_reflections} reflections stopped early): exit code {c.EXIT_INCOMPLETE}")
+    _say(
+        f"the batch is INCOMPLETE ({out.failed} runs could not be reflected on, "
+        f"{out.synthesis.incomplete_reflections} reflections stopped early): exit code {c.EXIT_INCOMPLETE}"
+    )
     return c.EXIT_INCOMPLETE
 
 
@@ -109,14 +119,27 @@ class _Follower:
 
         elapsed = self.display.elapsed
         if isinstance(out, BatchOutput):
-            p = BatchProgress(phase="done", total=out.n_runs, done=out.reflected, failed=out.failed,
-                              continued_as_new=out.continued_as_new)
-            outcome = "CANCELLED" if out.cancelled else "completed" if c.is_batch_complete(out) else "INCOMPLETE"
+            p = BatchProgress(
+                phase="done",
+                total=out.n_runs,
+                done=out.reflected,
+                failed=out.failed,
+                continued_as_new=out.continued_as_new,
+            )
+            outcome = (
+                "CANCELLED" if out.cancelled else "completed" if c.is_batch_complete(out) else "INCOMPLETE"
+            )
             self.display.finish(summary_line(self.noun, self.wf_id, outcome, elapsed, p))
             return
         assert isinstance(out, ReflectorOutput)
         stop = out.raw.get("rr_trace", {}).get("stop_reason")
-        outcome = "CANCELLED" if c.is_cancelled(out) else "completed" if c.is_complete(out) else f"INCOMPLETE ({stop})"
+        outcome = (
+            "CANCELLED"
+            if c.is_cancelled(out)
+            else "completed"
+            if c.is_complete(out)
+            else f"INCOMPLETE ({stop})"
+        )
         cfg = config if isinstance(config, ReflectionConfig) else None
         self.display.finish(summary_line(self.noun, self.wf_id, outcome, elapsed, final_progress(out, cfg)))
 
@@ -125,7 +148,8 @@ class _Follower:
             f"rr: no worker is polling task queue {self.settings.task_queue!r} on {self.address}: {self.noun} "
             f"{self.wf_id} has waited {waited:.0f} s for one; start `rr worker` (same TEMPORAL_ADDRESS, "
             f"RR_TASK_QUEUE and RR_BLOB_DIR), or press Ctrl-C (the {self.noun} stays; `rr result {self.wf_id}` "
-            "follows it later)")
+            "follows it later)"
+        )
 
     def worker_back(self) -> None:
         self.display.note(f"rr: a worker took {self.noun} {self.wf_id}")
@@ -137,14 +161,21 @@ def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool, noun: st
     assert isinstance(rt, Runtime)
     _stop_progress()  # (`tty`: kept for callers; the live view ends itself)
     ns = settings.namespace
-    print(f"rr: error: interrupted: {noun} {wf_id} was not stopped; it goes on durably on {rt.address} "
-          f"(namespace {ns!r})", file=sys.stderr)
+    print(
+        f"rr: error: interrupted: {noun} {wf_id} was not stopped; it goes on durably on {rt.address} "
+        f"(namespace {ns!r})",
+        file=sys.stderr,
+    )
     _say(f"  follow it: rr result {wf_id}")
     _say(f"  cancel it: rr cancel {wf_id}")
     if rt.local_worker:
-        _say(f"  this process ran its only worker: the {noun} continues when a worker runs (`rr worker` "
-             f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})")
+        _say(
+            f"  this process ran its only worker: the {noun} continues when a worker runs (`rr worker` "
+            f"with TEMPORAL_ADDRESS={rt.address} RR_TASK_QUEUE={settings.task_queue})"
+        )
     if rt.embedded_server:
-        _say(f"  the embedded server of this RR_HOME stops when no rr process of it runs; the {noun} is saved in "
-             f"{settings.db_file}: the commands above (same RR_HOME) start it again")
+        _say(
+            f"  the embedded server of this RR_HOME stops when no rr process of it runs; the {noun} is saved in "
+            f"{settings.db_file}: the commands above (same RR_HOME) start it again"
+        )
     return 130

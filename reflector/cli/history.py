@@ -45,18 +45,30 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
         except BundleError as e:
             return _err(str(e))
         firsts = (r.history.events[0] for r in bundle.runs if r.history.events)
-        report = await rp.replay_all(rp.as_stream(bundle.runs), root_id=bundle.root_id, source=str(path),
-                                     blob_dir=settings.blob_dir, make_replayer=replay_factory,
-                                     models=models_of(firsts, settings.blob_dir) or None, on_run=line)
+        report = await rp.replay_all(
+            rp.as_stream(bundle.runs),
+            root_id=bundle.root_id,
+            source=str(path),
+            blob_dir=settings.blob_dir,
+            make_replayer=replay_factory,
+            models=models_of(firsts, settings.blob_dir) or None,
+            on_run=line,
+        )
     else:
         async with c.runtime(settings, want_worker=False, announce=_say) as rt:
             blob_dir = blob_dir_of(rt.client.data_converter) or settings.blob_dir
             try:
                 # every session of a tree (a batch's runs too) uses the root's model: prepare only that one
                 first = [ev async for ev in _first_event(rt.client, args.id)]
-                report = await rp.replay_all(iter_runs(rt.client, args.id, blob_dir), root_id=args.id,
-                                             source="server", blob_dir=blob_dir, make_replayer=replay_factory,
-                                             models=models_of(first, blob_dir) or None, on_run=line)
+                report = await rp.replay_all(
+                    iter_runs(rt.client, args.id, blob_dir),
+                    root_id=args.id,
+                    source="server",
+                    blob_dir=blob_dir,
+                    make_replayer=replay_factory,
+                    models=models_of(first, blob_dir) or None,
+                    on_run=line,
+                )
             except (BundleError, BlobNotFound) as e:
                 return _err(f"replay of {args.id}: {e}", 1)
     print(json.dumps(report.to_json(), indent=2) if args.json else rp.render_summary(report))
@@ -99,15 +111,20 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
             else:
-                summary = await export(rt.client, args.id, blob_dir, out=None if split else sys.stdout,
-                                       split_dir=split)
+                summary = await export(
+                    rt.client, args.id, blob_dir, out=None if split else sys.stdout, split_dir=split
+                )
         except (BundleError, BlobNotFound) as e:
             return _err(f"export of {args.id}: {e}", 1)
     where = str(target) if target else (f"{summary.histories} files in {split}" if split else "stdout")
-    _say(f"exported {summary.histories} histor{'y' if summary.histories == 1 else 'ies'} ({summary.events} events) "
-         f"of {args.id} to {where}")
+    _say(
+        f"exported {summary.histories} histor{'y' if summary.histories == 1 else 'ies'} ({summary.events} events) "
+        f"of {args.id} to {where}"
+    )
     if summary.partial:
-        _say(f"{args.id} is still running: exported the histories so far; partial: {', '.join(summary.partial)}")
+        _say(
+            f"{args.id} is still running: exported the histories so far; partial: {', '.join(summary.partial)}"
+        )
     if args.json and (target or split):
         print(json.dumps(summary.to_json(), indent=2))
     return 0
@@ -169,20 +186,29 @@ async def _rerun(args: argparse.Namespace, settings: Settings) -> int:
         models = [args.model] if args.model else list(SHIPPED_FAMILIES)
         async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker(models)) as rt:
             f.address, f.client = rt.address, rt.client
-            plan = await plan_rerun(rt.client, settings, args.id, args.from_step, model=args.model,
-                                    config_overrides=overrides)
+            plan = await plan_rerun(
+                rt.client, settings, args.id, args.from_step, model=args.model, config_overrides=overrides
+            )
             model = plan.input.config.model
             if not is_llm(model):
                 _say(f"model: {model} — a deterministic rule-based driver of the real tools, not an LLM")
-            handle = await c.start_reflection(rt.client, plan.input, settings.task_queue, args.new_id,
-                                              trace_name=plan.origin.trace_name)
+            handle = await c.start_reflection(
+                rt.client, plan.input, settings.task_queue, args.new_id, trace_name=plan.origin.trace_name
+            )
             f.wf_id = handle.id
-            _say(f"started reflection {handle.id}: rerun of {args.id} from step {args.from_step} of "
-                 f"{plan.origin.steps} (reusing {len(plan.prefix.responses)} responses, {len(plan.prefix.cells)} "
-                 f"cells, {len(plan.prefix.children)} children) with {model}, on {rt.address}")
+            _say(
+                f"started reflection {handle.id}: rerun of {args.id} from step {args.from_step} of "
+                f"{plan.origin.steps} (reusing {len(plan.prefix.responses)} responses, {len(plan.prefix.cells)} "
+                f"cells, {len(plan.prefix.children)} children) with {model}, on {rt.address}"
+            )
             await rt.ensure_worker(handle)
-            out = await c.wait_for_result(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                          on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            out = await c.wait_for_result(
+                handle,
+                on_progress=f.progress,
+                on_no_worker=f.no_worker,
+                on_worker_back=f.worker_back,
+                no_worker_after_s=settings.no_worker_warn_s,
+            )
             f.finish(out, plan.input.config)
     except asyncio.CancelledError:
         if not f.wf_id or rt is None:
@@ -191,5 +217,8 @@ async def _rerun(args: argparse.Namespace, settings: Settings) -> int:
     line = rerun_line(out)
     if line:
         _say(line)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
+    print(
+        out.model_dump_json(indent=2) if args.json else render_reflection(out),
+        end="" if not args.json else "\n",
+    )
     return _finished(out)

@@ -31,24 +31,40 @@ async def _result(args: argparse.Namespace, settings: Settings) -> int:
                 # a query waits for a worker; with none taking the reflection's tasks it would only time out
                 if not await c.waiting_for_worker(handle):
                     if is_batch:
-                        line = render_batch_progress(await handle.query(
-                            PROGRESS_QUERY, result_type=BatchProgress, rpc_timeout=c.QUERY_TIMEOUT))
+                        line = render_batch_progress(
+                            await handle.query(
+                                PROGRESS_QUERY, result_type=BatchProgress, rpc_timeout=c.QUERY_TIMEOUT
+                            )
+                        )
                     else:
                         line = render_progress(
-                            await handle.query(PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT)
+                            await handle.query(
+                                PROGRESS_QUERY, result_type=Progress, rpc_timeout=c.QUERY_TIMEOUT
+                            )
                         )
             except Exception:  # progress is best effort; the state (running) is not
                 pass
             return _err(f"{'batch' if is_batch else 'reflection'} {args.id} is still running:{line}", 3)
-        if desc.status == WorkflowExecutionStatus.CANCELED:  # cancelled by a worker older than cancelled outputs
-            return _err(f"{'batch' if is_batch else 'reflection'} {args.id} was cancelled before it returned any "
-                        "findings (no output)", c.EXIT_CANCELLED)
+        if (
+            desc.status == WorkflowExecutionStatus.CANCELED
+        ):  # cancelled by a worker older than cancelled outputs
+            return _err(
+                f"{'batch' if is_batch else 'reflection'} {args.id} was cancelled before it returned any "
+                "findings (no output)",
+                c.EXIT_CANCELLED,
+            )
         if is_batch:
             batch = await c.fetch_batch_result(rt.client, args.id, settings)
-            print(batch.model_dump_json(indent=2) if args.json else render_batch(batch), end="\n" if args.json else "")
+            print(
+                batch.model_dump_json(indent=2) if args.json else render_batch(batch),
+                end="\n" if args.json else "",
+            )
             return _batch_finished(batch)
         out = await c.fetch_result(rt.client, args.id)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
+    print(
+        out.model_dump_json(indent=2) if args.json else render_reflection(out),
+        end="" if not args.json else "\n",
+    )
     return _finished(out)
 
 
@@ -70,12 +86,15 @@ async def _list(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 1:
         raise c.ReflectError("--limit must be at least 1")
     async with c.runtime(settings, want_worker=False, announce=_say) as rt:
-        listing = await ops.list_reflections(rt.client, status=args.status, limit=args.limit,
-                                             include_children=args.all)
+        listing = await ops.list_reflections(
+            rt.client, status=args.status, limit=args.limit, include_children=args.all
+        )
     if listing.missing_attributes:
-        _say(f"rr's search attributes are not registered in namespace {settings.namespace!r} "
-             f"(missing: {', '.join(listing.missing_attributes)}): model, stop reason and totals are read from "
-             f"results where they can be; to register them {register_hint(settings.namespace)}")
+        _say(
+            f"rr's search attributes are not registered in namespace {settings.namespace!r} "
+            f"(missing: {', '.join(listing.missing_attributes)}): model, stop reason and totals are read from "
+            f"results where they can be; to register them {register_hint(settings.namespace)}"
+        )
     if args.json:
         print(json.dumps([r.to_json() for r in listing.rows], indent=2))
     elif listing.rows:

@@ -39,7 +39,9 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
         overrides["recursion"] = args.recursion
     c.check_id(args.id)  # before anything is uploaded or started
     c.check_task_texts(question=args.question, ground_truth=args.ground_truth, feedback=args.feedback)
-    skillbook: Path | None = None  # uploaded to the blob store by build_input (`reflector.client.upload_skillbook`)
+    skillbook: Path | None = (
+        None  # uploaded to the blob store by build_input (`reflector.client.upload_skillbook`)
+    )
     if args.skillbook:
         skillbook = Path(args.skillbook)
         if not skillbook.is_file():
@@ -77,23 +79,40 @@ async def _reflect(args: argparse.Namespace, settings: Settings) -> int:
 
         async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([model])) as rt:
             f.address, f.client = rt.address, rt.client
-            handle = await c.start_reflection(rt.client, inp, settings.task_queue, args.id,
-                                              trace_name=STDIN_NAME if spooled else Path(args.trace[0]).name)
+            handle = await c.start_reflection(
+                rt.client,
+                inp,
+                settings.task_queue,
+                args.id,
+                trace_name=STDIN_NAME if spooled else Path(args.trace[0]).name,
+            )
             f.wf_id = handle.id
-            _say(f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}")
+            _say(
+                f"started reflection {handle.id} (trace {trace.format}, {trace.size:,} bytes) on {rt.address}"
+            )
             await rt.ensure_worker(handle)
-            out = await c.wait_for_result(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                          on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            out = await c.wait_for_result(
+                handle,
+                on_progress=f.progress,
+                on_no_worker=f.no_worker,
+                on_worker_back=f.worker_back,
+                no_worker_after_s=settings.no_worker_warn_s,
+            )
             f.finish(out, inp.config)
     except asyncio.CancelledError:  # Ctrl-C (asyncio.run cancels this task on SIGINT)
         if not f.wf_id or rt is None:
             raise  # nothing started: the plain "interrupted"
         return _interrupted(f.wf_id, rt, settings, f.tty)
-    print(out.model_dump_json(indent=2) if args.json else render_reflection(out), end="" if not args.json else "\n")
+    print(
+        out.model_dump_json(indent=2) if args.json else render_reflection(out),
+        end="" if not args.json else "\n",
+    )
     return _finished(out)
 
 
-async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: object, skillbook: Path | None) -> int:
+async def _reflect_batch(
+    args: argparse.Namespace, settings: Settings, config: object, skillbook: Path | None
+) -> int:
     from reflector import client as c
     from reflector.client.batch_render import render_batch, render_batch_progress
     from reflector.contract import ReflectionConfig
@@ -101,11 +120,18 @@ async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: o
 
     assert isinstance(config, ReflectionConfig)
     if args.question or args.ground_truth is not None or args.feedback is not None:
-        raise c.ReflectError("--question, --ground-truth and --feedback are for one trace: in a batch each run "
-                             "carries its own")
+        raise c.ReflectError(
+            "--question, --ground-truth and --feedback are for one trace: in a batch each run carries its own"
+        )
     manifest = c.upload_batch(args.trace, settings, split=args.batch)
-    inp = c.build_batch_input(manifest, config=config, skillbook=skillbook, mode=args.mode,
-                              concurrency=args.concurrency, settings=settings)
+    inp = c.build_batch_input(
+        manifest,
+        config=config,
+        skillbook=skillbook,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        settings=settings,
+    )
     if not is_llm(config.model):
         _say(f"model: {config.model} — a deterministic rule-based driver of the real tools, not an LLM")
     f = _Follower("batch", render_batch_progress, settings)
@@ -113,20 +139,36 @@ async def _reflect_batch(args: argparse.Namespace, settings: Settings, config: o
     try:
         from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
 
-        async with c.runtime(settings, announce=_say, in_process_worker=in_process_worker([config.model])) as rt:
+        async with c.runtime(
+            settings, announce=_say, in_process_worker=in_process_worker([config.model])
+        ) as rt:
             f.address = rt.address
-            handle = await c.start_batch(rt.client, inp, settings.task_queue, args.id,
-                                         name=", ".join(Path(t).name for t in args.trace)[:200])
+            handle = await c.start_batch(
+                rt.client,
+                inp,
+                settings.task_queue,
+                args.id,
+                name=", ".join(Path(t).name for t in args.trace)[:200],
+            )
             f.wf_id = handle.id
-            _say(f"started batch {f.wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}")
+            _say(
+                f"started batch {f.wf_id}: {manifest.n_runs} runs, {inp.concurrency} at a time, on {rt.address}"
+            )
             await rt.ensure_worker(handle)
-            out = await c.wait_for_batch(handle, on_progress=f.progress, on_no_worker=f.no_worker,
-                                         on_worker_back=f.worker_back, no_worker_after_s=settings.no_worker_warn_s)
+            out = await c.wait_for_batch(
+                handle,
+                on_progress=f.progress,
+                on_no_worker=f.no_worker,
+                on_worker_back=f.worker_back,
+                no_worker_after_s=settings.no_worker_warn_s,
+            )
             f.finish(out)
     except asyncio.CancelledError:  # Ctrl-C: the batch goes on durably
         if not f.wf_id or rt is None:
             raise
         return _interrupted(f.wf_id, rt, settings, f.tty, "batch")
     result = c.batch_result(out, settings)
-    print(result.model_dump_json(indent=2) if args.json else render_batch(result), end="\n" if args.json else "")
+    print(
+        result.model_dump_json(indent=2) if args.json else render_batch(result), end="\n" if args.json else ""
+    )
     return _batch_finished(result)

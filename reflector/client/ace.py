@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from pydantic_ai.models import Model
 
 
-
 def _field(ctx: object, name: str) -> Any:
     if isinstance(ctx, Mapping):
         return ctx.get(name)
@@ -57,16 +56,26 @@ class RRStep:
     provides: ClassVar[frozenset[str]] = frozenset({"reflections"})
     _OWN = ("traces", "trace", "config")
 
-    def __init__(self, model: str | Model | RRConfig | None = None, config: RRConfig | Any = None,
-                 prompt_template: str | None = None, model_settings: Mapping[str, Any] | None = None,
-                 handoff: bool = True, **defaults: Any) -> None:
+    def __init__(
+        self,
+        model: str | Model | RRConfig | None = None,
+        config: RRConfig | Any = None,
+        prompt_template: str | None = None,
+        model_settings: Mapping[str, Any] | None = None,
+        handoff: bool = True,
+        **defaults: Any,
+    ) -> None:
         known = set(inspect.signature(areflect).parameters) - set(self._OWN)
         unknown = sorted(set(defaults) - known)
         if unknown:
-            raise TypeError(f"RRStep got unknown default(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise TypeError(
+                f"RRStep got unknown default(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         if isinstance(model, RRConfig):
             if config is not None:
-                raise TypeError("RRStep got two configs: RRStep(model, config=RRConfig(...)) takes the model first")
+                raise TypeError(
+                    "RRStep got two configs: RRStep(model, config=RRConfig(...)) takes the model first"
+                )
             model, config = None, model
         cfg = _as_rrconfig(config)
         changes: dict[str, Any] = {}
@@ -77,8 +86,11 @@ class RRStep:
         if changes:
             cfg = RRConfig.model_validate({**{k: getattr(cfg, k) for k in RRConfig.model_fields}, **changes})
         if prompt_template is not None:
-            warnings.warn("RRStep: prompt_template is ignored: rr's prompts are its own (each reflection's history "
-                          "records the prompts it was given)", stacklevel=2)
+            warnings.warn(
+                "RRStep: prompt_template is ignored: rr's prompts are its own (each reflection's history "
+                "records the prompts it was given)",
+                stacklevel=2,
+            )
         self.prompt_template = prompt_template
         self.handoff = handoff
         self.config = cfg
@@ -167,8 +179,10 @@ def _handed_off(out: ReflectorOutput) -> ReflectorOutput:
     if out.skill_tags:
         lines.append(f"{HANDOFF_TAGS} " + "; ".join(f"[{t.id}] {t.tag}" for t in out.skill_tags))
     for i, learning in enumerate(out.extracted_learnings, 1):
-        lines.append(f"Learning {i}: {learning.learning}" + (f" (evidence: {learning.evidence})" if learning.evidence
-                                                            else ""))
+        lines.append(
+            f"Learning {i}: {learning.learning}"
+            + (f" (evidence: {learning.evidence})" if learning.evidence else "")
+        )
     if not lines or HANDOFF_TAGS in out.reasoning:
         return out
     return out.model_copy(update={"reasoning": out.reasoning.rstrip() + "\n\n" + "\n".join(lines)})
@@ -177,8 +191,12 @@ def _handed_off(out: ReflectorOutput) -> ReflectorOutput:
 def _failed_output(exc: BaseException) -> ReflectorOutput:
     """ACE's output of a failed run (its reflector never raises one): the reason in `raw["error"]`."""
     log.error("reflection failed: %s", exc)
-    return ReflectorOutput(reasoning=f"Recursive analysis failed: {exc}", correct_approach="", key_insight="",
-                           raw={"error": str(exc), "error_type": type(exc).__name__})
+    return ReflectorOutput(
+        reasoning=f"Recursive analysis failed: {exc}",
+        correct_approach="",
+        key_insight="",
+        raw={"error": str(exc), "error_type": type(exc).__name__},
+    )
 
 
 def _as_rrconfig(config: object) -> RRConfig:
@@ -189,12 +207,20 @@ def _as_rrconfig(config: object) -> RRConfig:
     if isinstance(config, RRConfig):
         return config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in RRConfig.model_fields}
+        values = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(config)
+            if f.name in RRConfig.model_fields
+        }
         return RRConfig.model_validate(values)
-    raise TypeError(f"RRStep: config must be an RRConfig (or ACE's RecursiveConfig), got {type(config).__name__}")
+    raise TypeError(
+        f"RRStep: config must be an RRConfig (or ACE's RecursiveConfig), got {type(config).__name__}"
+    )
 
 
-_instances: dict[int, tuple[object, str]] = {}  # id -> (the model, kept alive so that its id is not reused; name)
+_instances: dict[
+    int, tuple[object, str]
+] = {}  # id -> (the model, kept alive so that its id is not reused; name)
 
 
 def _model_name(model: object) -> str:
@@ -207,7 +233,9 @@ def _model_name(model: object) -> str:
     from reflector.runtime.models import register_model
 
     if not isinstance(model, Model):
-        raise TypeError(f"RRStep: model must be a model name or a pydantic-ai Model, got {type(model).__name__}")
+        raise TypeError(
+            f"RRStep: model must be a model name or a pydantic-ai Model, got {type(model).__name__}"
+        )
     known = _instances.get(id(model))
     if known is not None:
         return known[1]

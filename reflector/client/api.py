@@ -97,7 +97,9 @@ class RRConfig(BaseModel):
         """ACE's: pydantic-ai `UsageLimits` of this budget (rr's workflow enforces the budget itself)."""
         from pydantic_ai.usage import UsageLimits
 
-        return UsageLimits(total_tokens_limit=remaining_tokens or self.max_tokens, request_limit=self.max_requests)
+        return UsageLimits(
+            total_tokens_limit=remaining_tokens or self.max_tokens, request_limit=self.max_requests
+        )
 
     def to_reflection_config(self, settings: Settings | None = None) -> ReflectionConfig:
         """The durable config; `model` None resolves to `settings.model` (RR_MODEL; default: the
@@ -116,14 +118,19 @@ class RRConfig(BaseModel):
         models = sys.modules.get("reflector.runtime.models")  # imported by whoever registered a model
         if models is None or model not in models._factories:  # a registered name is never remapped
             model = from_litellm(model)
-        fields["model_settings"] = _cache_settings(model, self.model_settings, self.cache_prompts, self.cache_ttl)
+        fields["model_settings"] = _cache_settings(
+            model, self.model_settings, self.cache_prompts, self.cache_ttl
+        )
         try:
             return ReflectionConfig(**fields, model=model, cell_timeout_s=self.timeout)
         except ValidationError as e:  # ReflectionConfig's rules, told with RRConfig's names
-            raise ValueError("; ".join(
-                f"{_RR_NAMES.get(str(err['loc'][0]), str(err['loc'][0])) if err['loc'] else 'config'}: "
-                f"{err['msg']} (got {err.get('input')!r})" for err in e.errors()
-            )) from None
+            raise ValueError(
+                "; ".join(
+                    f"{_RR_NAMES.get(str(err['loc'][0]), str(err['loc'][0])) if err['loc'] else 'config'}: "
+                    f"{err['msg']} (got {err.get('input')!r})"
+                    for err in e.errors()
+                )
+            ) from None
 
 
 def _cache_settings(model: str, given: dict[str, Any] | None, cache: bool, ttl: str) -> dict[str, Any] | None:
@@ -151,8 +158,14 @@ def _api_error(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workflow_id: str | None,
-               timeout: float | None, per_request: Callable[[Any, str], object] | None = None) -> ReflectorOutput:
+async def _run(
+    inp: ReflectionInput,
+    settings: Settings,
+    trace_name: str,
+    workflow_id: str | None,
+    timeout: float | None,
+    per_request: Callable[[Any, str], object] | None = None,
+) -> ReflectorOutput:
     from temporalio.client import WorkflowFailureError
     from temporalio.service import RPCError
 
@@ -160,29 +173,48 @@ async def _run(inp: ReflectionInput, settings: Settings, trace_name: str, workfl
     from worker import in_process_worker  # the composition root (workflows, activities, sandbox)
 
     def no_worker(waited: float) -> None:
-        log.warning("no worker is polling task queue %r: reflection %s has waited %.0f s for one (start `rr "
-                    "worker` with the same TEMPORAL_ADDRESS, RR_TASK_QUEUE and blob store)", settings.task_queue,
-                    wf_id, waited)
+        log.warning(
+            "no worker is polling task queue %r: reflection %s has waited %.0f s for one (start `rr "
+            "worker` with the same TEMPORAL_ADDRESS, RR_TASK_QUEUE and blob store)",
+            settings.task_queue,
+            wf_id,
+            waited,
+        )
 
     wf_id = ""
     try:
-        async with c.runtime(settings, announce=log.info,
-                             in_process_worker=in_process_worker([inp.config.model])) as rt:
-            handle = await c.start_reflection(rt.client, inp, settings.task_queue, workflow_id, trace_name=trace_name)
+        async with c.runtime(
+            settings, announce=log.info, in_process_worker=in_process_worker([inp.config.model])
+        ) as rt:
+            handle = await c.start_reflection(
+                rt.client, inp, settings.task_queue, workflow_id, trace_name=trace_name
+            )
             wf_id = handle.id
-            log.info("started reflection %s (trace %s, %s bytes) on %s", wf_id, inp.trace.format, inp.trace.size,
-                     rt.address)
+            log.info(
+                "started reflection %s (trace %s, %s bytes) on %s",
+                wf_id,
+                inp.trace.format,
+                inp.trace.size,
+                rt.address,
+            )
             await rt.ensure_worker(handle)
-            waiting = c.wait_for_result(handle, on_no_worker=no_worker, no_worker_after_s=settings.no_worker_warn_s)
+            waiting = c.wait_for_result(
+                handle, on_no_worker=no_worker, no_worker_after_s=settings.no_worker_warn_s
+            )
             try:
                 out = await asyncio.wait_for(waiting, timeout)
                 if per_request is not None:
                     await _report_requests(rt.client, wf_id, settings, inp.config.model, per_request)
                 return out
             except TimeoutError:
-                where = (f"it is saved on this RR_HOME's embedded server: `rr result {wf_id}` (same RR_HOME) follows it"
-                         if rt.embedded_server else f"it goes on durably on {rt.address}: `rr result {wf_id}`")
-                raise TimeoutError(f"reflection {wf_id} did not finish within {timeout:g} s; {where}") from None
+                where = (
+                    f"it is saved on this RR_HOME's embedded server: `rr result {wf_id}` (same RR_HOME) follows it"
+                    if rt.embedded_server
+                    else f"it goes on durably on {rt.address}: `rr result {wf_id}`"
+                )
+                raise TimeoutError(
+                    f"reflection {wf_id} did not finish within {timeout:g} s; {where}"
+                ) from None
     except (WorkflowFailureError, RPCError) as e:
         raise _api_error(e) from e
 
@@ -205,10 +237,20 @@ async def areflect(
 ) -> ReflectorOutput:
     """`reflect` for async code (the same arguments; runs on the caller's event loop)."""
     with _call_core_runtime():
-        return await _reflect(question=question, agent_output=agent_output, skillbook=skillbook,
-                              ground_truth=ground_truth, feedback=feedback, traces=_traces_arg(traces, trace),
-                              config=config, mode=mode, workflow_id=workflow_id, settings=settings, timeout=timeout,
-                              injected_skill_ids=tuple(injected_skill_ids))
+        return await _reflect(
+            question=question,
+            agent_output=agent_output,
+            skillbook=skillbook,
+            ground_truth=ground_truth,
+            feedback=feedback,
+            traces=_traces_arg(traces, trace),
+            config=config,
+            mode=mode,
+            workflow_id=workflow_id,
+            settings=settings,
+            timeout=timeout,
+            injected_skill_ids=tuple(injected_skill_ids),
+        )
 
 
 def _traces_arg(traces: Traces, trace: object) -> Any:
@@ -218,10 +260,21 @@ def _traces_arg(traces: Traces, trace: object) -> Any:
     return traces if trace is None else trace
 
 
-async def _reflect(*, question: str, agent_output: object, skillbook: object, ground_truth: str | None,
-                   feedback: str | None, traces: Any, config: RRConfig | None, mode: Literal["online", "offline"],
-                   workflow_id: str | None, settings: Settings | None, timeout: float | None,
-                   injected_skill_ids: tuple[str, ...] = ()) -> ReflectorOutput:
+async def _reflect(
+    *,
+    question: str,
+    agent_output: object,
+    skillbook: object,
+    ground_truth: str | None,
+    feedback: str | None,
+    traces: Any,
+    config: RRConfig | None,
+    mode: Literal["online", "offline"],
+    workflow_id: str | None,
+    settings: Settings | None,
+    timeout: float | None,
+    injected_skill_ids: tuple[str, ...] = (),
+) -> ReflectorOutput:
     from reflector import client as c
     from reflector.runtime.settings import Settings
 
@@ -248,9 +301,19 @@ async def _reflect(*, question: str, agent_output: object, skillbook: object, gr
                 raise
             raise type(e)(str(e).replace(str(path), IN_MEMORY)) from None
     # in a thread: a skillbook is checked and stored in the blob store (it may be 100 MB)
-    inp = await asyncio.to_thread(functools.partial(
-        c.build_input, trace, question=question, ground_truth=ground_truth, feedback=feedback,
-        skillbook=_skillbook_text(skillbook), mode=mode, config=rconf, settings=settings))
+    inp = await asyncio.to_thread(
+        functools.partial(
+            c.build_input,
+            trace,
+            question=question,
+            ground_truth=ground_truth,
+            feedback=feedback,
+            skillbook=_skillbook_text(skillbook),
+            mode=mode,
+            config=rconf,
+            settings=settings,
+        )
+    )
     per_request = _per_request_callback(cfg.usage_callback)
     out = await _run(inp, settings, name, workflow_id, timeout, per_request)
     if cfg.usage_callback is not None and per_request is None:
@@ -269,8 +332,14 @@ def _check_model(name: str) -> None:
     check_model_name(name)
 
 
-def _with_injected(traces: Any, ids: tuple[str, ...], question: str, answer: _Answer | None,
-                   ground_truth: str | None, feedback: str | None) -> Any:
+def _with_injected(
+    traces: Any,
+    ids: tuple[str, ...],
+    question: str,
+    answer: _Answer | None,
+    ground_truth: str | None,
+    feedback: str | None,
+) -> Any:
     """ACE's `injected_skill_ids` (the skills rendered into the agent's prompt: the attribution scope) in
     the trace, as ACE's reflector puts them (`traces["injected_skill_ids"]`); a trace that is not a dict
     (a path, JSON text, a list) is left as it is."""
@@ -288,8 +357,12 @@ def _with_ace_raw(out: ReflectorOutput) -> ReflectorOutput:
     run: dict[str, Any] = found if isinstance(found, dict) else {}
     stopped = str(run.get("stop_reason") or "completed")
     budget = stopped in ("token_budget", "request_budget", "max_compactions")
-    ace = {"iterations": run.get("total_iterations", 0), "compactions": run.get("compactions", 0),
-           "depth": run.get("depth", 0), "timed_out": bool(run.get("timed_out")) or budget}
+    ace = {
+        "iterations": run.get("total_iterations", 0),
+        "compactions": run.get("compactions", 0),
+        "depth": run.get("depth", 0),
+        "timed_out": bool(run.get("timed_out")) or budget,
+    }
     if budget:
         ace["timeout"] = True
     return out.model_copy(update={"raw": {**ace, **out.raw}})
@@ -310,8 +383,9 @@ def _per_request_callback(callback: Callable[..., object] | None) -> Callable[[A
     return None
 
 
-async def _report_requests(client: Any, workflow_id: str, settings: Settings, model: str,
-                           callback: Callable[[Any, str], object]) -> None:
+async def _report_requests(
+    client: Any, workflow_id: str, settings: Settings, model: str, callback: Callable[[Any, str], object]
+) -> None:
     """Call ACE's per-request `usage_callback` for every completed model request of the reflection's tree
     (its histories: each session's requests and compaction summaries in order, a child's where it started);
     the callback's exceptions are logged and swallowed (ACE's `MeteredModel` does the same)."""
@@ -390,14 +464,25 @@ def reflect(
     `ValidationError`); a refused trace, an unreachable server or a failed reflection is a
     `reflector.client.ReflectError`; messages are the CLI's one-liners.
     """
+
     def run() -> ReflectorOutput:
         with _call_core_runtime():  # released once the event loop is closed: nothing of it holds the runtime
-            return asyncio.run(_reflect(
-                question=question, agent_output=agent_output, skillbook=skillbook, ground_truth=ground_truth,
-                feedback=feedback, traces=_traces_arg(traces, trace), config=config, mode=mode,
-                workflow_id=workflow_id, settings=settings, timeout=timeout,
-                injected_skill_ids=tuple(injected_skill_ids),
-            ))
+            return asyncio.run(
+                _reflect(
+                    question=question,
+                    agent_output=agent_output,
+                    skillbook=skillbook,
+                    ground_truth=ground_truth,
+                    feedback=feedback,
+                    traces=_traces_arg(traces, trace),
+                    config=config,
+                    mode=mode,
+                    workflow_id=workflow_id,
+                    settings=settings,
+                    timeout=timeout,
+                    injected_skill_ids=tuple(injected_skill_ids),
+                )
+            )
 
     try:
         asyncio.get_running_loop()

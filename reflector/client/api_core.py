@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-
     pass
 
 log = logging.getLogger("rr.api")
@@ -63,7 +62,9 @@ def _call_core_runtime() -> Iterator[None]:
                 Runtime.set_default(_core_previous, error_if_already_set=False)
                 before, _core_previous, _core_threads_before = _core_threads_before, None, None
         gc.collect()  # clients and workers in reference cycles would keep the runtime alive
-        if last and before is not None:  # (and so would the core's deferred drops: see _wait_core_threads_gone)
+        if (
+            last and before is not None
+        ):  # (and so would the core's deferred drops: see _wait_core_threads_gone)
             _wait_core_threads_gone(before)
 
 
@@ -102,8 +103,11 @@ def _wait_core_threads_gone(before: set[str]) -> None:
         if not left:
             return
         if time.monotonic() > deadline:
-            log.debug("%d Temporal core threads still running %.0f s after the call's runtime was released",
-                      len(left), _THREADS_GONE_WAIT_S)
+            log.debug(
+                "%d Temporal core threads still running %.0f s after the call's runtime was released",
+                len(left),
+                _THREADS_GONE_WAIT_S,
+            )
             return
         time.sleep(0.01)
 
@@ -117,6 +121,8 @@ def _apply_deferred_core_drops() -> bool:
 
         CustomSlotSupplier(None)
     except Exception:
-        log.debug("could not enter Temporal's core bridge to apply its deferred reference drops", exc_info=True)
+        log.debug(
+            "could not enter Temporal's core bridge to apply its deferred reference drops", exc_info=True
+        )
         return False
     return True

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-
     from reflector.runtime.settings import Settings
 
 Traces = str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | BaseModel | object | None
@@ -50,28 +49,41 @@ def _answer(agent_output: object) -> _Answer | None:
     if isinstance(agent_output, Mapping):
         get = agent_output.get
     else:
+
         def get(name: str) -> Any:
             return getattr(agent_output, name, None)
+
     final = get("final_answer")
     if not isinstance(final, str):
-        raise ValueError(f"agent_output must be a str, or have a str `final_answer` (like ACE's AgentOutput); "
-                         f"got {type(agent_output).__name__}")
+        raise ValueError(
+            f"agent_output must be a str, or have a str `final_answer` (like ACE's AgentOutput); "
+            f"got {type(agent_output).__name__}"
+        )
     reasoning = get("reasoning")
     ids = get("skill_ids") or ()
-    return _Answer(final, reasoning if isinstance(reasoning, str) and reasoning else None,
-                   tuple(str(i) for i in ids) if isinstance(ids, (list, tuple)) else ())
+    return _Answer(
+        final,
+        reasoning if isinstance(reasoning, str) and reasoning else None,
+        tuple(str(i) for i in ids) if isinstance(ids, (list, tuple)) else (),
+    )
 
 
-def _minimal_trace(question: str, answer: _Answer | None, ground_truth: str | None,
-                   feedback: str | None) -> dict[str, Any]:
+def _minimal_trace(
+    question: str, answer: _Answer | None, ground_truth: str | None, feedback: str | None
+) -> dict[str, Any]:
     """traces=None: an ACE trace of the answer (the seed's "reflect on an answer")."""
     if answer is None:
-        raise ValueError("nothing to reflect on: pass traces= (a path, a dict, a list or JSON text), "
-                         "or agent_output= (the answer to reflect on)")
+        raise ValueError(
+            "nothing to reflect on: pass traces= (a path, a dict, a list or JSON text), "
+            "or agent_output= (the answer to reflect on)"
+        )
     out: dict[str, Any] = {"question": question}
     if answer.reasoning or answer.skill_ids:
-        out["agent_output"] = {"reasoning": answer.reasoning or "", "final_answer": answer.final_answer,
-                               "skill_ids": list(answer.skill_ids)}
+        out["agent_output"] = {
+            "reasoning": answer.reasoning or "",
+            "final_answer": answer.final_answer,
+            "skill_ids": list(answer.skill_ids),
+        }
     else:
         out["agent_output"] = answer.final_answer
     if ground_truth is not None:
@@ -105,8 +117,10 @@ def _place_answer(data: Any, answer: _Answer | None) -> Any:
     if isinstance(data, Mapping) and fmt in ("ace", "messages", "unknown"):
         given = data.get("final_answer")
         if given is not None and str(given).strip() != answer.final_answer.strip():
-            raise ValueError(f"agent_output differs from the trace's final_answer ({str(given)[:80]!r}): pass "
-                             "the answer once, in the trace or as agent_output")
+            raise ValueError(
+                f"agent_output differs from the trace's final_answer ({str(given)[:80]!r}): pass "
+                "the answer once, in the trace or as agent_output"
+            )
         placed = {**data, "final_answer": answer.final_answer}
         if fmt != "messages":
             if answer.reasoning and "reasoning" not in data:
@@ -119,8 +133,10 @@ def _place_answer(data: Any, answer: _Answer | None) -> Any:
     if isinstance(data, list) and fmt == "unknown":
         return {"steps": data, "final_answer": answer.final_answer}
     what = f"a batch of {len(view['runs'])} runs" if "runs" in view else f"a {fmt} trace"
-    raise ValueError(f"agent_output cannot be placed in {what}: its reader takes the final answer from the "
-                     "trace itself; leave agent_output out, or put the answer in the trace")
+    raise ValueError(
+        f"agent_output cannot be placed in {what}: its reader takes the final answer from the "
+        "trace itself; leave agent_output out, or put the answer in the trace"
+    )
 
 
 def _jsonable(value: object) -> Any:
@@ -144,8 +160,10 @@ def _jsonable(value: object) -> Any:
     public = _public_vars(value)
     if public is not None:  # an object the agent produced (ACE passes whatever it got): its attributes
         return public
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable (not a dict, list, str, "
-                    "number, dataclass, pydantic model or object with attributes)")
+    raise TypeError(
+        f"Object of type {type(value).__name__} is not JSON serializable (not a dict, list, str, "
+        "number, dataclass, pydantic model or object with attributes)"
+    )
 
 
 def _public_vars(value: object) -> dict[str, Any] | None:
@@ -185,8 +203,12 @@ def _looks_like_path(s: str) -> bool:
     """A one-line str with no blanks that names a file (a separator or a trace extension): a mistyped path is
     an error ("trace file not found"), not a trace of that text."""
     text = s.strip()
-    return ("\n" not in text and " " not in text and len(text) < 4096
-            and (os.sep in text or text.endswith((".json", ".jsonl", ".ndjson", ".txt", ".log"))))
+    return (
+        "\n" not in text
+        and " " not in text
+        and len(text) < 4096
+        and (os.sep in text or text.endswith((".json", ".jsonl", ".ndjson", ".txt", ".log")))
+    )
 
 
 def _dump(data: Any) -> str:
@@ -197,8 +219,14 @@ def _dump(data: Any) -> str:
 
 
 @contextlib.contextmanager
-def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_truth: str | None,
-                feedback: str | None, settings: Settings) -> Iterator[tuple[Path, str]]:
+def _trace_file(
+    traces: Traces,
+    answer: _Answer | None,
+    question: str,
+    ground_truth: str | None,
+    feedback: str | None,
+    settings: Settings,
+) -> Iterator[tuple[Path, str]]:
     """(a file holding the trace, its name for `rr list`): the user's file, or a temporary one in
     RR_HOME/tmp (removed on exit) for an in-memory trace or one `agent_output` was placed in."""
     from reflector.analysis.traces import parse_trace_bytes, read_trace_file
@@ -216,9 +244,11 @@ def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_tr
 
             raise TraceError(f"trace file not found: {path}")
         if path.stat().st_size >= settings.lazy_trace_bytes:
-            raise ValueError(f"agent_output with the trace file {path} ({path.stat().st_size:,} bytes): put the "
-                             f"final answer in the file (traces of {settings.lazy_trace_bytes:,} bytes or more are "
-                             "not rewritten), or leave agent_output out")
+            raise ValueError(
+                f"agent_output with the trace file {path} ({path.stat().st_size:,} bytes): put the "
+                f"final answer in the file (traces of {settings.lazy_trace_bytes:,} bytes or more are "
+                "not rewritten), or leave agent_output out"
+            )
         data, _fmt = read_trace_file(path, settings.max_trace_bytes)
         placed = _place_answer(data, answer)
         if placed is data:
@@ -229,8 +259,10 @@ def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_tr
         if _looks_like_path(traces) or not traces.strip():
             from reflector.analysis.traces import TraceError
 
-            raise TraceError(f"trace file not found: {traces[:200]} (a str trace is a file path, the trace's "
-                             "JSON / JSON-lines text, or plain text with blanks in it)")
+            raise TraceError(
+                f"trace file not found: {traces[:200]} (a str trace is a file path, the trace's "
+                "JSON / JSON-lines text, or plain text with blanks in it)"
+            )
         text = _dump(_place_answer(_text_trace(traces), answer))
     elif isinstance(traces, str):
         text = traces
@@ -240,14 +272,20 @@ def _trace_file(traces: Traces, answer: _Answer | None, question: str, ground_tr
             text = traces if placed is data else _dump(placed)
     elif isinstance(traces, (Mapping, list, tuple, BaseModel)):
         data = traces.model_dump(mode="json") if isinstance(traces, BaseModel) else traces
-        text = _dump(_place_answer(list(data) if isinstance(data, tuple) else dict(data) if isinstance(
-            data, Mapping) else data, answer))
+        text = _dump(
+            _place_answer(
+                list(data) if isinstance(data, tuple) else dict(data) if isinstance(data, Mapping) else data,
+                answer,
+            )
+        )
     else:
         plain = _plain_trace(traces)
         if plain is None:
-            raise ValueError(f"traces must be a path, a dict, a list, JSON or plain text, a dataclass, a pydantic "
-                             f"model, an object with attributes, or None; got {type(traces).__name__}, which has "
-                             "none of those shapes")
+            raise ValueError(
+                f"traces must be a path, a dict, a list, JSON or plain text, a dataclass, a pydantic "
+                f"model, an object with attributes, or None; got {type(traces).__name__}, which has "
+                "none of those shapes"
+            )
         text = _dump(_place_answer(plain, answer))
     from reflector.runtime.settings import usable_dir
 

@@ -57,12 +57,19 @@ def upload_batch(paths: Sequence[str | Path], settings: Settings, *, split: bool
     root = usable_dir(settings.blob_dir, settings.blob_dir_setting)
     store = _open_store(settings)
     try:
-        sources = iter_sources(paths, store, upload=lambda p: upload_trace(p, settings), split=split,
-                               max_bytes=settings.max_trace_bytes)
+        sources = iter_sources(
+            paths,
+            store,
+            upload=lambda p: upload_trace(p, settings),
+            split=split,
+            max_bytes=settings.max_trace_bytes,
+        )
         return write_manifest(sources, store)
     except OSError as e:
         where = f" ({e.filename})" if e.filename else ""
-        raise ReflectError(f"cannot read the batch or store it in the blob store {root}: {e.strerror or e}{where}") from None
+        raise ReflectError(
+            f"cannot read the batch or store it in the blob store {root}: {e.strerror or e}{where}"
+        ) from None
 
 
 def build_batch_input(
@@ -88,16 +95,23 @@ def build_batch_input(
     if concurrency is not None and concurrency < 1:
         raise ReflectError("--concurrency must be at least 1")
     if manifest.n_runs > MAX_BATCH_RUNS:
-        raise ReflectError(f"the batch has {manifest.n_runs:,} runs, over the limit of {MAX_BATCH_RUNS:,} "
-                           "(reflector.analysis.limits.MAX_BATCH_RUNS): split it into several batches")
+        raise ReflectError(
+            f"the batch has {manifest.n_runs:,} runs, over the limit of {MAX_BATCH_RUNS:,} "
+            "(reflector.analysis.limits.MAX_BATCH_RUNS): split it into several batches"
+        )
     extra: dict[str, Any] = {}
     if children_per_run is not None:
         extra["children_per_run"] = children_per_run
     if page_size is not None:
         extra["page_size"] = page_size
     return BatchInput(
-        manifest=manifest, config=config, skillbook_ref=upload_skillbook(skillbook, settings), mode=mode,
-        concurrency=concurrency or default_concurrency(config.model), llm_synthesis=llm_synthesis, **extra,
+        manifest=manifest,
+        config=config,
+        skillbook_ref=upload_skillbook(skillbook, settings),
+        mode=mode,
+        concurrency=concurrency or default_concurrency(config.model),
+        llm_synthesis=llm_synthesis,
+        **extra,
     )
 
 
@@ -115,13 +129,20 @@ async def start_batch(
         attrs = sa.start_attributes(inp.config.model, batch_id=wf_id)
     try:
         handle: WorkflowHandle[Any, BatchOutput] = await client.start_workflow(
-            BATCH_WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
-            task_timeout=task_timeout_for(inp.config.model), result_type=BatchOutput,
-            search_attributes=attrs, memo=sa.memo(None, name, runs=inp.manifest.n_runs),
+            BATCH_WORKFLOW_NAME,
+            inp,
+            id=wf_id,
+            task_queue=task_queue,
+            task_timeout=task_timeout_for(inp.config.model),
+            result_type=BatchOutput,
+            search_attributes=attrs,
+            memo=sa.memo(None, name, runs=inp.manifest.n_runs),
         )
     except WorkflowAlreadyStartedError:
-        raise ReflectError(f"a batch with id {wf_id!r} is already running: follow it with `rr result {wf_id}`, "
-                           "or choose another --id") from None
+        raise ReflectError(
+            f"a batch with id {wf_id!r} is already running: follow it with `rr result {wf_id}`, "
+            "or choose another --id"
+        ) from None
     return handle
 
 
@@ -135,8 +156,15 @@ async def wait_for_batch(
     no_worker_after_s: float = 15.0,
 ) -> BatchOutput:
     """`wait_for_result` for a batch (it follows the batch across continue-as-new)."""
-    return await _follow(handle, BatchProgress, on_progress, poll_s, on_no_worker=on_no_worker,
-                         on_worker_back=on_worker_back, no_worker_after_s=no_worker_after_s)
+    return await _follow(
+        handle,
+        BatchProgress,
+        on_progress,
+        poll_s,
+        on_no_worker=on_no_worker,
+        on_worker_back=on_worker_back,
+        no_worker_after_s=no_worker_after_s,
+    )
 
 
 def load_batch_records(out: BatchOutput, settings: Settings) -> list[RunRecord]:
@@ -179,8 +207,15 @@ async def reflect_batch(
     Needs a worker on `task_queue` (default `RR_TASK_QUEUE`).
     """
     manifest = upload_batch(paths, settings, split=split)
-    inp = build_batch_input(manifest, config=config, skillbook=skillbook, mode=mode, concurrency=concurrency,
-                            children_per_run=children_per_run, settings=settings)
+    inp = build_batch_input(
+        manifest,
+        config=config,
+        skillbook=skillbook,
+        mode=mode,
+        concurrency=concurrency,
+        children_per_run=children_per_run,
+        settings=settings,
+    )
     handle = await start_batch(client, inp, task_queue or settings.task_queue, batch_id)
     return batch_result(await wait_for_batch(handle, on_progress), settings)
 

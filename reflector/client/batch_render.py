@@ -26,7 +26,8 @@ def render_batch(out: BatchOutput) -> str:
     label = out.model if is_llm(out.model) else f"{out.model} (rule-based, not an LLM)"
     lines = [
         f"Batch {out.batch_id}  model: {label}  runs: {out.n_runs}  reflected: {out.reflected}  "
-        f"failed: {out.failed}" + (f"  continued as new: {out.continued_as_new}x" if out.continued_as_new else ""),
+        f"failed: {out.failed}"
+        + (f"  continued as new: {out.continued_as_new}x" if out.continued_as_new else ""),
         "",
         f"Synthesis ({s.method}):",
         *(f"  {line}" for line in s.summary.splitlines()),
@@ -39,7 +40,10 @@ def render_batch(out: BatchOutput) -> str:
             lines.append(f"  (+{out.failed - len(s.failed_runs)} more in the run records)")
         lines.append("")
     if out.llm_synthesis is not None:
-        lines += ["LLM synthesis (one reflection session over the run records):", render_reflection(out.llm_synthesis)]
+        lines += [
+            "LLM synthesis (one reflection session over the run records):",
+            render_reflection(out.llm_synthesis),
+        ]
     elif out.llm_synthesis_error:
         lines += [f"LLM synthesis failed: {out.llm_synthesis_error}", ""]
     if isinstance(out, BatchResult) and out.run_records:
@@ -47,8 +51,10 @@ def render_batch(out: BatchOutput) -> str:
         for r in out.run_records[:MAX_RUN_LINES]:
             reward = "-" if r.reward is None else f"{r.reward:g}"
             what = r.error if r.status == "failed" else ", ".join(r.failure_modes) or "no failure mode"
-            lines.append(f"  #{r.index} {r.run_id}  {r.status}  outcome {r.outcome}  reward {reward}  "
-                         f"{r.workflow_id or '-'}: {what}")
+            lines.append(
+                f"  #{r.index} {r.run_id}  {r.status}  outcome {r.outcome}  reward {reward}  "
+                f"{r.workflow_id or '-'}: {what}"
+            )
         if len(out.run_records) > MAX_RUN_LINES:
             lines.append(f"  (+{len(out.run_records) - MAX_RUN_LINES} more: --json prints every record)")
     return "\n".join(lines).rstrip() + "\n"

@@ -75,7 +75,9 @@ class Row:
     batch_id: str | None = None
     run_id: str = ""
     task_queue: str = ""
-    store_id: str = ""  # the blob store its trace was uploaded to (`reflector.runtime.storage.identity`; "" before ids)
+    store_id: str = (
+        ""  # the blob store its trace was uploaded to (`reflector.runtime.storage.identity`; "" before ids)
+    )
     store: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -226,28 +228,47 @@ def _count(n: int | None) -> str:
 
 def render_rows(rows: Sequence[Row]) -> str:
     """A plain table, one reflection or batch per line."""
-    header = ("ID", "STARTED", "DURATION", "STATUS", "STOP", "TRACE", "MODEL", "REQUESTS", "TOKENS", "CHILDREN",
-              "QUEUE", "STORE")
+    header = (
+        "ID",
+        "STARTED",
+        "DURATION",
+        "STATUS",
+        "STOP",
+        "TRACE",
+        "MODEL",
+        "REQUESTS",
+        "TOKENS",
+        "CHILDREN",
+        "QUEUE",
+        "STORE",
+    )
     table = [header]
     for r in rows:
         what = r.trace or ("(batch)" if r.kind == "batch" else "")
-        detail = ", ".join(x for x in (r.format, _size(r.size), f"{r.runs} runs" if r.runs is not None else "") if x)
-        table.append((
-            ("  " if r.parent else "") + r.id,
-            r.started[:19].replace("T", " "),
-            _duration(r.duration_s),
-            r.status,
-            r.stop_reason or "-",
-            f"{what} ({detail})" if detail else what,
-            r.model or "?",
-            _count(r.requests),
-            _count(r.tokens),
-            _count(r.children),
-            r.task_queue or "-",
-            r.store_id or "-",
-        ))
+        detail = ", ".join(
+            x for x in (r.format, _size(r.size), f"{r.runs} runs" if r.runs is not None else "") if x
+        )
+        table.append(
+            (
+                ("  " if r.parent else "") + r.id,
+                r.started[:19].replace("T", " "),
+                _duration(r.duration_s),
+                r.status,
+                r.stop_reason or "-",
+                f"{what} ({detail})" if detail else what,
+                r.model or "?",
+                _count(r.requests),
+                _count(r.tokens),
+                _count(r.children),
+                r.task_queue or "-",
+                r.store_id or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table) + "\n"
+    return (
+        "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+        + "\n"
+    )
 
 
 # ------------------------------------------------------------------------------------------- cancel
@@ -269,7 +290,10 @@ class CancelResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "workflow_id": self.workflow_id, "kind": self.kind, "outcome": self.outcome, "status": self.status,
+            "workflow_id": self.workflow_id,
+            "kind": self.kind,
+            "outcome": self.outcome,
+            "status": self.status,
             "children": self.children,
             "output": self.output.model_dump(mode="json") if self.output is not None else None,
         }
@@ -285,8 +309,13 @@ async def _children(client: Client, wf_id: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     try:
         async for wf in client.list_workflows(f"ParentWorkflowId = '{_quoted(wf_id)}'"):
-            found.append({"id": wf.id, "status": _status_name(wf.status),
-                          "stop_reason": _get(wf.typed_search_attributes, sa.STOP_REASON)})
+            found.append(
+                {
+                    "id": wf.id,
+                    "status": _status_name(wf.status),
+                    "stop_reason": _get(wf.typed_search_attributes, sa.STOP_REASON),
+                }
+            )
     except RPCError:  # visibility is only a report here
         return found
     return sorted(found, key=lambda c: c["id"])
@@ -308,7 +337,9 @@ async def cancel(client: Client, wf_id: str, *, wait_s: float = 60.0) -> CancelR
     kind = _TYPES.get(desc.workflow_type)
     if kind is None:
         raise NotFound(wf_id)
-    result_type: type[ReflectorOutput] | type[BatchOutput] = BatchOutput if kind == "batch" else ReflectorOutput
+    result_type: type[ReflectorOutput] | type[BatchOutput] = (
+        BatchOutput if kind == "batch" else ReflectorOutput
+    )
     typed = client.get_workflow_handle(wf_id, result_type=result_type)
     if desc.status != WorkflowExecutionStatus.RUNNING:
         output = None
@@ -337,8 +368,10 @@ def render_cancel(res: CancelResult) -> str:
     if res.outcome == "already_closed":
         text = f"{noun} {res.workflow_id} had already finished ({res.status}): nothing was cancelled"
     elif res.outcome == "cancel_requested":
-        text = (f"cancellation of {noun} {res.workflow_id} requested; it has not closed yet (it closes when a worker "
-                f"runs its next step): follow it with `rr result {res.workflow_id}`")
+        text = (
+            f"cancellation of {noun} {res.workflow_id} requested; it has not closed yet (it closes when a worker "
+            f"runs its next step): follow it with `rr result {res.workflow_id}`"
+        )
     elif res.outcome == "finished":
         text = f"{noun} {res.workflow_id} finished on its own before it saw the cancellation"
     elif res.output is None:

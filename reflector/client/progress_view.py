@@ -52,8 +52,13 @@ def _budget(n: int, limit: int, *, spent: bool = True) -> RenderableType:
     grid = Table.grid(padding=(0, 1))
     share = n / limit
     style = ("green" if share < 0.7 else "yellow" if share < 0.9 else "red") if spent else "cyan"
-    bar = ProgressBar(total=limit, completed=min(n, limit), width=24, complete_style=style,
-                      finished_style="red" if spent else "green")
+    bar = ProgressBar(
+        total=limit,
+        completed=min(n, limit),
+        width=24,
+        complete_style=style,
+        finished_style="red" if spent else "green",
+    )
     grid.add_row(bar, Text(used(n, limit)))
     return grid
 
@@ -65,7 +70,9 @@ def _children_text(p: Progress) -> str:
     return f"{p.children_done} done{running}"
 
 
-def reflection_view(p: Progress, elapsed_s: float, running: Sequence[Progress] = (), title: str = "") -> RenderableType:
+def reflection_view(
+    p: Progress, elapsed_s: float, running: Sequence[Progress] = (), title: str = ""
+) -> RenderableType:
     """The live view of a reflection: its own numbers, the tree's budget, and each running child below."""
     requests = p.requests + sum(c.requests for c in running)
     tokens = p.total_tokens + sum(c.total_tokens for c in running)
@@ -78,7 +85,11 @@ def reflection_view(p: Progress, elapsed_s: float, running: Sequence[Progress] =
     _row(t, "cells", _cells(p))
     _row(t, "children", _children_text(p))
     _row(t, "depth", f"{p.depth} (max {p.max_depth})")
-    _row(t, "compactions", str(p.compactions) + (f" (+{p.microcompactions} micro)" if p.microcompactions else ""))
+    _row(
+        t,
+        "compactions",
+        str(p.compactions) + (f" (+{p.microcompactions} micro)" if p.microcompactions else ""),
+    )
     _row(t, "last tool", p.last_tool or "-")
     if p.continued_as_new:
         _row(t, "runs", f"continued as new {p.continued_as_new}x")
@@ -198,8 +209,14 @@ class ProgressDisplay:
         self.latest, self.running = p, tuple(running)
         if self.tty:
             if self._live is None:
-                self._live = Live(_LiveView(self), console=self.console(), refresh_per_second=REFRESH_PER_SECOND,
-                                  transient=True, redirect_stdout=False, redirect_stderr=False)
+                self._live = Live(
+                    _LiveView(self),
+                    console=self.console(),
+                    refresh_per_second=REFRESH_PER_SECOND,
+                    transient=True,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
                 self._live.start()
                 _live_displays.add(self)
             else:

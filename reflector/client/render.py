@@ -13,7 +13,9 @@ __all__ = ["render_reflection", "render_progress", "clock", "used", "cells_text"
 
 def _wrap(text: str, indent: str = "  ") -> str:
     return "\n".join(
-        textwrap.fill(line, width=100, initial_indent=indent, subsequent_indent=indent) if line.strip() else ""
+        textwrap.fill(line, width=100, initial_indent=indent, subsequent_indent=indent)
+        if line.strip()
+        else ""
         for line in text.splitlines() or [""]
     )
 
@@ -73,13 +75,21 @@ def _diagnosis_lines(d: Diagnosis | None) -> list[str]:
         where += f" by {d.actor}"
     if d.symptom_step is not None and d.symptom_step != d.step:
         where += f" (root cause; symptom at step {d.symptom_step})"
-    what = d.kind.replace("_", " ") + (f" in {d.tool}" if d.tool else "") + (f" ({d.argument})" if d.argument else "")
+    what = (
+        d.kind.replace("_", " ")
+        + (f" in {d.tool}" if d.tool else "")
+        + (f" ({d.argument})" if d.argument else "")
+    )
     head = f"Diagnosis: {where}: {what}  (confidence {d.confidence:.2f}"
     head += f"; evidence: {', '.join(f'cell {c}' for c in d.evidence)})" if d.evidence else ")"
     lines = [head]
     if d.actual is not None or d.expected is not None:
-        lines.append(_wrap(f"actual: {d.actual if d.actual is not None else '-'}   "
-                           f"expected: {d.expected if d.expected is not None else '-'}"))
+        lines.append(
+            _wrap(
+                f"actual: {d.actual if d.actual is not None else '-'}   "
+                f"expected: {d.expected if d.expected is not None else '-'}"
+            )
+        )
     if d.summary:
         lines.append(_wrap(d.summary))
     return [*lines, ""]
@@ -124,9 +134,12 @@ def render_progress(p: Progress, elapsed_s: float | None = None, running: Sequen
             child = f", 1 running: {p.child_running}"
             if running:
                 deepest = running[-1]
-                child = (f", 1 running: {' > '.join(c.child_running for c in [p, *running[:-1]])} (depth "
-                         f"{deepest.depth}, {deepest.phase}, {cells_text(deepest.cells, deepest.failed_cells, deepest.last_cell)}"
-                         + (f", last tool {deepest.last_tool}" if deepest.last_tool else "") + ")")
+                child = (
+                    f", 1 running: {' > '.join(c.child_running for c in [p, *running[:-1]])} (depth "
+                    f"{deepest.depth}, {deepest.phase}, {cells_text(deepest.cells, deepest.failed_cells, deepest.last_cell)}"
+                    + (f", last tool {deepest.last_tool}" if deepest.last_tool else "")
+                    + ")"
+                )
         parts.append(f"children {p.children_done} done{child}")
     if p.depth:
         parts.append(f"depth {p.depth}")

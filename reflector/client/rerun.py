@@ -91,8 +91,10 @@ async def read_origin(client: Client, workflow_id: str, settings: Settings) -> O
             raise ReflectError(f"no reflection with id {workflow_id!r}") from None
         raise
     if desc.workflow_type == BATCH_WORKFLOW_NAME:
-        raise ReflectError(f"{workflow_id!r} is a batch, not one reflection: rerun one of its runs' reflections "
-                           "(`rr result` of the batch lists their workflow ids)")
+        raise ReflectError(
+            f"{workflow_id!r} is a batch, not one reflection: rerun one of its runs' reflections "
+            "(`rr result` of the batch lists their workflow ids)"
+        )
     if desc.workflow_type != WORKFLOW_NAME:
         raise ReflectError(f"{workflow_id!r} is a {desc.workflow_type}, not a reflection")
     histories: list[WorkflowHistory] = []
@@ -105,9 +107,13 @@ async def read_origin(client: Client, workflow_id: str, settings: Settings) -> O
     conv = client.data_converter.payload_converter
     started = histories[0].events[0].workflow_execution_started_event_attributes
     inp = conv.from_payload(started.input.payloads[0], ReflectionInput)
-    if inp.depth > 0:  # a batch's run reflections are root sessions (depth 0) with the batch as parent: allowed
+    if (
+        inp.depth > 0
+    ):  # a batch's run reflections are root sessions (depth 0) with the batch as parent: allowed
         parent = desc.parent_id or inp.parent_workflow_id
-        raise ReflectError(f"{workflow_id!r} is a child reflection (of {parent}): rerun its root session instead")
+        raise ReflectError(
+            f"{workflow_id!r} is a child reflection (of {parent}): rerun its root session instead"
+        )
     steps = sum(1 for _ in _walk(histories, conv) if _[0] == "step")
     try:
         from reflector.runtime.search_attributes import memo_of
@@ -156,7 +162,9 @@ def _walk(histories: list[WorkflowHistory], conv: PayloadConverter) -> Any:
                 elif name == SUMMARISE_ACTIVITY:
                     yield "summary", conv.from_payload(a.result.payloads[0], SummariseResult)
             elif t == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
-                initiated[e.event_id] = e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+                initiated[e.event_id] = (
+                    e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+                )
                 yield "child", (initiated[e.event_id], None, None)
             elif t == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
                 a2 = e.child_workflow_execution_completed_event_attributes
@@ -188,7 +196,9 @@ def _calls(histories: list[WorkflowHistory], conv: PayloadConverter) -> dict[str
         if payloads:
             calls = conv.from_payload(payloads[0], ReflectorOutput).raw.get("subagent_calls") or []
     elif last:
-        inp = conv.from_payload(last[0].workflow_execution_started_event_attributes.input.payloads[0], ReflectionInput)
+        inp = conv.from_payload(
+            last[0].workflow_execution_started_event_attributes.input.payloads[0], ReflectionInput
+        )
         calls = inp.continuation.subagent_calls if inp.continuation is not None else []
     return {str(c.get("child_workflow_id")): c for c in calls if isinstance(c, dict)}
 
@@ -196,7 +206,9 @@ def _calls(histories: list[WorkflowHistory], conv: PayloadConverter) -> dict[str
 def extract(origin: Origin, from_step: int, conv: PayloadConverter) -> RerunPrefix:
     """Everything the origin recorded before its request `from_step` (see the module doc)."""
     calls = _calls(origin.histories, conv)
-    prefix = RerunPrefix(origin=origin.workflow_id, from_step=from_step, origin_model=origin.input.config.model)
+    prefix = RerunPrefix(
+        origin=origin.workflow_id, from_step=from_step, origin_model=origin.input.config.model
+    )
     steps, next_seq, ordinal = 0, 2, 0
     pending_child: set[str] = set()
     for item in _walk(origin.histories, conv):
@@ -231,11 +243,15 @@ def extract(origin: Origin, from_step: int, conv: PayloadConverter) -> RerunPref
         elif kind == "summary":
             prefix.summaries.append(item[1])
     if pending_child:
-        raise ReflectError(f"the origin's child {sorted(pending_child)[0]} started before step {from_step} did not "
-                           "complete: its result cannot be reused")
+        raise ReflectError(
+            f"the origin's child {sorted(pending_child)[0]} started before step {from_step} did not "
+            "complete: its result cannot be reused"
+        )
     if len(prefix.responses) != from_step - 1:
-        raise ReflectError(f"the origin's history holds {len(prefix.responses)} responses before step {from_step}, "
-                           f"expected {from_step - 1}")
+        raise ReflectError(
+            f"the origin's history holds {len(prefix.responses)} responses before step {from_step}, "
+            f"expected {from_step - 1}"
+        )
     return prefix
 
 
@@ -260,14 +276,20 @@ async def plan_rerun(
     """Read and check the origin, store its prefix as one blob, and build the rerun's input."""
     origin = await read_origin(client, origin_id, settings)
     if origin.steps == 0:
-        raise ReflectError(f"reflection {origin_id!r} recorded no step (model request) yet: nothing to rerun from")
+        raise ReflectError(
+            f"reflection {origin_id!r} recorded no step (model request) yet: nothing to rerun from"
+        )
     if not 1 <= from_step <= origin.steps:
-        raise ReflectError(f"--from-step must be between 1 and {origin.steps} (the steps reflection {origin_id!r} "
-                           f"recorded), not {from_step}")
+        raise ReflectError(
+            f"--from-step must be between 1 and {origin.steps} (the steps reflection {origin_id!r} "
+            f"recorded), not {from_step}"
+        )
     store = open_store(settings)
     if not store.exists(parse_blob_uri(origin.input.trace.uri)):
-        raise ReflectError(f"the trace of reflection {origin_id!r} ({origin.input.trace.uri}) is not in the blob store "
-                           f"{store.where} (is {settings.blob_dir_setting} the store it was run with?)")
+        raise ReflectError(
+            f"the trace of reflection {origin_id!r} ({origin.input.trace.uri}) is not in the blob store "
+            f"{store.where} (is {settings.blob_dir_setting} the store it was run with?)"
+        )
     conv = client.data_converter.payload_converter
     prefix = extract(origin, from_step, conv)
     sha = store.put_bytes(prefix.model_dump_json().encode())
@@ -275,13 +297,25 @@ async def plan_rerun(
     config = old.config.model_copy(update={"model": model or old.config.model, **(config_overrides or {})})
     build_input(old.trace, config=config)  # checks the model name (one-line error)
     rerun = RerunOf(
-        origin=origin_id, from_step=from_step, prefix_sha256=sha, origin_model=old.config.model,
-        steps=len(prefix.responses), cells_through=max(prefix.cells, default=0), children=max(prefix.children, default=0),
+        origin=origin_id,
+        from_step=from_step,
+        prefix_sha256=sha,
+        origin_model=old.config.model,
+        steps=len(prefix.responses),
+        cells_through=max(prefix.cells, default=0),
+        children=max(prefix.children, default=0),
         summaries=len(prefix.summaries),
     )
     # a standalone root reflection (a batch run's rerun is not part of the batch)
-    inp = old.model_copy(update={"config": config, "continuation": None, "rerun": rerun, "parent_workflow_id": None,
-                                 "search_attributes": False})
+    inp = old.model_copy(
+        update={
+            "config": config,
+            "continuation": None,
+            "rerun": rerun,
+            "parent_workflow_id": None,
+            "search_attributes": False,
+        }
+    )
     return RerunPlan(ReflectionInput.model_validate(inp.model_dump()), prefix, origin)
 
 
@@ -291,9 +325,17 @@ def rerun_line(out: ReflectorOutput) -> str:
     if not isinstance(r, dict):
         return ""
     cells = r.get("reused_cells", 0)
-    rebuilt = (" (their code was replayed in the sandbox host to rebuild its state: no model request, "
-               "not a paid cell)") if cells else ""
-    return (f"rerun of {r.get('origin')} from step {r.get('from_step')}: reused {r.get('reused_requests', 0)} model "
-            f"responses of {r.get('origin_model') or 'the origin model'}, {cells} cells{rebuilt}, "
-            f"{r.get('reused_children', 0)} children and {r.get('reused_summaries', 0)} summaries; "
-            f"live from step {r.get('from_step')} with {r.get('model')}")
+    rebuilt = (
+        (
+            " (their code was replayed in the sandbox host to rebuild its state: no model request, "
+            "not a paid cell)"
+        )
+        if cells
+        else ""
+    )
+    return (
+        f"rerun of {r.get('origin')} from step {r.get('from_step')}: reused {r.get('reused_requests', 0)} model "
+        f"responses of {r.get('origin_model') or 'the origin model'}, {cells} cells{rebuilt}, "
+        f"{r.get('reused_children', 0)} children and {r.get('reused_summaries', 0)} summaries; "
+        f"live from step {r.get('from_step')} with {r.get('model')}"
+    )

@@ -24,7 +24,12 @@ from reflector.contract import (
 
 
 async def start_reflection(
-    client: Client, inp: ReflectionInput, task_queue: str, workflow_id: str | None = None, *, trace_name: str = ""
+    client: Client,
+    inp: ReflectionInput,
+    task_queue: str,
+    workflow_id: str | None = None,
+    *,
+    trace_name: str = "",
 ) -> WorkflowHandle[object, ReflectorOutput]:
     """Start `ReflectionWorkflow`; with rr's search attributes set where the namespace has them registered
     (`reflector.runtime.search_attributes`), and a memo naming the trace (`trace_name`: its file name) for `rr list`."""
@@ -35,7 +40,9 @@ async def start_reflection(
     attrs = None
     if not await sa.missing(client):
         inp = inp.model_copy(update={"search_attributes": True})
-        attrs = sa.start_attributes(inp.config.model, trace_sha256=inp.trace.sha256, parent=inp.parent_workflow_id)
+        attrs = sa.start_attributes(
+            inp.config.model, trace_sha256=inp.trace.sha256, parent=inp.parent_workflow_id
+        )
     try:
         handle: WorkflowHandle[object, ReflectorOutput] = await client.start_workflow(
             WORKFLOW_NAME,
@@ -58,7 +65,11 @@ async def start_reflection(
 def _rerun_memo(inp: ReflectionInput) -> dict[str, Any]:
     """`rr rerun`: the memo names the origin and the first live step (for `rr list`, `rr status`, the Web UI)."""
     r = inp.rerun
-    return {} if r is None else {"rr_rerun": {"origin": r.origin, "from_step": r.from_step, "origin_model": r.origin_model}}
+    return (
+        {}
+        if r is None
+        else {"rr_rerun": {"origin": r.origin, "from_step": r.from_step, "origin_model": r.origin_model}}
+    )
 
 
 async def waiting_for_worker(handle: WorkflowHandle[Any, Any]) -> bool:
@@ -92,8 +103,15 @@ async def wait_for_result(
     and `on_worker_back()` when a worker takes it again; progress is not queried meanwhile (a query
     needs a worker and would only time out).
     """
-    return await _follow(handle, Progress, on_progress, poll_s, on_no_worker=on_no_worker,
-                         on_worker_back=on_worker_back, no_worker_after_s=no_worker_after_s)
+    return await _follow(
+        handle,
+        Progress,
+        on_progress,
+        poll_s,
+        on_no_worker=on_no_worker,
+        on_worker_back=on_worker_back,
+        no_worker_after_s=no_worker_after_s,
+    )
 
 
 _R = TypeVar("_R")
@@ -142,7 +160,9 @@ async def _follow(
             try:
                 # The server answers a query when the workflow task in progress ends: the session's
                 # task is renewed every 0.8 x task timeout, so allow a little more than one task.
-                prog = await handle.query(PROGRESS_QUERY, result_type=progress_type, rpc_timeout=QUERY_TIMEOUT)
+                prog = await handle.query(
+                    PROGRESS_QUERY, result_type=progress_type, rpc_timeout=QUERY_TIMEOUT
+                )
             except Exception:  # a query can fail while no worker holds the workflow; progress is best effort
                 continue
             maybe = on_progress(prog)

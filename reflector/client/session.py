@@ -37,7 +37,9 @@ class Runtime:
     _start_worker: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     _announce: Callable[[str], None] = field(default=lambda _msg: None, repr=False)
 
-    async def ensure_worker(self, handle: WorkflowHandle[Any, Any], wait_s: float = FIRST_TASK_WAIT_S) -> None:
+    async def ensure_worker(
+        self, handle: WorkflowHandle[Any, Any], wait_s: float = FIRST_TASK_WAIT_S
+    ) -> None:
         """Make sure a live worker runs the reflection just started: if no worker takes its first task
         within `wait_s`, run an in-process worker.
 
@@ -60,8 +62,10 @@ class Runtime:
             if not await waiting_for_worker(handle):
                 return
             await asyncio.sleep(0.1)
-        self._announce(f"the workers listed on task queue {self.task_queue!r} did not take the reflection "
-                       f"within {wait_s:g} s (they have exited)")
+        self._announce(
+            f"the workers listed on task queue {self.task_queue!r} did not take the reflection "
+            f"within {wait_s:g} s (they have exited)"
+        )
         await self._start_worker()
 
 
@@ -81,13 +85,17 @@ async def lease_home_server(
         raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
     stack.callback(lease.release)
     if started:
-        announce(f"started the embedded Temporal server of {settings.home} on {server.address} (SQLite "
-                 f"{settings.db_file}, Web UI {server.ui_url}); it stops when no rr process of this home uses it")
+        announce(
+            f"started the embedded Temporal server of {settings.home} on {server.address} (SQLite "
+            f"{settings.db_file}, Web UI {server.ui_url}); it stops when no rr process of this home uses it"
+        )
     else:
         announce(f"using the embedded Temporal server of {settings.home} on {server.address}")
     if settings.temporal.tls is not None or settings.temporal.api_key:
-        announce("the TLS / API key settings are for a configured server (TEMPORAL_ADDRESS or a profile's "
-                 "address), not for the embedded one")
+        announce(
+            "the TLS / API key settings are for a configured server (TEMPORAL_ADDRESS or a profile's "
+            "address), not for the embedded one"
+        )
     return server, started
 
 
@@ -124,18 +132,32 @@ async def runtime(
         converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
         plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
         try:
-            client = await open_client(settings, address=address, embedded=home_server is not None,
-                                       data_converter=converter, plugins=plugins)
+            client = await open_client(
+                settings,
+                address=address,
+                embedded=home_server is not None,
+                data_converter=converter,
+                plugins=plugins,
+            )
         except Exception as e:
-            raise ReflectError(f"cannot connect to Temporal at {describe_target(settings, address)}: {e}") from e
+            raise ReflectError(
+                f"cannot connect to Temporal at {describe_target(settings, address)}: {e}"
+            ) from e
         await check_namespace(client, address)
         if started:  # an embedded server on a database older than rr's search attributes
             from reflector.runtime import search_attributes as sa
 
             with contextlib.suppress(Exception):  # best effort: without them, rr works and `rr list` says so
                 await sa.register(client)
-        rt = Runtime(client, address, home_server is not None, False, home_server.ui_url if home_server else None,
-                     task_queue=settings.task_queue, _announce=announce)
+        rt = Runtime(
+            client,
+            address,
+            home_server is not None,
+            False,
+            home_server.ui_url if home_server else None,
+            task_queue=settings.task_queue,
+            _announce=announce,
+        )
 
         async def start_worker() -> None:
             if rt.local_worker:

@@ -71,7 +71,9 @@ class WorkflowStatus(BaseModel):
     progress: Progress | None = None
     stop_reason: str | None = None
     complete: bool | None = None  # a finished reflection stopped for "completed"
-    cancelled: bool = False  # `rr cancel`: it returned its findings so far (or Temporal closed it as canceled)
+    cancelled: bool = (
+        False  # `rr cancel`: it returned its findings so far (or Temporal closed it as canceled)
+    )
     error: str | None = None
     tree_requests: int = 0  # its ledger plus its running children's (the tree's total)
     tree_tokens: int = 0
@@ -103,8 +105,9 @@ async def _query(handle: WorkflowHandle[Any, Any], result_type: type[Any]) -> An
     while True:
         left = deadline - loop.time()
         try:
-            return await handle.query(PROGRESS_QUERY, result_type=result_type,
-                                      rpc_timeout=timedelta(seconds=max(1.0, left)))
+            return await handle.query(
+                PROGRESS_QUERY, result_type=result_type, rpc_timeout=timedelta(seconds=max(1.0, left))
+            )
         except RPCError as e:
             if not _refused_for_now(e) or loop.time() + QUERY_RETRY_S >= deadline:
                 raise
@@ -149,20 +152,32 @@ def final_progress(out: ReflectorOutput, config: ReflectionConfig | None = None)
     usage: dict[str, Any] = out.raw.get("usage", {})
     calls: list[dict[str, Any]] = list(rt.get("subagent_calls", []))
     children = [
-        ChildProgress(workflow_id=str(call.get("child_workflow_id", "")), done=True,
-                      requests=int(call.get("usage", {}).get("requests", 0)),
-                      total_tokens=int(call.get("usage", {}).get("total_tokens", 0)),
-                      stop_reason=call.get("stop_reason"))
+        ChildProgress(
+            workflow_id=str(call.get("child_workflow_id", "")),
+            done=True,
+            requests=int(call.get("usage", {}).get("requests", 0)),
+            total_tokens=int(call.get("usage", {}).get("total_tokens", 0)),
+            stop_reason=call.get("stop_reason"),
+        )
         for call in calls
     ]
     return Progress(
-        phase="done", iterations=int(rt.get("total_iterations", 0)), cells=int(rt.get("cells", 0)),
-        failed_cells=int(rt.get("failed_cells", 0)), requests=int(usage.get("requests", 0)),
-        total_tokens=int(usage.get("total_tokens", 0)), model=str(out.raw.get("model", "")),
-        depth=int(rt.get("depth", 0)), max_depth=config.max_depth if config else 0,
-        max_requests=config.max_requests if config else 0, max_tokens=config.max_tokens if config else 0,
-        compactions=int(rt.get("compactions", 0)), microcompactions=int(rt.get("microcompactions", 0)),
-        children_started=len(calls), children_done=len(calls), children=children,
+        phase="done",
+        iterations=int(rt.get("total_iterations", 0)),
+        cells=int(rt.get("cells", 0)),
+        failed_cells=int(rt.get("failed_cells", 0)),
+        requests=int(usage.get("requests", 0)),
+        total_tokens=int(usage.get("total_tokens", 0)),
+        model=str(out.raw.get("model", "")),
+        depth=int(rt.get("depth", 0)),
+        max_depth=config.max_depth if config else 0,
+        max_requests=config.max_requests if config else 0,
+        max_tokens=config.max_tokens if config else 0,
+        compactions=int(rt.get("compactions", 0)),
+        microcompactions=int(rt.get("microcompactions", 0)),
+        children_started=len(calls),
+        children_done=len(calls),
+        children=children,
         continued_as_new=int(rt.get("continued_as_new", 0)),
     )
 
@@ -219,9 +234,13 @@ async def fetch_status(client: Client, wf_id: str, *, depth: int = 0) -> Workflo
     started = await _chain_start(client, desc)
     status = desc.status.name.lower() if desc.status is not None else "unknown"
     st = WorkflowStatus(
-        workflow_id=wf_id, kind="batch" if desc.workflow_type == BATCH_WORKFLOW_NAME else "reflection",
-        status=status, started=_iso(started), closed=_iso(desc.close_time),
-        elapsed_s=((desc.close_time or _now()) - started).total_seconds(), parent_workflow_id=desc.parent_id,
+        workflow_id=wf_id,
+        kind="batch" if desc.workflow_type == BATCH_WORKFLOW_NAME else "reflection",
+        status=status,
+        started=_iso(started),
+        closed=_iso(desc.close_time),
+        elapsed_s=((desc.close_time or _now()) - started).total_seconds(),
+        parent_workflow_id=desc.parent_id,
         task_queue=desc.task_queue,
     )
     try:
@@ -239,8 +258,10 @@ async def fetch_status(client: Client, wf_id: str, *, depth: int = 0) -> Workflo
 async def _running(client: Client, handle: WorkflowHandle[Any, Any], st: WorkflowStatus, depth: int) -> None:
     if await c.waiting_for_worker(handle):
         st.waiting_for_worker = True
-        st.note = (f"no worker is running it right now: its next step waits for a worker on task queue "
-                   f"{st.task_queue!r} (start `rr worker` with the same TEMPORAL_ADDRESS and RR_TASK_QUEUE)")
+        st.note = (
+            f"no worker is running it right now: its next step waits for a worker on task queue "
+            f"{st.task_queue!r} (start `rr worker` with the same TEMPORAL_ADDRESS and RR_TASK_QUEUE)"
+        )
         return
     try:
         if st.kind == "batch":
@@ -261,7 +282,9 @@ async def _running(client: Client, handle: WorkflowHandle[Any, Any], st: Workflo
 
 
 async def _finished(client: Client, handle: WorkflowHandle[Any, Any], st: WorkflowStatus) -> None:
-    if st.status == "continued_as_new":  # a handle without run id follows the chain: only an old run says this
+    if (
+        st.status == "continued_as_new"
+    ):  # a handle without run id follows the chain: only an old run says this
         return
     try:
         out = await handle.result(rpc_timeout=c.QUERY_TIMEOUT)
@@ -272,8 +295,13 @@ async def _finished(client: Client, handle: WorkflowHandle[Any, Any], st: Workfl
         return
     if st.kind == "batch":
         b = BatchOutput.model_validate(out)
-        st.batch = BatchProgress(phase="done", total=b.n_runs, done=b.reflected, failed=b.failed,
-                                 continued_as_new=b.continued_as_new)
+        st.batch = BatchProgress(
+            phase="done",
+            total=b.n_runs,
+            done=b.reflected,
+            failed=b.failed,
+            continued_as_new=b.continued_as_new,
+        )
         st.complete = c.is_batch_complete(b) and not b.cancelled
         st.cancelled = b.cancelled
         return
@@ -300,8 +328,11 @@ def exit_code(st: WorkflowStatus) -> int:
 
 
 def _head(st: WorkflowStatus) -> str:
-    when = "" if st.elapsed_s is None else (f" for {clock(st.elapsed_s)}" if st.status == "running"
-                                            else f" after {clock(st.elapsed_s)}")
+    when = (
+        ""
+        if st.elapsed_s is None
+        else (f" for {clock(st.elapsed_s)}" if st.status == "running" else f" after {clock(st.elapsed_s)}")
+    )
     what = st.status + when
     if st.stop_reason and st.kind == "reflection":
         what += f", stop reason {st.stop_reason}" + ("" if st.complete else " (INCOMPLETE)")
@@ -314,8 +345,10 @@ def _head(st: WorkflowStatus) -> str:
 def _child_line(ch: ChildProgress) -> str:
     if not ch.done:
         return f"{ch.workflow_id}: running"
-    return (f"{ch.workflow_id}: done, stop reason {ch.stop_reason}, requests {ch.requests:,}, "
-            f"tokens {ch.total_tokens:,}")
+    return (
+        f"{ch.workflow_id}: done, stop reason {ch.stop_reason}, requests {ch.requests:,}, "
+        f"tokens {ch.total_tokens:,}"
+    )
 
 
 def render_status(st: WorkflowStatus, indent: str = "") -> str:
@@ -332,24 +365,33 @@ def render_status(st: WorkflowStatus, indent: str = "") -> str:
         b = st.batch
         pending = max(0, b.total - b.done - b.failed - b.running)
         lines.append(f"{pad}phase: {b.phase}")
-        lines.append(f"{pad}runs: {b.done}/{b.total} reflected, {b.running} running, {b.failed} failed, "
-                     f"{pending} pending" + (f", continued as new {b.continued_as_new}x" if b.continued_as_new else ""))
+        lines.append(
+            f"{pad}runs: {b.done}/{b.total} reflected, {b.running} running, {b.failed} failed, "
+            f"{pending} pending" + (f", continued as new {b.continued_as_new}x" if b.continued_as_new else "")
+        )
         if b.last_event:
             lines.append(f"{pad}last: {b.last_event}")
     p = st.progress
     if p is not None:
         # a running child that did not answer its query (busy, see `_query`) is missing from the sum: say so
         silent = sum(1 for ch in st.running_children if ch.progress is None)
-        scope = (f" (this session and its answered children: {silent} running child did not answer)" if silent
-                 else " (tree total)" if st.running_children else "")
+        scope = (
+            f" (this session and its answered children: {silent} running child did not answer)"
+            if silent
+            else " (tree total)"
+            if st.running_children
+            else ""
+        )
         lines += [
             f"{pad}phase: {p.phase}" + (f" (model {p.model})" if p.model else ""),
             f"{pad}requests: {used(st.tree_requests, p.max_requests)}{scope}",
             f"{pad}tokens: {used(st.tree_tokens, p.max_tokens)}{scope}",
             f"{pad}{cells_text(p.cells, p.failed_cells, p.last_cell).replace('cells ', 'cells: ', 1)}",
             f"{pad}depth: {p.depth}" + (f" (max {p.max_depth})" if p.max_depth else ""),
-            f"{pad}children: {p.children_done} done" + (f", 1 running ({p.child_running})" if p.child_running else ""),
-            f"{pad}compactions: {p.compactions}" + (f" (+{p.microcompactions} micro)" if p.microcompactions else ""),
+            f"{pad}children: {p.children_done} done"
+            + (f", 1 running ({p.child_running})" if p.child_running else ""),
+            f"{pad}compactions: {p.compactions}"
+            + (f" (+{p.microcompactions} micro)" if p.microcompactions else ""),
         ]
         if p.last_tool:
             lines.append(f"{pad}last tool: {p.last_tool}")
@@ -379,7 +421,9 @@ def _summary(st: WorkflowStatus) -> str:
     return summary_line(st.kind, st.workflow_id, outcome, st.elapsed_s or 0.0, p)
 
 
-async def follow(client: Client, wf_id: str, display: ProgressDisplay, poll_s: float = FOLLOW_POLL_S) -> WorkflowStatus:
+async def follow(
+    client: Client, wf_id: str, display: ProgressDisplay, poll_s: float = FOLLOW_POLL_S
+) -> WorkflowStatus:
     """Show `wf_id`'s progress on `display` until it closes; returns its final status."""
     st = await fetch_status(client, wf_id)
     display.start_clock(st.elapsed_s or 0.0)
@@ -410,7 +454,9 @@ def _chain(st: WorkflowStatus) -> list[WorkflowStatus]:
     return chain
 
 
-async def status_command(client: Client, wf_id: str, *, as_json: bool = False, follow_it: bool = False) -> int:
+async def status_command(
+    client: Client, wf_id: str, *, as_json: bool = False, follow_it: bool = False
+) -> int:
     """`rr status ID [--json] [--follow]`: prints the status (stdout); `--follow` shows the progress on
     stderr until the workflow closes, then prints its final status and exits like `rr result`."""
     if follow_it:
@@ -423,5 +469,9 @@ async def status_command(client: Client, wf_id: str, *, as_json: bool = False, f
             display.stop()
     else:
         st = await fetch_status(client, wf_id)
-    print(st.model_dump_json(indent=2) if as_json else render_status(st), end="\n" if as_json else "", flush=True)
+    print(
+        st.model_dump_json(indent=2) if as_json else render_status(st),
+        end="\n" if as_json else "",
+        flush=True,
+    )
     return exit_code(st) if follow_it else 0

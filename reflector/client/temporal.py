@@ -77,8 +77,13 @@ async def connect(
     """
     settings = settings or Settings.from_env()
     dc = data_converter(settings, read_only=read_only)
-    plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # RR_OTEL: tracing (reflector.runtime.telemetry)
-    return await open_client(settings, address=address, namespace=namespace, data_converter=dc, plugins=plugins)
+    plugins = [
+        PydanticAIPlugin(),
+        *telemetry.client_plugins(settings),
+    ]  # RR_OTEL: tracing (reflector.runtime.telemetry)
+    return await open_client(
+        settings, address=address, namespace=namespace, data_converter=dc, plugins=plugins
+    )
 
 
 class ReflectError(RuntimeError):
@@ -129,8 +134,13 @@ def configure_core_logging(*, worker_warnings: bool = True) -> None:
     from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig
 
     core = "WARN" if worker_warnings else "ERROR"
-    targets = {"temporalio_common": core, "temporalio_sdk_core": core, "temporalio_sdk": core,
-               "temporal_sdk_bridge": core, "temporalio_client": "ERROR"}
+    targets = {
+        "temporalio_common": core,
+        "temporalio_sdk_core": core,
+        "temporalio_sdk": core,
+        "temporal_sdk_bridge": core,
+        "temporalio_client": "ERROR",
+    }
     spec = ",".join(["ERROR", *(f"{t}={lvl}" for t, lvl in targets.items())])
     logger = logging.getLogger("temporalio.core")
     forwarding = LogForwardingConfig(logger=logger, append_target_to_name=True)

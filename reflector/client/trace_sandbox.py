@@ -49,8 +49,10 @@ class TraceSandbox:
 
     def __init__(self, trace: Any = None, llm_query_fn: Any = None) -> None:
         if llm_query_fn is not None:
-            raise TypeError("TraceSandbox: llm_query_fn is ACE's in-process hook; rr's sandbox cannot call back "
-                            "into the caller (a reflection's model explores the trace instead)")
+            raise TypeError(
+                "TraceSandbox: llm_query_fn is ACE's in-process hook; rr's sandbox cannot call back "
+                "into the caller (a reflection's model explores the trace instead)"
+            )
         self._trace = trace
         self._vars: dict[str, Any] = {}
         self._executor: Any = None
@@ -95,12 +97,16 @@ class TraceSandbox:
 
         self._dir = tempfile.TemporaryDirectory(prefix="rr-trace-sandbox-")
         path = Path(self._dir.name) / "trace.json"
-        data = self._trace if isinstance(self._trace, (dict, list, str)) or self._trace is None else (
-            _plain_trace(self._trace))
+        data = (
+            self._trace
+            if isinstance(self._trace, (dict, list, str)) or self._trace is None
+            else (_plain_trace(self._trace))
+        )
         text = _dump({} if data is None else data)
         path.write_text(text, encoding="utf-8")
-        executor = SubprocessExecutor(SandboxLimits(cell_timeout_s=timeout),
-                                      isolation=Settings.from_env().sandbox_isolation)
+        executor = SubprocessExecutor(
+            SandboxLimits(cell_timeout_s=timeout), isolation=Settings.from_env().sandbox_isolation
+        )
         await executor.start(str(path), detect_format(json.loads(text)), dict(self._vars))
         self._executor = executor
 

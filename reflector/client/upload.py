@@ -62,9 +62,17 @@ def upload_trace(path: str | Path, settings: Settings) -> TraceRef:
 
         sid = store_id_of(store)
     except OSError as e:
-        raise ReflectError(f"cannot store the trace in the blob store {store.where}: {e.strerror or e}") from None
-    return TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=cast(TraceFormat, fmt),
-                    store_id=sid, store_url=store.where)
+        raise ReflectError(
+            f"cannot store the trace in the blob store {store.where}: {e.strerror or e}"
+        ) from None
+    return TraceRef(
+        uri=blob_uri(digest),
+        sha256=digest,
+        size=size,
+        format=cast(TraceFormat, fmt),
+        store_id=sid,
+        store_url=store.where,
+    )
 
 
 def _open_store(settings: Settings) -> BlobStore:
@@ -84,7 +92,9 @@ def _refuse(size: int, index_size: int | None, settings: Settings, fmt: str) -> 
         raise ReflectError(msg)
 
 
-def upload_skillbook(skillbook: str | Path | SkillbookRef | None, settings: Settings | None = None) -> SkillbookRef | None:
+def upload_skillbook(
+    skillbook: str | Path | SkillbookRef | None, settings: Settings | None = None
+) -> SkillbookRef | None:
     """Check a skillbook against its caps (`reflector.analysis.limits`) and put it in the blob store; the workflow only
     gets the reference (the prepare activity reads it into the sandbox, the skill tools look skills up in it).
 
@@ -113,7 +123,9 @@ def upload_skillbook(skillbook: str | Path | SkillbookRef | None, settings: Sett
     try:
         digest = store.put_bytes(data)
     except OSError as e:
-        raise ReflectError(f"cannot store the skillbook in the blob store {store.where}: {e.strerror or e}") from None
+        raise ReflectError(
+            f"cannot store the skillbook in the blob store {store.where}: {e.strerror or e}"
+        ) from None
     return SkillbookRef(uri=blob_uri(digest), sha256=digest, size=len(data), chars=len(text), skills=skills)
 
 

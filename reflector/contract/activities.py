@@ -118,7 +118,9 @@ class CellOutcome(BaseModel):
     submitted: Any | None = None
     host_restarted: bool = False
     cells_replayed: int = 0
-    seq: int = 0  # the cell id (its sequence number in the session); 0 in outcomes recorded before it was added
+    seq: int = (
+        0  # the cell id (its sequence number in the session); 0 in outcomes recorded before it was added
+    )
 
 
 class CloseSessionInput(_Frozen):

@@ -46,7 +46,9 @@ class BatchCursor(BaseModel):
     offset: int = 0  # its byte offset in the manifest
     reflected: int = 0
     failed: int = 0
-    record_pages: list[str] = Field(default_factory=list)  # sha256 of each blob of `RunRecord`s, in index order
+    record_pages: list[str] = Field(
+        default_factory=list
+    )  # sha256 of each blob of `RunRecord`s, in index order
     runs: int = 1  # runs of the continue-as-new chain so far (this one included)
     requests: int = 0  # model requests of the children so far (the RrRequests / RrTokens search attributes)
     total_tokens: int = 0
@@ -62,7 +64,9 @@ class BatchInput(_Frozen):
     concurrency: int = Field(default=8, ge=1, le=1_000)
     children_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many children
     page_size: int = Field(default=100, ge=1, le=1_000)  # manifest entries read per activity
-    llm_synthesis: bool | None = None  # None: one reflection session over the records when the model is an LLM
+    llm_synthesis: bool | None = (
+        None  # None: one reflection session over the records when the model is an LLM
+    )
     cursor: BatchCursor | None = None
     search_attributes: bool = False  # as `ReflectionInput.search_attributes` (handed to every child)
     skillbook_ref: SkillbookRef | None = None  # handed to every child
@@ -101,14 +105,18 @@ class RunRecord(BaseModel):
     answer_correct: bool | None = None
     stop_reason: str | None = None
     failing_tools: dict[str, int] = Field(default_factory=dict)  # tool -> error results in this run
-    missing_actions: list[str] = Field(default_factory=list)  # names of expected actions not taken as expected
+    missing_actions: list[str] = Field(
+        default_factory=list
+    )  # names of expected actions not taken as expected
     unexpected_actions: list[str] = Field(default_factory=list)  # names of state-changing calls not expected
     what_went_wrong: str = ""
     root_cause: str = ""
     key_insight: str = ""
     learnings: list[str] = Field(default_factory=list)
     skill_tags: list[SkillTag] = Field(default_factory=list)
-    failure_modes: list[str] = Field(default_factory=list)  # the keys this run counts toward (see FailureMode)
+    failure_modes: list[str] = Field(
+        default_factory=list
+    )  # the keys this run counts toward (see FailureMode)
     diagnosis: Diagnosis | None = None  # the reflection's decisive failure (step, kind, tool, ...)
     facts_error: str | None = None
 
@@ -175,7 +183,9 @@ class BatchSynthesis(BaseModel):
     outcomes: dict[str, int]  # success / failure / unknown -> runs
     mean_reward: float | None = None
     incomplete_reflections: int = 0
-    failure_modes: list[FailureMode] = Field(default_factory=list)  # recurring ones (>= 2 runs) first, by runs
+    failure_modes: list[FailureMode] = Field(
+        default_factory=list
+    )  # recurring ones (>= 2 runs) first, by runs
     single_run_modes: int = 0  # modes seen in one run only (listed only in the records)
     recurring_learnings: list[RecurringText] = Field(default_factory=list)
     harmful_skills: list[RecurringText] = Field(default_factory=list)
@@ -207,7 +217,9 @@ class BatchOutput(BaseModel):
     records: TraceRef
     llm_synthesis: ReflectorOutput | None = None
     llm_synthesis_error: str | None = None
-    cancelled: bool = False  # cancelled (`rr cancel`): no run was started after it; the counts are the runs so far
+    cancelled: bool = (
+        False  # cancelled (`rr cancel`): no run was started after it; the counts are the runs so far
+    )
 
 
 class BatchResult(BatchOutput):

@@ -55,9 +55,17 @@ SA_PARENT = "RrParent"
 SA_REQUESTS = "RrRequests"
 SA_TOKENS = "RrTokens"
 SA_CHILDREN = "RrChildren"
-SEARCH_ATTRIBUTES: dict[str, str] = {  # name -> Temporal's type name (`temporal ... --search-attribute NAME=TYPE`)
-    SA_MODEL: "Keyword", SA_STOP_REASON: "Keyword", SA_TRACE_SHA256: "Keyword", SA_BATCH_ID: "Keyword",
-    SA_PARENT: "Keyword", SA_REQUESTS: "Int", SA_TOKENS: "Int", SA_CHILDREN: "Int",
+SEARCH_ATTRIBUTES: dict[
+    str, str
+] = {  # name -> Temporal's type name (`temporal ... --search-attribute NAME=TYPE`)
+    SA_MODEL: "Keyword",
+    SA_STOP_REASON: "Keyword",
+    SA_TRACE_SHA256: "Keyword",
+    SA_BATCH_ID: "Keyword",
+    SA_PARENT: "Keyword",
+    SA_REQUESTS: "Int",
+    SA_TOKENS: "Int",
+    SA_CHILDREN: "Int",
 }
 SEARCH_ATTRIBUTES_PATCH = "rr-search-attributes"
 """Reflections and batches upsert their stop reason and totals when they end (and give children memo and attributes)."""

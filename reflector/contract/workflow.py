@@ -139,8 +139,12 @@ class ReflectionInput(_Frozen):
     context_code: str = ""
     continuation: Continuation | None = None
     rerun: RerunOf | None = None  # `rr rerun` (root sessions only; never handed to a child)
-    search_attributes: bool = False  # the namespace has rr's search attributes: set them on children, upsert at the end
-    skillbook_ref: SkillbookRef | None = None  # the skillbook, in the blob store (takes the place of `skillbook`)
+    search_attributes: bool = (
+        False  # the namespace has rr's search attributes: set them on children, upsert at the end
+    )
+    skillbook_ref: SkillbookRef | None = (
+        None  # the skillbook, in the blob store (takes the place of `skillbook`)
+    )
 
 
 # The field descriptions below are the output tool's JSON schema: they are what a model reads about each
@@ -159,20 +163,22 @@ class ExtractedLearning(BaseModel):
 
     learning: str = Field(
         description="One actionable rule that names the tool, argument or policy it is about "
-        "(e.g. \"Before book_reservation, confirm each passenger's date of birth with the user\")."
+        '(e.g. "Before book_reservation, confirm each passenger\'s date of birth with the user").'
     )
     atomicity_score: float = Field(
-        ge=0.0, le=1.0,
+        ge=0.0,
+        le=1.0,
         description="How atomic the learning is, 0 to 1: 1.0 for a single rule about one thing; lower when it "
         "bundles several ideas or stays vague.",
     )
     evidence: str = Field(
         default="",
-        description="The cells that show it, each as `cell N: \"exact text it printed\"` with the step index "
-        "(e.g. `cell 3: \"dob 1990-01-01 != 1990-10-01\" at step 14`); several separated by `; `.",
+        description='The cells that show it, each as `cell N: "exact text it printed"` with the step index '
+        '(e.g. `cell 3: "dob 1990-01-01 != 1990-10-01" at step 14`); several separated by `; `.',
     )
     justification: str = Field(
-        default="", description="Why the evidence supports this learning, and how following it would have avoided the failure."
+        default="",
+        description="Why the evidence supports this learning, and how following it would have avoided the failure.",
     )
 
 
@@ -181,8 +187,12 @@ class SkillTag(BaseModel):
 
     model_config = ConfigDict(json_schema_extra=_schema_without_docstring)
 
-    id: str = Field(description="The skill's id exactly as in the skillbook, without brackets (e.g. `section-00001`).")
-    tag: Literal["helpful", "harmful", "neutral"] = Field(description="What following the skill did to this run.")
+    id: str = Field(
+        description="The skill's id exactly as in the skillbook, without brackets (e.g. `section-00001`)."
+    )
+    tag: Literal["helpful", "harmful", "neutral"] = Field(
+        description="What following the skill did to this run."
+    )
 
 
 DiagnosisKind = Literal[
@@ -226,21 +236,31 @@ class Diagnosis(BaseModel):
     actor: str | None = Field(
         default=None, description="The agent or role that took that step (for multi-agent traces: its name)."
     )
-    tool: str | None = Field(default=None, description="The tool involved, if any (the called or the expected tool).")
+    tool: str | None = Field(
+        default=None, description="The tool involved, if any (the called or the expected tool)."
+    )
     argument: str | None = Field(
         default=None,
         description="The argument that differs, as a path into the call's arguments (e.g. `passengers[1].dob`).",
     )
-    actual: str | None = Field(default=None, description="What the agent did or used there (a value or a short call).")
-    expected: str | None = Field(default=None, description="What it should have been, and where that comes from.")
+    actual: str | None = Field(
+        default=None, description="What the agent did or used there (a value or a short call)."
+    )
+    expected: str | None = Field(
+        default=None, description="What it should have been, and where that comes from."
+    )
     evidence: list[int] = Field(
         default_factory=list, description="Ids of the cells whose output shows this (the N of `[cell N]`)."
     )
     confidence: float = Field(
-        default=0.5, ge=0.0, le=1.0,
+        default=0.5,
+        ge=0.0,
+        le=1.0,
         description="How sure the diagnosis is: 1.0 when a cell compared the trace with its expected actions.",
     )
-    summary: str = Field(default="", description="One sentence: what the agent did at that step and why it is wrong.")
+    summary: str = Field(
+        default="", description="One sentence: what the agent did at that step and why it is wrong."
+    )
 
 
 class ReflectionDraft(BaseModel):
@@ -248,7 +268,9 @@ class ReflectionDraft(BaseModel):
     # No docstring on purpose: pydantic would put it in the JSON schema and pydantic-ai would append it to
     # the output tool's description, which is `reflector.analysis.prompts.OUTPUT_TOOL_DESCRIPTION` (what the model reads).
 
-    reasoning: str = Field(description="How you reached the conclusion: the checks you ran, by cell, and what each showed.")
+    reasoning: str = Field(
+        description="How you reached the conclusion: the checks you ran, by cell, and what each showed."
+    )
     error_identification: str = Field(
         description="What went wrong, concretely: the step index, the tool call or message, and the wrong value or "
         "omission. If nothing went wrong, say so and what shows it."
@@ -296,7 +318,9 @@ class CellCitation(BaseModel):
     learning: int  # index in `extracted_learnings`
     cell: int  # the cited cell id: the N of the "[cell N]" line that heads every cell output the model sees
     exists: bool  # a cell with that id ran in this session (cell 1 is the prefill shown in the task prompt)
-    quote: str = ""  # a quoted text of the evidence attributed to this cell ("" when the evidence quotes none)
+    quote: str = (
+        ""  # a quoted text of the evidence attributed to this cell ("" when the evidence quotes none)
+    )
     printed: bool = True  # the quote appears in that cell's output (as printed, or JSON/repr-escaped)
 
     @property

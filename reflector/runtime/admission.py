@@ -112,7 +112,9 @@ class AdmissionControl(CustomSlotSupplier):
         self._observed = 0.0  # worst start delay reported (`observe`) during this interval
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._reserving = 0  # reserve_slot calls in progress (the ticker runs while any is, or a slot is held)
+        self._reserving = (
+            0  # reserve_slot calls in progress (the ticker runs while any is, or a slot is held)
+        )
 
     # ------------------------------------------------------------------------------ the SDK's API
 

@@ -67,8 +67,11 @@ def describe_target(settings: Settings, address: str | None = None) -> str:
         return address  # another server (the embedded one): none of the configuration applies
     temporal = settings.temporal
     source = temporal.address_source
-    notes = [*([source] if source and source != "TEMPORAL_ADDRESS" else []),
-             *(["TLS"] if temporal.tls is not None else []), *(["API key"] if temporal.api_key else [])]
+    notes = [
+        *([source] if source and source != "TEMPORAL_ADDRESS" else []),
+        *(["TLS"] if temporal.tls is not None else []),
+        *(["API key"] if temporal.api_key else []),
+    ]
     head = f"TEMPORAL_ADDRESS={settings.address}" if source == "TEMPORAL_ADDRESS" else settings.address
     return head + (f" ({', '.join(notes)})" if notes else "")
 

@@ -28,8 +28,11 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233, home: P
 
         running = live_server(home)
         if running is not None:
-            print(f"rr server: the embedded server of {home} is already running on {running.address} "
-                  f"(pid {running.server_pid}); its clients use it", file=sys.stderr)
+            print(
+                f"rr server: the embedded server of {home} is already running on {running.address} "
+                f"(pid {running.server_pid}); its clients use it",
+                file=sys.stderr,
+            )
             return 1
     if is_reachable(address, timeout=0.5):
         print(

@@ -352,7 +352,9 @@ def _size(n: int) -> str:
 
 def render_report(report: Report) -> str:
     head = "would remove (dry run)" if report.dry_run else "removed"
-    total = Tally(sum(t.count for t in report.removed.values()), sum(t.bytes for t in report.removed.values()))
+    total = Tally(
+        sum(t.count for t in report.removed.values()), sum(t.bytes for t in report.removed.values())
+    )
     lines = [
         f"gc of {report.store}: {report.executions} retained workflow executions ({report.running} running) "
         f"in namespace {report.namespace!r}; grace period {report.min_age_s:g} s",

@@ -80,7 +80,11 @@ _holders: dict[str, frozenset[str]] = {}
 
 
 def _message_fields(d: Descriptor) -> list[Descriptor]:
-    return [f.message_type for f in d.fields if f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type is not None]
+    return [
+        f.message_type
+        for f in d.fields
+        if f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type is not None
+    ]
 
 
 def _payload_holders(root: Descriptor) -> frozenset[str]:
@@ -140,7 +144,9 @@ class _Collected:
         self.traces |= names.traces
 
 
-async def _read_history(source: WorkflowSource, execution: Execution, reader: StoreReader, into: _Collected) -> None:
+async def _read_history(
+    source: WorkflowSource, execution: Execution, reader: StoreReader, into: _Collected
+) -> None:
     store = BlobStore(reader.root)
     holders = _payload_holders(HistoryEvent.DESCRIPTOR)
     where = f"workflow {execution.workflow_id!r} (run {execution.run_id})"

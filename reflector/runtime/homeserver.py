@@ -37,7 +37,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["HomeServer", "Lease", "HomeServerError", "acquire", "live_server", "register_foreground", "POLL_S"]
+__all__ = [
+    "HomeServer",
+    "Lease",
+    "HomeServerError",
+    "acquire",
+    "live_server",
+    "register_foreground",
+    "POLL_S",
+]
 
 STATE_FILE = "server.json"
 LOCK_FILE = "server.lock"
@@ -120,9 +128,13 @@ def _keeper_alive(home: Path) -> bool:
 def _read_state(home: Path) -> HomeServer | None:
     try:
         raw = json.loads((home / STATE_FILE).read_text())
-        return HomeServer(address=str(raw["address"]), ui_url=raw.get("ui_url") or None,
-                          keeper_pid=int(raw["keeper_pid"]), server_pid=int(raw["server_pid"]),
-                          managed=bool(raw.get("managed", True)))
+        return HomeServer(
+            address=str(raw["address"]),
+            ui_url=raw.get("ui_url") or None,
+            keeper_pid=int(raw["keeper_pid"]),
+            server_pid=int(raw["server_pid"]),
+            managed=bool(raw.get("managed", True)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -140,7 +152,9 @@ def live_server(home: Path) -> HomeServer | None:
     return _read_state(home)
 
 
-def acquire(home: Path, *, port: int = 7233, timeout: float = START_TIMEOUT_S) -> tuple[HomeServer, Lease, bool]:
+def acquire(
+    home: Path, *, port: int = 7233, timeout: float = START_TIMEOUT_S
+) -> tuple[HomeServer, Lease, bool]:
     """Lease the home's server, starting it (through a keeper) when it is not running.
 
     Returns (the server, the lease, whether this call started it). Blocking: call it off the event loop.
@@ -172,7 +186,11 @@ def _start_keeper(home: Path, port: int, timeout: float) -> HomeServer:
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.runtime.homeserver", str(home), str(port)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
         )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -239,11 +257,22 @@ def _keep(home: Path, port: int) -> int:
     db_file = home / "temporal.sqlite"
     preferred = port if not is_reachable(f"127.0.0.1:{port}", timeout=0.2) else None
     server: DevServer | None = None
-    for chosen in ([preferred, None] if preferred else [None]):
-        ui_port = chosen + 1000 if chosen and chosen + 1000 < 65536 and not is_reachable(
-            f"127.0.0.1:{chosen + 1000}", timeout=0.2) else free_port()
-        candidate = DevServer(db_file=db_file, port=chosen, ui_port=ui_port if chosen else None, ui=True,
-                              log_file=home / "temporal.log", die_with_parent=True)
+    for chosen in [preferred, None] if preferred else [None]:
+        ui_port = (
+            chosen + 1000
+            if chosen
+            and chosen + 1000 < 65536
+            and not is_reachable(f"127.0.0.1:{chosen + 1000}", timeout=0.2)
+            else free_port()
+        )
+        candidate = DevServer(
+            db_file=db_file,
+            port=chosen,
+            ui_port=ui_port if chosen else None,
+            ui=True,
+            log_file=home / "temporal.log",
+            die_with_parent=True,
+        )
         try:
             asyncio.run(candidate.astart())
         except DevServerError as exc:

@@ -84,7 +84,9 @@ def _no_retry_provider(name: str) -> Provider[Any]:
         from anthropic import AsyncAnthropic
         from pydantic_ai.providers.anthropic import AnthropicProvider
 
-        return AnthropicProvider(anthropic_client=AsyncAnthropic(max_retries=0, timeout=_provider_timeout_s()))
+        return AnthropicProvider(
+            anthropic_client=AsyncAnthropic(max_retries=0, timeout=_provider_timeout_s())
+        )
     return infer_provider(name)
 
 
@@ -123,11 +125,15 @@ def check_model_name(name: str) -> None:
     if name in _factories or name == HEURISTIC:
         return
     if not name.strip():
-        raise UnknownModelError("the model name is empty: give a registered name (e.g. heuristic) or "
-                                "provider:model (e.g. openai:gpt-4o)")
+        raise UnknownModelError(
+            "the model name is empty: give a registered name (e.g. heuristic) or "
+            "provider:model (e.g. openai:gpt-4o)"
+        )
     fam, colon, model_name = name.partition(":")
     if colon and (not fam.strip() or not model_name.strip()):
-        raise UnknownModelError(f"model {name!r}: expected provider:model with both parts, e.g. openai:gpt-4o")
+        raise UnknownModelError(
+            f"model {name!r}: expected provider:model with both parts, e.g. openai:gpt-4o"
+        )
     if colon:
         try:
             infer_provider_class(fam)
@@ -162,10 +168,37 @@ _prepared = False  # prepare_workflow_side ran in this process (a replayer alone
 # Prefixes pydantic-ai accepts without a known model name of its own (OpenAI-compatible servers etc.);
 # the prefixes of `known_model_names()` are added to these.
 _EXTRA_FAMILIES = (
-    "openai", "openai-chat", "openai-responses", "openai-codex", "openai-chatgpt", "azure", "azure-responses",
-    "alibaba", "cerebras", "crusoe", "deepseek", "fireworks", "github", "github-copilot", "heroku", "litellm",
-    "meta", "moonshotai", "nebius", "ollama", "openrouter", "ovhcloud", "sambanova", "snowflake", "together",
-    "vercel", "vllm", "zai", "system-one", "gateway/openai-chat", "gateway/openai-responses",
+    "openai",
+    "openai-chat",
+    "openai-responses",
+    "openai-codex",
+    "openai-chatgpt",
+    "azure",
+    "azure-responses",
+    "alibaba",
+    "cerebras",
+    "crusoe",
+    "deepseek",
+    "fireworks",
+    "github",
+    "github-copilot",
+    "heroku",
+    "litellm",
+    "meta",
+    "moonshotai",
+    "nebius",
+    "ollama",
+    "openrouter",
+    "ovhcloud",
+    "sambanova",
+    "snowflake",
+    "together",
+    "vercel",
+    "vllm",
+    "zai",
+    "system-one",
+    "gateway/openai-chat",
+    "gateway/openai-responses",
 )
 _SAMPLE_NAMES = {"openrouter": "openai/gpt-4o"}  # prefixes that only accept names of a certain shape
 
@@ -209,13 +242,17 @@ def _prepare_family(fam: str, samples: dict[str, str]) -> None:
         return
     _prepared_families.add(fam)
     try:  # imports the model class and what its constructor loads
-        infer_model(f"{fam}:{_SAMPLE_NAMES.get(fam, samples.get(fam, 'rr-prepare'))}",
-                    provider_factory=_placeholder_provider)
+        infer_model(
+            f"{fam}:{_SAMPLE_NAMES.get(fam, samples.get(fam, 'rr-prepare'))}",
+            provider_factory=_placeholder_provider,
+        )
     except Exception:  # a sample name the family refuses; the imports are done
         pass
 
 
-def prepare_workflow_side(models: Iterable[str] | None = None, *, settings: Settings | None = None) -> list[str]:
+def prepare_workflow_side(
+    models: Iterable[str] | None = None, *, settings: Settings | None = None
+) -> list[str]:
     """Build, before a worker polls, everything workflow code needs to resolve a model; returns the names built.
 
     Workflow code must never import a module or load data: an activation that takes more than 2 s
@@ -265,7 +302,11 @@ def prepare_workflow_side(models: Iterable[str] | None = None, *, settings: Sett
     every = "*" in listed
     listed = [x for x in listed if x != "*"]
     given = list(models or [])
-    wanted = [*([default] if default else []), *(x for x in given if ":" in x), *(x for x in listed if ":" in x)]
+    wanted = [
+        *([default] if default else []),
+        *(x for x in given if ":" in x),
+        *(x for x in listed if ":" in x),
+    ]
     families = {f for f in map(_family, wanted) if f} | {x for x in [*listed, *given] if ":" not in x}
     if every:
         families |= {*samples, *_EXTRA_FAMILIES}
@@ -273,7 +314,10 @@ def prepare_workflow_side(models: Iterable[str] | None = None, *, settings: Sett
         warnings.simplefilter("ignore")
         for fam in sorted(families):
             _prepare_family(fam, samples)
-    for unprefixed in ("rr-prepare", "test"):  # the error path (name suggestions) and pydantic-ai's test model
+    for unprefixed in (
+        "rr-prepare",
+        "test",
+    ):  # the error path (name suggestions) and pydantic-ai's test model
         try:
             infer_model(unprefixed)
         except Exception:  # a profile whose optional dependency is missing
@@ -315,9 +359,13 @@ def workflow_side_model(name: str) -> Model:
     before = len(sys.modules)
     model = _build_workflow_side(name)
     if len(sys.modules) != before and _prepared:
-        log.warning("building model %r imported %d modules in workflow code (a slow first activation); "
-                    "list it or its provider in %s so that workers prepare it at start",
-                    name, len(sys.modules) - before, WORKER_MODELS_ENV)
+        log.warning(
+            "building model %r imported %d modules in workflow code (a slow first activation); "
+            "list it or its provider in %s so that workers prepare it at start",
+            name,
+            len(sys.modules) - before,
+            WORKER_MODELS_ENV,
+        )
     _workflow_side[name] = model
     return model
 
@@ -345,7 +393,9 @@ def load_plugins(spec: str | None = None) -> list[str]:
 
     A module that cannot be imported (missing, or failing at import) is a `SettingError` naming it.
     """
-    names = [x.strip() for x in spec.split(",") if x.strip()] if spec is not None else Settings.from_env().plugins
+    names = (
+        [x.strip() for x in spec.split(",") if x.strip()] if spec is not None else Settings.from_env().plugins
+    )
     loaded = []
     for mod in names:
         try:

@@ -77,7 +77,9 @@ def start_attributes(
     return TypedSearchAttributes(pairs)
 
 
-def end_updates(stop_reason: str, *, requests: int, tokens: int, children: int) -> list[SearchAttributeUpdate[Any]]:
+def end_updates(
+    stop_reason: str, *, requests: int, tokens: int, children: int
+) -> list[SearchAttributeUpdate[Any]]:
     """What a reflection or batch upserts when it ends: its stop reason and totals."""
     return [
         STOP_REASON.value_set(stop_reason),
@@ -116,8 +118,10 @@ def devserver_args(names: Sequence[str] | None = None) -> list[str]:
 def register_hint(namespace: str) -> str:
     """How to register the attributes (the one-line advice `rr list` gives where they are missing)."""
     flags = " ".join(f"--name {n} --type {t}" for n, t in SEARCH_ATTRIBUTES.items())
-    return (f"run `rr setup` (same TEMPORAL_ADDRESS and TEMPORAL_NAMESPACE), or `temporal operator search-attribute "
-            f"create --namespace {namespace} {flags}`")
+    return (
+        f"run `rr setup` (same TEMPORAL_ADDRESS and TEMPORAL_NAMESPACE), or `temporal operator search-attribute "
+        f"create --namespace {namespace} {flags}`"
+    )
 
 
 async def missing(client: Any) -> list[str]:
@@ -145,14 +149,22 @@ async def register(client: Any) -> list[str]:
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
     from temporalio.service import RPCError
 
-    resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
+    resp = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
     have = dict(resp.custom_attributes)
-    wrong = [f"{n} is {IndexedValueType.Name(have[n])}, rr needs {t}" for n, t in SEARCH_ATTRIBUTES.items()
-             if n in have and IndexedValueType.Name(have[n]) != f"INDEXED_VALUE_TYPE_{t.upper()}"]
+    wrong = [
+        f"{n} is {IndexedValueType.Name(have[n])}, rr needs {t}"
+        for n, t in SEARCH_ATTRIBUTES.items()
+        if n in have and IndexedValueType.Name(have[n]) != f"INDEXED_VALUE_TYPE_{t.upper()}"
+    ]
     if wrong:
         raise RegistrationError("search attributes registered with another type: " + "; ".join(wrong))
-    add = {n: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{t.upper()}") for n, t in SEARCH_ATTRIBUTES.items()
-           if n not in have}
+    add = {
+        n: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{t.upper()}")
+        for n, t in SEARCH_ATTRIBUTES.items()
+        if n not in have
+    }
     if add:
         try:
             await client.operator_service.add_search_attributes(

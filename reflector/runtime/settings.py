@@ -31,9 +31,15 @@ __all__ = [
 ]
 
 DEFAULT_ADDRESS = "localhost:7233"
-DEFAULT_MAX_TRACE_BYTES = 64 * 1024**3  # large traces are read lazily; the host memory formula decides what fits
-DEFAULT_LAZY_TRACE_BYTES = 16 * 1024**2  # traces at least this big are indexed and read lazily (RR_LAZY_TRACE_BYTES)
-DEFAULT_SANDBOX_MAX_MEMORY = 16 * 1024**3  # the largest host address space a trace may need (RR_SANDBOX_MAX_MEMORY_BYTES)
+DEFAULT_MAX_TRACE_BYTES = (
+    64 * 1024**3
+)  # large traces are read lazily; the host memory formula decides what fits
+DEFAULT_LAZY_TRACE_BYTES = (
+    16 * 1024**2
+)  # traces at least this big are indexed and read lazily (RR_LAZY_TRACE_BYTES)
+DEFAULT_SANDBOX_MAX_MEMORY = (
+    16 * 1024**3
+)  # the largest host address space a trace may need (RR_SANDBOX_MAX_MEMORY_BYTES)
 # `rr reflect` says so on the terminal when its reflection's next step has waited this long for a
 # worker (env RR_NO_WORKER_WARN_S; tests use a short value).
 DEFAULT_NO_WORKER_WARN_S = 15.0
@@ -55,8 +61,9 @@ class SettingError(ValueError):
     """An environment variable that cannot be used; the message says which and why (the CLI prints it)."""
 
 
-def env_number(name: str, default: float, *, integer: bool = True, minimum: float = 1,
-               maximum: float | None = None) -> float:
+def env_number(
+    name: str, default: float, *, integer: bool = True, minimum: float = 1, maximum: float | None = None
+) -> float:
     """`name` from the environment as a number >= `minimum` (and <= `maximum`; unset or blank: `default`)."""
     raw = os.environ.get(name, "")
     if raw.strip() == "":
@@ -112,7 +119,11 @@ _CONFIG_FILE_ENV = "TEMPORAL_CONFIG_FILE"
 _PROFILE_ENV = "TEMPORAL_PROFILE"
 # TLS material: (ClientConfigTLS attribute, the variables that set it, the profile's TOML key)
 _TLS_SOURCES = (
-    ("server_root_ca_cert", ("TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_DATA"), "server_ca_cert"),
+    (
+        "server_root_ca_cert",
+        ("TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_DATA"),
+        "server_ca_cert",
+    ),
     ("client_cert", ("TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_DATA"), "client_cert"),
     ("client_private_key", ("TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_CLIENT_KEY_DATA"), "client_key"),
 )
@@ -176,9 +187,11 @@ def load_temporal(env: Mapping[str, str] | None = None) -> tuple[str | None, str
         if raw and raw not in ("true", "false", "1", "0"):
             raise SettingError(f"{flag} must be true/false (or 1/0), got {env[flag]!r}")
     if env.get("TEMPORAL_TLS_DISABLE_HOST_VERIFICATION", "").strip().lower() in ("true", "1"):
-        raise SettingError("TEMPORAL_TLS_DISABLE_HOST_VERIFICATION is not supported by the Temporal Python SDK: "
-                           "give the server's CA (TEMPORAL_TLS_SERVER_CA_CERT_PATH) or its certificate's name "
-                           "(TEMPORAL_TLS_SERVER_NAME) instead")
+        raise SettingError(
+            "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION is not supported by the Temporal Python SDK: "
+            "give the server's CA (TEMPORAL_TLS_SERVER_CA_CERT_PATH) or its certificate's name "
+            "(TEMPORAL_TLS_SERVER_NAME) instead"
+        )
     config_file: Path | None
     named = env.get(_CONFIG_FILE_ENV, "").strip()
     if named:
@@ -199,8 +212,11 @@ def load_temporal(env: Mapping[str, str] | None = None) -> tuple[str | None, str
     except RuntimeError as exc:  # the SDK's ConfigError: TOML syntax, unknown profile, conflicting variables
         msg = _one_line(str(exc))
         if msg.startswith("Profile ") and msg.endswith("not found"):
-            known = f"in {config_file}" if config_file else (
-                f"(no config file: set {_CONFIG_FILE_ENV} or create {default_temporal_config_file()})")
+            known = (
+                f"in {config_file}"
+                if config_file
+                else (f"(no config file: set {_CONFIG_FILE_ENV} or create {default_temporal_config_file()})")
+            )
             raise SettingError(f"{_PROFILE_ENV}: no profile {profile_name!r} {known}") from None
         raise SettingError(f"{where}: {msg}") from None
     in_profile = f"profile {profile_name!r} in {config_file}"
@@ -216,19 +232,27 @@ def load_temporal(env: Mapping[str, str] | None = None) -> tuple[str | None, str
             setting = next((v for v in variables if env.get(v)), f"tls.{key}_path of {in_profile}")
             material[attr] = _tls_bytes(getattr(prof.tls, attr), setting)
         if (material["client_cert"] is None) != (material["client_private_key"] is None):
-            raise SettingError("a TLS client certificate needs its private key and the other way round "
-                               "(TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH, or the profile's "
-                               "tls.client_cert_path and tls.client_key_path)")
+            raise SettingError(
+                "a TLS client certificate needs its private key and the other way round "
+                "(TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH, or the profile's "
+                "tls.client_cert_path and tls.client_key_path)"
+            )
         tls = TemporalTLS(server_name=prof.tls.server_name or None, **material)
     elif prof.tls is None and prof.api_key is not None:
-        tls = TemporalTLS()  # an API key implies TLS (the server's certificate checked against the system roots)
-    return address, prof.namespace or None, TemporalConnect(
-        tls=tls,
-        api_key=prof.api_key or None,
-        rpc_metadata=tuple(sorted(prof.grpc_meta.items())),
-        address_source=source,
-        config_file=config_file,
-        profile=profile_name,
+        tls = (
+            TemporalTLS()
+        )  # an API key implies TLS (the server's certificate checked against the system roots)
+    return (
+        address,
+        prof.namespace or None,
+        TemporalConnect(
+            tls=tls,
+            api_key=prof.api_key or None,
+            rpc_metadata=tuple(sorted(prof.grpc_meta.items())),
+            address_source=source,
+            config_file=config_file,
+            profile=profile_name,
+        ),
     )
 
 
@@ -251,7 +275,9 @@ def _tls_bytes(source: Path | str | bytes | None, setting: str) -> bytes | None:
 def _one_line(msg: str) -> str:
     """The SDK's configuration error on one line (a TOML error points at the text over several)."""
     lines = [ln.strip() for ln in msg.splitlines()]
-    kept = [ln for ln in lines if ln and not ln.startswith("|") and not ln.lstrip("0123456789 ").startswith("|")]
+    kept = [
+        ln for ln in lines if ln and not ln.startswith("|") and not ln.lstrip("0123456789 ").startswith("|")
+    ]
     return "; ".join(kept) or msg.strip()
 
 
@@ -302,9 +328,9 @@ class Settings:
         if os.environ.get("RR_BLOB_DIR"):
             return Path(os.environ["RR_BLOB_DIR"])
         if self.blob_url and self.blob_url.startswith("file://"):
-            return Path(self.blob_url[len("file://"):])
+            return Path(self.blob_url[len("file://") :])
         if self.s3_url is not None:  # one cache per bucket and prefix: a local file always has its S3 copy
-            return self.home / "s3-cache" / self.s3_url[len("s3://"):].rstrip("/")
+            return self.home / "s3-cache" / self.s3_url[len("s3://") :].rstrip("/")
         return self.home / "blobs"
 
     @property
@@ -330,7 +356,9 @@ class Settings:
         try:
             return store_queue(self)
         except OSError as exc:
-            raise SettingError(f"cannot read or create the blob store's id ({self.blob_dir_setting}): {exc}") from None
+            raise SettingError(
+                f"cannot read or create the blob store's id ({self.blob_dir_setting}): {exc}"
+            ) from None
 
     @property
     def db_file(self) -> Path:
@@ -353,20 +381,23 @@ class Settings:
             max_trace_bytes=int(env_number("RR_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES)),
             sandbox_isolation=_isolation(env.get(ISOLATION_ENV)),
             journal_fsync=env_flag("RR_JOURNAL_FSYNC"),
-            no_worker_warn_s=env_number("RR_NO_WORKER_WARN_S", DEFAULT_NO_WORKER_WARN_S, integer=False,
-                                        minimum=0.1),
+            no_worker_warn_s=env_number(
+                "RR_NO_WORKER_WARN_S", DEFAULT_NO_WORKER_WARN_S, integer=False, minimum=0.1
+            ),
             max_live_sandboxes=int(env_number("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS)),
             sandbox_zygote=env.get("RR_SANDBOX_ZYGOTE", "1") != "0",
             worker_models=_names(env.get(WORKER_MODELS_ENV, "")),
             plugins=_names(env.get("RR_PLUGINS", "")),
             max_concurrent_workflow_tasks=_optional_count(WORKFLOW_TASKS_ENV),
             max_concurrent_activities=_optional_count(ACTIVITIES_ENV),
-            sticky_timeout_s=env_number("RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S, integer=False,
-                                        minimum=0.1),
+            sticky_timeout_s=env_number(
+                "RR_STICKY_TIMEOUT_S", DEFAULT_STICKY_TIMEOUT_S, integer=False, minimum=0.1
+            ),
             lazy_trace_bytes=int(env_number("RR_LAZY_TRACE_BYTES", DEFAULT_LAZY_TRACE_BYTES)),
             sandbox_max_memory=int(env_number("RR_SANDBOX_MAX_MEMORY_BYTES", DEFAULT_SANDBOX_MAX_MEMORY)),
-            provider_timeout_s=env_number("RR_PROVIDER_TIMEOUT_S", DEFAULT_PROVIDER_TIMEOUT_S, integer=False,
-                                          minimum=0.1),
+            provider_timeout_s=env_number(
+                "RR_PROVIDER_TIMEOUT_S", DEFAULT_PROVIDER_TIMEOUT_S, integer=False, minimum=0.1
+            ),
             otel=parse_otel(env.get(OTEL_ENV)),
             blob_url=_blob_url(env.get("RR_BLOB_URL")),
             s3_addressing_style=_addressing_style(env),
@@ -381,8 +412,10 @@ def _blob_url(raw: str | None) -> str | None:
     if not value:
         return None
     if value.startswith("file://"):
-        if not value[len("file://"):].startswith("/"):
-            raise SettingError(f"RR_BLOB_URL: a file:// URL needs an absolute path (file:///srv/rr), got {raw!r}")
+        if not value[len("file://") :].startswith("/"):
+            raise SettingError(
+                f"RR_BLOB_URL: a file:// URL needs an absolute path (file:///srv/rr), got {raw!r}"
+            )
         return value
     if value.startswith("s3://"):
         from reflector.runtime.storage.s3 import parse_s3_url

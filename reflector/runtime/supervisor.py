@@ -142,7 +142,7 @@ class Supervisor:
     def _pump(self, child: _Child, src: IO[str], dst: IO[str]) -> None:
         for line in src:
             if line.startswith(_ERROR_MARK):
-                child.error = line.rstrip("\n")[len(_ERROR_MARK):].strip()
+                child.error = line.rstrip("\n")[len(_ERROR_MARK) :].strip()
                 continue
             if line.startswith(READY_MARK):
                 child.ready = True
@@ -157,8 +157,14 @@ class Supervisor:
         child.generation += 1
         child.ready, child.error, child.restart_at = False, None, None
         proc = subprocess.Popen(
-            self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, errors="replace",
+            self.cmd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            errors="replace",
             # the supervisor's process group (not a session of its own): whoever kills the group kills
             # every worker; a Ctrl-C reaches each child too, which stops it the same graceful way
         )
@@ -194,19 +200,26 @@ class Supervisor:
         pid, now = child.proc.pid, self.clock()
         what = self._describe(code) + (f": {child.error}" if child.error else "")
         if code == 2 and child.generation == 1 and not child.ready:
-            self._say(f"{_ERROR_MARK} {child.error or f'worker child {child.index}/{self.n} exited with code 2 at start'}",
-                      error=True)
+            self._say(
+                f"{_ERROR_MARK} {child.error or f'worker child {child.index}/{self.n} exited with code 2 at start'}",
+                error=True,
+            )
             return 2
         child.deaths.append(now)
         while child.deaths and now - child.deaths[0] > CRASH_WINDOW_S:
             child.deaths.popleft()
         if len(child.deaths) >= CRASH_LIMIT:
-            self._say(f"{_ERROR_MARK} worker child {child.index}/{self.n} died {len(child.deaths)} times within "
-                      f"{CRASH_WINDOW_S:g} s (last pid={pid}, {what}): stopping every worker", error=True)
+            self._say(
+                f"{_ERROR_MARK} worker child {child.index}/{self.n} died {len(child.deaths)} times within "
+                f"{CRASH_WINDOW_S:g} s (last pid={pid}, {what}): stopping every worker",
+                error=True,
+            )
             return 1
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (len(child.deaths) - 1))
         child.restart_at = now + delay
-        self._say(f"rr worker: child {child.index}/{self.n} pid={pid} died ({what}); restarting in {delay:g} s")
+        self._say(
+            f"rr worker: child {child.index}/{self.n} pid={pid} died ({what}); restarting in {delay:g} s"
+        )
         child.proc = None
         return None
 
@@ -296,4 +309,3 @@ def die_with_parent() -> None:
             pass
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(0)
-

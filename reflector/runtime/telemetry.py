@@ -94,7 +94,9 @@ def install(mode: OtelMode, *, processors: Sequence[SpanProcessor] | None = None
     with _lock:
         if _active is not None:
             if _active.mode != mode:
-                raise SettingError(f"{OTEL_ENV}: tracing is already installed in this process as {_active.mode!r}")
+                raise SettingError(
+                    f"{OTEL_ENV}: tracing is already installed in this process as {_active.mode!r}"
+                )
             for p in processors or ():
                 _active.provider.add_span_processor(_without_polls(p))
                 _active.processors.append(p)
@@ -102,8 +104,10 @@ def install(mode: OtelMode, *, processors: Sequence[SpanProcessor] | None = None
         try:
             _active = _install(mode, processors)
         except ImportError as e:  # RR_OTEL set, the `otel` extra not installed
-            raise SettingError(f"{OTEL_ENV}: tracing needs the OpenTelemetry SDK and its OTLP exporter "
-                               f"(pip install 'durable-recursive-reflector[otel]'): {e}") from None
+            raise SettingError(
+                f"{OTEL_ENV}: tracing needs the OpenTelemetry SDK and its OTLP exporter "
+                f"(pip install 'durable-recursive-reflector[otel]'): {e}"
+            ) from None
         return _active
 
 
@@ -114,7 +118,9 @@ def _install(mode: OtelMode, processors: Sequence[SpanProcessor] | None) -> _Tra
 
     if mode == "logfire":
         sdk = _logfire_provider()
-        provider = _global_provider(resource=_named(sdk.resource), sampler=sdk.sampler, id_generator=sdk.id_generator)
+        provider = _global_provider(
+            resource=_named(sdk.resource), sampler=sdk.sampler, id_generator=sdk.id_generator
+        )
         default: list[SpanProcessor] = [sdk._active_span_processor]  # Logfire's pipeline (scrubbing, export)
     else:
         from opentelemetry.sdk.resources import Resource

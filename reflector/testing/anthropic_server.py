@@ -48,10 +48,15 @@ def _text(content: object) -> str:
 
 def _cell_outputs(messages: list[dict[str, Any]]) -> list[str]:
     """Contents of `tool_result` blocks that answer an `execute_code` call."""
-    blocks = [b for m in messages if isinstance(m.get("content"), list) for b in m["content"] if isinstance(b, dict)]
+    blocks = [
+        b for m in messages if isinstance(m.get("content"), list) for b in m["content"] if isinstance(b, dict)
+    ]
     cell_ids = {b.get("id") for b in blocks if b.get("type") == "tool_use" and b.get("name") == CELL_TOOL}
-    return [_text(b.get("content")) for b in blocks
-            if b.get("type") == "tool_result" and b.get("tool_use_id") in cell_ids]
+    return [
+        _text(b.get("content"))
+        for b in blocks
+        if b.get("type") == "tool_result" and b.get("tool_use_id") in cell_ids
+    ]
 
 
 @dataclass

@@ -78,7 +78,9 @@ def _responses_cell_outputs(items: list[dict[str, Any]] | str) -> list[str]:
     """Outputs of `function_call_output` items that answer an `execute_code` call (Responses)."""
     if isinstance(items, str):
         return []
-    cell_ids = {i["call_id"] for i in items if i.get("type") == "function_call" and i.get("name") == CELL_TOOL}
+    cell_ids = {
+        i["call_id"] for i in items if i.get("type") == "function_call" and i.get("name") == CELL_TOOL
+    }
     out = []
     for i in items:
         if i.get("type") == "function_call_output" and i.get("call_id") in cell_ids:
@@ -97,7 +99,8 @@ class OpenAIServer(ScriptedServer):
 
     def _error_body(self, fault: Fault) -> dict[str, Any]:
         kind = {429: "rate_limit_exceeded", 401: "invalid_request_error", 404: "invalid_request_error"}.get(
-            fault.status, "server_error")
+            fault.status, "server_error"
+        )
         return {"error": {"message": fault.message, "type": kind, "param": None, "code": fault.code}}
 
     def _usage_chat(self) -> dict[str, Any]:
@@ -127,21 +130,25 @@ class OpenAIServer(ScriptedServer):
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", "unknown"),
-            "choices": [{
-                "index": 0,
-                "finish_reason": "tool_calls",
-                "logprobs": None,
-                "message": {
-                    "role": "assistant",
-                    "content": None,
-                    "refusal": None,
-                    "tool_calls": [{
-                        "id": f"call_{n}",
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(args)},
-                    }],
-                },
-            }],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "logprobs": None,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "refusal": None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{n}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": json.dumps(args)},
+                            }
+                        ],
+                    },
+                }
+            ],
             "usage": self._usage_chat(),
         }
 
@@ -159,14 +166,16 @@ class OpenAIServer(ScriptedServer):
             "error": None,
             "incomplete_details": None,
             "model": body.get("model", "unknown"),
-            "output": [{
-                "type": "function_call",
-                "id": f"fc_{n}",
-                "call_id": f"call_{n}",
-                "name": name,
-                "arguments": json.dumps(args),
-                "status": "completed",
-            }],
+            "output": [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{n}",
+                    "call_id": f"call_{n}",
+                    "name": name,
+                    "arguments": json.dumps(args),
+                    "status": "completed",
+                }
+            ],
             "parallel_tool_calls": True,
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools", []),

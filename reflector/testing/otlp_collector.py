@@ -80,12 +80,20 @@ class OTLPCollector:
             resource = {a.key: a.value.string_value for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    spans.append(CollectedSpan(
-                        name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_span_id=s.parent_span_id.hex(), service=resource.get("service.name", ""),
-                        attributes={a.key: a.value.string_value for a in s.attributes
-                                    if a.value.HasField("string_value")},
-                    ))
+                    spans.append(
+                        CollectedSpan(
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            service=resource.get("service.name", ""),
+                            attributes={
+                                a.key: a.value.string_value
+                                for a in s.attributes
+                                if a.value.HasField("string_value")
+                            },
+                        )
+                    )
         with self._lock:
             self.exports.append(Export(path, {k.lower(): v for k, v in headers.items()}, spans))
 

@@ -30,14 +30,24 @@ def _slow_loop() -> int:
     return int(os.environ.get(SLOW_LOOP_ENV, "40000000"))
 
 
-
 def _returns(messages: list[ModelMessage], tool: str = EXECUTE_CODE_TOOL) -> list[str]:
-    return [str(p.content) for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == tool]
+    return [
+        str(p.content)
+        for m in messages
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == tool
+    ]
 
 
 def request_key(messages: list[ModelMessage]) -> str:
-    body = json.dumps([[type(p).__name__, str(getattr(p, "content", getattr(p, "args", "")))] for m in messages
-                       for p in m.parts], sort_keys=True)
+    body = json.dumps(
+        [
+            [type(p).__name__, str(getattr(p, "content", getattr(p, "args", "")))]
+            for m in messages
+            for p in m.parts
+        ],
+        sort_keys=True,
+    )
     return f"{len(messages)}:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
 
 
@@ -45,8 +55,18 @@ def _log(messages: list[ModelMessage], name: str) -> None:
     path = os.environ.get("RR_TEST_MODEL_LOG")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"model": name, "key": request_key(messages), "n": len(messages),
-                                "pid": os.getpid(), "t": time.time()}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "model": name,
+                        "key": request_key(messages),
+                        "n": len(messages),
+                        "pid": os.getpid(),
+                        "t": time.time(),
+                    }
+                )
+                + "\n"
+            )
 
 
 INPUTS_ENV = "RR_TEST_MODEL_INPUTS"
@@ -55,7 +75,9 @@ INPUTS_ENV = "RR_TEST_MODEL_INPUTS"
 def _record_input(messages: list[ModelMessage], info: AgentInfo) -> None:
     path = os.environ.get(INPUTS_ENV)
     if path:
-        text = "\n".join(str(getattr(p, "content", getattr(p, "args", ""))) for m in messages for p in m.parts)
+        text = "\n".join(
+            str(getattr(p, "content", getattr(p, "args", ""))) for m in messages for p in m.parts
+        )
         with open(path, "a") as f:
             f.write(json.dumps({"tools": sorted(t.name for t in info.function_tools), "text": text}) + "\n")
 
@@ -71,7 +93,9 @@ def synthesis_aware(fn):
 
     def wrapped(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         _record_input(messages, info)
-        first = next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+        first = next(
+            (str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), ""
+        )
         if first.startswith("SUMMARISE_TRANSCRIPT"):
             _log(messages, "summary")
             earlier = re.findall(r"scripted summary: (\d+) cell outputs", first)
@@ -94,7 +118,12 @@ def _final(info: AgentInfo, outputs: list[str]) -> ModelResponse:
         "correct_approach": "scripted approach",
         "key_insight": "scripted insight",
         "extracted_learnings": [
-            {"learning": "check the data first", "atomicity_score": 0.9, "evidence": evidence, "justification": "j"}
+            {
+                "learning": "check the data first",
+                "atomicity_score": 0.9,
+                "evidence": evidence,
+                "justification": "j",
+            }
         ],
         "skill_tags": [],
     }
@@ -115,7 +144,9 @@ def stateful_script(messages: list[ModelMessage], info: AgentInfo) -> ModelRespo
     outputs = _returns(messages)
     if len(outputs) < len(CELLS):
         code = CELLS[len(outputs)].replace("SLOW", str(_slow_loop()))
-        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(outputs)}")])
+        return ModelResponse(
+            parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(outputs)}")]
+        )
     return _final(info, outputs)
 
 
@@ -126,8 +157,15 @@ def steps_script(n: int):
         _log(messages, f"scripted-steps-{n}")
         outputs = _returns(messages)
         if len(outputs) < n:
-            return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": f"x{len(outputs)} = {len(outputs)}\nprint(x{len(outputs)})"},
-                                                     tool_call_id=f"c{len(outputs)}")])
+            return ModelResponse(
+                parts=[
+                    ToolCallPart(
+                        EXECUTE_CODE_TOOL,
+                        {"code": f"x{len(outputs)} = {len(outputs)}\nprint(x{len(outputs)})"},
+                        tool_call_id=f"c{len(outputs)}",
+                    )
+                ]
+            )
         return _final(info, outputs[-2:])
 
     return fn
@@ -138,10 +176,15 @@ def answer_without_code(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     _log(messages, "scripted-eager")
     outputs = _returns(messages)
     # the validator's refusal comes back as the output tool's return (or a retry prompt)
-    retried = any(getattr(p, "tool_name", None) == info.output_tools[0].name and not isinstance(p, ToolCallPart)
-                  for m in messages for p in m.parts)
+    retried = any(
+        getattr(p, "tool_name", None) == info.output_tools[0].name and not isinstance(p, ToolCallPart)
+        for m in messages
+        for p in m.parts
+    )
     if retried and not outputs:
-        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print('ok', type(traces).__name__)"})])
+        return ModelResponse(
+            parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print('ok', type(traces).__name__)"})]
+        )
     return _final(info, outputs)
 
 
@@ -150,9 +193,16 @@ def text_only(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart("I refuse to use tools.")])
 
 
-register_model("scripted-stateful", lambda: FunctionModel(synthesis_aware(stateful_script), model_name="scripted-stateful"))
-register_model("scripted-eager", lambda: FunctionModel(synthesis_aware(answer_without_code), model_name="scripted-eager"))
+register_model(
+    "scripted-stateful",
+    lambda: FunctionModel(synthesis_aware(stateful_script), model_name="scripted-stateful"),
+)
+register_model(
+    "scripted-eager", lambda: FunctionModel(synthesis_aware(answer_without_code), model_name="scripted-eager")
+)
 register_model("scripted-text", lambda: FunctionModel(synthesis_aware(text_only), model_name="scripted-text"))
+
+
 def _steps_model(n: int) -> Callable[[], FunctionModel]:
     return lambda: FunctionModel(synthesis_aware(steps_script(n)), model_name=f"scripted-steps-{n}")
 
@@ -171,14 +221,21 @@ def paced(fn, seconds: float):
     return wrapped
 
 
-register_model("scripted-paced-20", lambda: FunctionModel(paced(synthesis_aware(steps_script(20)), 0.25),
-                                                          model_name="scripted-paced-20"))
+register_model(
+    "scripted-paced-20",
+    lambda: FunctionModel(paced(synthesis_aware(steps_script(20)), 0.25), model_name="scripted-paced-20"),
+)
 
 
 FULL_ANSWER = {
-    "reasoning": "submitted from code", "error_identification": "e", "root_cause_analysis": "r",
-    "correct_approach": "c", "key_insight": "k",
-    "extracted_learnings": [{"learning": "l", "atomicity_score": 0.8, "evidence": "cell 2", "justification": "j"}],
+    "reasoning": "submitted from code",
+    "error_identification": "e",
+    "root_cause_analysis": "r",
+    "correct_approach": "c",
+    "key_insight": "k",
+    "extracted_learnings": [
+        {"learning": "l", "atomicity_score": 0.8, "evidence": "cell 2", "justification": "j"}
+    ],
     "skill_tags": [],
 }
 
@@ -190,19 +247,31 @@ def submit_from_code(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
     if not outputs:
         code = "x = 41\nFINAL_ANSWER({'reasoning': 'missing fields'})"
     elif len(outputs) == 1:
-        code = "x += 1\nanswer = " + repr(FULL_ANSWER) + "\nanswer['key_insight'] = 'x is ' + str(x)\nFINAL_ANSWER(answer)"
+        code = (
+            "x += 1\nanswer = "
+            + repr(FULL_ANSWER)
+            + "\nanswer['key_insight'] = 'x is ' + str(x)\nFINAL_ANSWER(answer)"
+        )
     else:
         code = "print('should never run')"
-    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"s{len(outputs)}")])
+    return ModelResponse(
+        parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"s{len(outputs)}")]
+    )
 
 
 def same_failing_cell(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     _log(messages, "scripted-loop")
-    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print(1/0)"}, tool_call_id=f"l{len(messages)}")])
+    return ModelResponse(
+        parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": "print(1/0)"}, tool_call_id=f"l{len(messages)}")]
+    )
 
 
-register_model("scripted-submit", lambda: FunctionModel(synthesis_aware(submit_from_code), model_name="scripted-submit"))
-register_model("scripted-loop", lambda: FunctionModel(synthesis_aware(same_failing_cell), model_name="scripted-loop"))
+register_model(
+    "scripted-submit", lambda: FunctionModel(synthesis_aware(submit_from_code), model_name="scripted-submit")
+)
+register_model(
+    "scripted-loop", lambda: FunctionModel(synthesis_aware(same_failing_cell), model_name="scripted-loop")
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,7 +297,9 @@ def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     _log(messages, "scripted-plan")
     plan = _plan(messages)
     cells = _returns(messages)
-    recursed = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == RECURSE_TOOL]
+    recursed = [
+        p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == RECURSE_TOOL
+    ]
     # a failing context_code comes back as the tool's (failed) return, which the model can correct
     retries = [p for p in recursed if "context_code failed" in str(p.content)]
     children = [p for p in recursed if p not in retries]
@@ -249,13 +320,20 @@ def plan_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     else:
         outs = cells + [str(c.content) for c in children] + [f"recurse offered: {offered}"]
         return _final(info, outs)
-    return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(cells)}")])
+    return ModelResponse(
+        parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"c{len(cells)}")]
+    )
 
 
 def _summarised_cells(messages: list[ModelMessage]) -> int:
     """Cells done before the last compaction, as the summary says (scripts resume from there)."""
-    found = [int(x) for m in messages for p in m.parts if isinstance(p, TextPart)
-             for x in re.findall(r"scripted summary: (\d+) cell outputs", p.content)]
+    found = [
+        int(x)
+        for m in messages
+        for p in m.parts
+        if isinstance(p, TextPart)
+        for x in re.findall(r"scripted summary: (\d+) cell outputs", p.content)
+    ]
     return found[-1] if found else 0
 
 
@@ -267,14 +345,18 @@ def big_outputs(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     if len(cells) < n:
         # ~3,000 characters (1,000 words) of word-like text (the FunctionModel counts tokens by words)
         code = f"v{len(cells)} = ' '.join(['yy'] * 1000)\nprint('cell {len(cells)}', v{len(cells)})"
-        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"b{len(cells)}")])
+        return ModelResponse(
+            parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"b{len(cells)}")]
+        )
     if len(cells) == n:  # the archived transcripts are readable in the sandbox
         code = "print('history items', len(history), 'v0 still', len(v0))"
         return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id="hist")])
     return _final(info, [c[:40] for c in cells])
 
 
-register_model("scripted-plan", lambda: FunctionModel(synthesis_aware(plan_script), model_name="scripted-plan"))
+register_model(
+    "scripted-plan", lambda: FunctionModel(synthesis_aware(plan_script), model_name="scripted-plan")
+)
 register_model("scripted-big", lambda: FunctionModel(synthesis_aware(big_outputs), model_name="scripted-big"))
 
 
@@ -311,23 +393,40 @@ def citing_script(messages: list[ModelMessage], info: AgentInfo) -> ModelRespons
     from reflector.analysis.citations import header_cell
 
     outputs = _returns(messages)
-    cells = ["print('failing tool: book_reservation (3 errors)')", "print({'seat': '12A', 'status': 'taken'})"]
+    cells = [
+        "print('failing tool: book_reservation (3 errors)')",
+        "print({'seat': '12A', 'status': 'taken'})",
+    ]
     if len(outputs) < len(cells):
-        return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": cells[len(outputs)]},
-                                                 tool_call_id=f"cite{len(outputs)}")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart(
+                    EXECUTE_CODE_TOOL, {"code": cells[len(outputs)]}, tool_call_id=f"cite{len(outputs)}"
+                )
+            ]
+        )
     first, second = (header_cell(o) for o in outputs[:2])
     learnings = [
-        ("retry with other arguments", f'cell {first}: "book_reservation (3 errors)"; cell {second} printed "12A"'),
+        (
+            "retry with other arguments",
+            f'cell {first}: "book_reservation (3 errors)"; cell {second} printed "12A"',
+        ),
         ("check the seat map", f'cell {second}: "seat 14C is free"'),
         ("read the policy", 'cell 99: "policy says no"'),
         ("be careful", "general experience"),
     ]
     args = {
-        "reasoning": "scripted citations", "error_identification": "e", "root_cause_analysis": "r",
-        "correct_approach": "c", "key_insight": "k", "skill_tags": [],
+        "reasoning": "scripted citations",
+        "error_identification": "e",
+        "root_cause_analysis": "r",
+        "correct_approach": "c",
+        "key_insight": "k",
+        "skill_tags": [],
         "extracted_learnings": [{"learning": t, "atomicity_score": 0.8, "evidence": e} for t, e in learnings],
     }
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")])
 
 
-register_model("scripted-cite", lambda: FunctionModel(synthesis_aware(citing_script), model_name="scripted-cite"))
+register_model(
+    "scripted-cite", lambda: FunctionModel(synthesis_aware(citing_script), model_name="scripted-cite")
+)

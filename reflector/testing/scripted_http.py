@@ -40,8 +40,16 @@ from typing import Any, Literal, Self, cast
 from reflector.contract import EXECUTE_CODE_TOOL
 
 __all__ = [
-    "Fault", "FaultKind", "RecordedRequest", "ScriptedServer", "request_key", "NO_REPLY", "CELL_CODE", "CELL_TOOL",
-    "cell_code", "reflection_args",
+    "Fault",
+    "FaultKind",
+    "RecordedRequest",
+    "ScriptedServer",
+    "request_key",
+    "NO_REPLY",
+    "CELL_CODE",
+    "CELL_TOOL",
+    "cell_code",
+    "reflection_args",
 ]
 
 CELL_CODE = "print('steps', len(traces.get('steps', [])))"
@@ -68,7 +76,12 @@ def reflection_args(cell_outputs: list[str], who: str = "local OpenAI server") -
         "correct_approach": "approach from the local server",
         "key_insight": "insight from the local server",
         "extracted_learnings": [
-            {"learning": "inspect the trace first", "atomicity_score": 0.8, "evidence": quoted, "justification": "j"}
+            {
+                "learning": "inspect the trace first",
+                "atomicity_score": 0.8,
+                "evidence": quoted,
+                "justification": "j",
+            }
         ],
         "skill_tags": [],
     }
@@ -98,7 +111,9 @@ class Fault:
         return str(self.status) if self.kind == "http" else self.kind
 
     @classmethod
-    def http(cls, status: int, code: str | None = None, message: str = "", retry_after_s: int | None = None) -> Fault:
+    def http(
+        cls, status: int, code: str | None = None, message: str = "", retry_after_s: int | None = None
+    ) -> Fault:
         return cls("http", status, code, message or f"scripted failure {status}", retry_after_s)
 
     @classmethod
@@ -204,7 +219,13 @@ class ScriptedServer:
 
     def fail_next(self, n: int, status: int = 500) -> None:
         """Answer the next `n` requests with HTTP `status` (500 or 429, whose `Retry-After` is 0)."""
-        fault = Fault.rate_limited(0) if status == 429 else Fault.server_error() if status == 500 else Fault.http(status)
+        fault = (
+            Fault.rate_limited(0)
+            if status == 429
+            else Fault.server_error()
+            if status == 500
+            else Fault.http(status)
+        )
         with self._lock:
             self.faults.extend([fault] * n)
 
@@ -264,8 +285,12 @@ class ScriptedServer:
     def statuses(self) -> list[int | str]:
         """Each request's outcome in order: its status, or the fault's kind for a reply the client could
         not use (``truncated``, ``malformed``, ``timeout``: held until the client had gone)."""
-        return [r.fault if r.fault in ("truncated", "malformed") or (r.fault == "timeout" and r.status == NO_REPLY)
-                else r.status for r in self.requests]
+        return [
+            r.fault
+            if r.fault in ("truncated", "malformed") or (r.fault == "timeout" and r.status == NO_REPLY)
+            else r.status
+            for r in self.requests
+        ]
 
     def duplicated_completions(self) -> dict[str, int]:
         """request key -> times answered, for every request answered more than once."""
@@ -290,11 +315,26 @@ class ScriptedServer:
                 return self._faults_at.pop(seq)
             return self.faults.pop(0) if self.faults else None
 
-    def _log(self, h: BaseHTTPRequestHandler, body: dict[str, Any], status: int, fault: Fault | None,
-             received: float, seq: int) -> None:
+    def _log(
+        self,
+        h: BaseHTTPRequestHandler,
+        body: dict[str, Any],
+        status: int,
+        fault: Fault | None,
+        received: float,
+        seq: int,
+    ) -> None:
         if self.record:
-            rec = RecordedRequest("POST", h.path, {k.lower(): v for k, v in h.headers.items()}, body, status,
-                                  fault.name if fault is not None else None, received, seq)
+            rec = RecordedRequest(
+                "POST",
+                h.path,
+                {k.lower(): v for k, v in h.headers.items()},
+                body,
+                status,
+                fault.name if fault is not None else None,
+                received,
+                seq,
+            )
             with self._lock:
                 self.requests.append(rec)
 

@@ -34,24 +34,66 @@ def tau_run(
     for tool, count in (errors or {}).items():
         for _ in range(count):
             n += 1
-            traj.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"c{n}", "type": "function", "function": {"name": tool, "arguments": json.dumps({"id": n})}}]})
-            traj.append({"role": "tool", "tool_call_id": f"c{n}", "name": tool,
-                         "content": f"Error: {tool} failed: record {n} not found"})
+            traj.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"c{n}",
+                            "type": "function",
+                            "function": {"name": tool, "arguments": json.dumps({"id": n})},
+                        }
+                    ],
+                }
+            )
+            traj.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": f"c{n}",
+                    "name": tool,
+                    "content": f"Error: {tool} failed: record {n} not found",
+                }
+            )
     if book:
         args = dict(BOOKING, cabin="business") if wrong_cabin else dict(BOOKING)
-        traj.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "book", "type": "function", "function": {"name": "book_reservation", "arguments": json.dumps(args)}}]})
-        traj.append({"role": "tool", "tool_call_id": "book", "name": "book_reservation",
-                     "content": '{"reservation_id": "ZFA04Y", "status": "booked"}'})
-    traj.append({"role": "assistant", "content": "Your reservation is done." if book else "I could not book it."})
+        traj.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "book",
+                        "type": "function",
+                        "function": {"name": "book_reservation", "arguments": json.dumps(args)},
+                    }
+                ],
+            }
+        )
+        traj.append(
+            {
+                "role": "tool",
+                "tool_call_id": "book",
+                "name": "book_reservation",
+                "content": '{"reservation_id": "ZFA04Y", "status": "booked"}',
+            }
+        )
+    traj.append(
+        {"role": "assistant", "content": "Your reservation is done." if book else "I could not book it."}
+    )
     ok = book and not wrong_cabin
     return {
         "task_id": task_id,
         "trial": trial,
         "reward": (1.0 if ok else 0.0) if reward is None else reward,
-        "info": {"task": {"user_id": BOOKING["user_id"], "instruction": "Book JFK to SEA on May 20, economy.",
-                          "actions": [{"name": "book_reservation", "kwargs": BOOKING}], "outputs": []}},
+        "info": {
+            "task": {
+                "user_id": BOOKING["user_id"],
+                "instruction": "Book JFK to SEA on May 20, economy.",
+                "actions": [{"name": "book_reservation", "kwargs": BOOKING}],
+                "outputs": [],
+            }
+        },
         "traj": traj,
     }
 

@@ -64,8 +64,13 @@ def _within_bounds(resp: dict[str, Any]) -> None:
         resp["error"] = truncate(error, MAX_ERROR_CHARS)[0]
     for key in ("skipped", "shadowed"):
         names = resp.get(key)
-        if type(names) is list and (len(names) > MAX_NAMES or any(len(str(n)) > MAX_NAME_CHARS for n in names)):
-            cut = [str(n) if len(str(n)) <= MAX_NAME_CHARS else str(n)[: MAX_NAME_CHARS - 12] + "... (cut)" for n in names]
+        if type(names) is list and (
+            len(names) > MAX_NAMES or any(len(str(n)) > MAX_NAME_CHARS for n in names)
+        ):
+            cut = [
+                str(n) if len(str(n)) <= MAX_NAME_CHARS else str(n)[: MAX_NAME_CHARS - 12] + "... (cut)"
+                for n in names
+            ]
             if len(cut) > MAX_NAMES:
                 cut = [*cut[: MAX_NAMES - 1], f"... and {len(cut) - MAX_NAMES + 1:,} more"]
             resp[key] = cut

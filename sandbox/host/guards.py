@@ -103,7 +103,9 @@ _SAFE_BUILTINS: tuple[str, ...] = tuple(
 # every class body declares them `global`, so not even a prepared class namespace is consulted.
 ATTR_HOOK = "rr:attr"
 DISPLAY_HOOK = "rr:display"
-MUT_HOOK = "rr:mut"  # wraps the object of every `x.attr = ...` / `del x.attr` (see safe_modules.check_mutable)
+MUT_HOOK = (
+    "rr:mut"  # wraps the object of every `x.attr = ...` / `del x.attr` (see safe_modules.check_mutable)
+)
 HOOK_NAMES: tuple[str, ...] = (ATTR_HOOK, DISPLAY_HOOK, MUT_HOOK)
 # Defined by no cell, anywhere (the hooks' old, plain names: defence in depth).
 _HOOK_PREFIX = "__rr_"
@@ -221,7 +223,12 @@ _DENIED_DUNDER_DEFS: frozenset[str] = frozenset(
 
 # Class-namespace keys a namespace dict may not hold (besides the denied dunder definitions).
 _DENIED_NAMESPACE_KEYS: frozenset[str] = _DENIED_DUNDER_DEFS | {
-    "__dict__", "__weakref__", "__class__", "__bases__", "__base__", "__mro__",
+    "__dict__",
+    "__weakref__",
+    "__class__",
+    "__bases__",
+    "__base__",
+    "__mro__",
 }
 
 
@@ -257,8 +264,11 @@ def _check_slots(slots: Any) -> None:
     if names is None:
         raise GuardError("type(): '__slots__' must be a str, tuple or list of attribute names in the sandbox")
     for name in names:
-        if type(name) is not str or not name.isidentifier() or name.startswith(_HOOK_PREFIX) or (
-            name in _DENIED_NAMESPACE_KEYS and name not in ("__dict__", "__weakref__")
+        if (
+            type(name) is not str
+            or not name.isidentifier()
+            or name.startswith(_HOOK_PREFIX)
+            or (name in _DENIED_NAMESPACE_KEYS and name not in ("__dict__", "__weakref__"))
         ):
             raise GuardError(f"type(): the slot {name!r} is not allowed in the sandbox")
 
@@ -302,7 +312,10 @@ SafeType.__module__ = "builtins"
 # checked stand-in -> the real metaclass it stands for (isinstance/issubclass answer for the real one)
 _REAL_METACLASS: dict[type, type] = {SafeType: type}
 # id of a real metaclass -> (it, its checked stand-in)
-_CHECKED_METACLASS: dict[int, tuple[type, type]] = {id(type): (type, SafeType), id(_TypeMeta): (_TypeMeta, SafeType)}
+_CHECKED_METACLASS: dict[int, tuple[type, type]] = {
+    id(type): (type, SafeType),
+    id(_TypeMeta): (_TypeMeta, SafeType),
+}
 
 
 def _visible_type(kind: type) -> type:
@@ -359,7 +372,9 @@ class _Checker(ast.NodeVisitor):
             elif node.name in _DENIED_DUNDER_DEFS:
                 self._bad(node, f"defining '{node.name}' is not allowed in the sandbox")
             elif node.name.startswith(_HOOK_PREFIX):
-                self._bad(node, f"'{node.name}': names starting with '{_HOOK_PREFIX}' are reserved for the sandbox")
+                self._bad(
+                    node, f"'{node.name}': names starting with '{_HOOK_PREFIX}' are reserved for the sandbox"
+                )
         elif node.name in FORBIDDEN_BUILTINS:
             self._bad(node, f"function name '{node.name}' shadows a removed builtin; pick another name")
         if getattr(node, "type_params", None):
@@ -474,7 +489,11 @@ class _Checker(ast.NodeVisitor):
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 def _is_zero_arg_super(node: ast.expr) -> bool:

@@ -45,7 +45,9 @@ _STABLE_HASH: frozenset[type] = frozenset({str, bytes, int, bool, type(None)})
 _MASK = (1 << 64) - 1
 
 
-_HELD_HERE_ONLY = 3  # references to an object only IdentityHashes holds, seen from `live` (entry, local, argument)
+_HELD_HERE_ONLY = (
+    3  # references to an object only IdentityHashes holds, seen from `live` (entry, local, argument)
+)
 
 
 _XXPRIME_1, _XXPRIME_2, _XXPRIME_5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
@@ -198,7 +200,11 @@ def with_identity_hash(build_class: Callable[..., Any], hashes: IdentityHashes) 
 
     def __build_class__(*args: Any, **kwargs: Any) -> Any:
         cls = build_class(*args, **kwargs)
-        if vars(type)["__flags__"].__get__(type(cls)) & (1 << 31) and is_cell_class(cls) and _resolved_hash(cls) is _OBJECT_HASH:
+        if (
+            vars(type)["__flags__"].__get__(type(cls)) & (1 << 31)
+            and is_cell_class(cls)
+            and _resolved_hash(cls) is _OBJECT_HASH
+        ):
             type.__setattr__(cls, "__hash__", identity_hash)
         return cls
 

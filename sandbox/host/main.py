@@ -168,11 +168,18 @@ class Host:
         self.pristine = False  # started, and no cell, restore or inherit yet
         self._null = _Null()
 
-    def handle(self, req: dict[str, Any], payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+    def handle(
+        self, req: dict[str, Any], payload: bytes | None = None
+    ) -> tuple[dict[str, Any], bytes | None]:
         op = req.get("op")
         self.asks = 0
         if self.refusal is not None and op != "ping":
-            return {"ok": False, "error": self.refusal, "error_kind": "crash", "isolation_refused": True}, None
+            return {
+                "ok": False,
+                "error": self.refusal,
+                "error_kind": "crash",
+                "isolation_refused": True,
+            }, None
         if op in ("cell", "snapshot", "restore", "export", "inherit", "unguarded") and not self.started:
             return {"ok": False, "error": "host not started", "error_kind": "crash"}, None
         if op == "cell":
@@ -222,7 +229,10 @@ class Host:
                 pass
         try:
             lockdown(
-                self.isolation.mode, self.isolation, readable=_readable_paths(), unavailable=self.pretend_missing
+                self.isolation.mode,
+                self.isolation,
+                readable=_readable_paths(),
+                unavailable=self.pretend_missing,
             )
         except IsolationUnavailable as exc:
             self.refusal = (
@@ -254,7 +264,10 @@ class Host:
             if trace_path and os.path.exists(_index_path(str(trace_path))):
                 index_fd = os.open(_index_path(str(trace_path)), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            return {"ok": False, "error": f"could not start the sandbox: cannot open the trace: {exc.strerror}"}
+            return {
+                "ok": False,
+                "error": f"could not start the sandbox: cannot open the trace: {exc.strerror}",
+            }
         try:
             self.lock_down()
         except IsolationUnavailable:
@@ -287,8 +300,16 @@ class Host:
         except MemoryError:
             return {"ok": False, "error": "MemoryError while exporting the namespace"}, None
         except Exception as exc:  # reported to the executor
-            return {"ok": False, "error": f"could not export the namespace: {type(exc).__name__}: {exc}"}, None
-        resp = {"ok": True, "size": len(blob), "skipped": skipped, "host_ms": (time.perf_counter() - t0) * 1000}
+            return {
+                "ok": False,
+                "error": f"could not export the namespace: {type(exc).__name__}: {exc}",
+            }, None
+        resp = {
+            "ok": True,
+            "size": len(blob),
+            "skipped": skipped,
+            "host_ms": (time.perf_counter() - t0) * 1000,
+        }
         return resp, blob
 
     def inherit(self, blob: bytes) -> dict[str, Any]:
@@ -300,7 +321,10 @@ class Host:
         try:
             info = restore_export(self.ns, blob)
         except BaseException as exc:  # the executor discards this host
-            return {"ok": False, "error": f"could not load the inherited namespace: {type(exc).__name__}: {exc}"}
+            return {
+                "ok": False,
+                "error": f"could not load the inherited namespace: {type(exc).__name__}: {exc}",
+            }
         finally:
             sys.stdout = sys.stderr = self._null
             self.ns.restore()
@@ -380,7 +404,6 @@ class Host:
             "maxrss_kb": ru.ru_maxrss,
         }
 
-
     def unguarded(self, code: str) -> dict[str, Any]:
         """Tests only: run `code` with the real builtins and no AST check, i.e. a breached language
         layer, so tests can prove what the OS layer still stops. Offered only when the executor
@@ -397,8 +420,12 @@ class Host:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             sys.stdout = sys.stderr = self._null
-        return {"ok": error is None, "stdout": out.getvalue()[-20_000:], "error": error,
-                "error_kind": None if error is None else "runtime"}
+        return {
+            "ok": error is None,
+            "stdout": out.getvalue()[-20_000:],
+            "error": error,
+            "error_kind": None if error is None else "runtime",
+        }
 
     def ask(self, question: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """Ask the worker for something the host cannot reach itself (an archived transcript).
@@ -465,7 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         mode = "auto"  # the worker validated it; never weaken on a value we do not know
     isolation = IsolationReport(mode=mode)
-    enter_namespaces(mode, isolation, unavailable=missing)  # first: the rlimits below would stop the forks it needs
+    enter_namespaces(
+        mode, isolation, unavailable=missing
+    )  # first: the rlimits below would stop the forks it needs
     if limits is not None:
         apply_rlimits(limits)
     proto_in, proto_out = os.dup(0), os.dup(1)  # private, non-inheritable copies
@@ -473,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    host = Host(limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded, missing=missing)
+    host = Host(
+        limits, isolation=isolation, proto=(proto_in, proto_out), unguarded=unguarded, missing=missing
+    )
     sys.stdout = sys.stderr = host._null
     sys.stdin = None
     hold_signals()  # while frames pass and between requests; released only while one is handled

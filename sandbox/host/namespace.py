@@ -142,7 +142,10 @@ def _schema(value: Any, depth: int = 0) -> str:
             return f"dict[{len(value)} keys]"
         items = list(value.items())
         view = _is_view(value)
-        parts = [f"{k}: {_named(v) if view and k == 'raw' else _schema(v, depth + 1)}" for k, v in items[:SCHEMA_MAX_KEYS]]
+        parts = [
+            f"{k}: {_named(v) if view and k == 'raw' else _schema(v, depth + 1)}"
+            for k, v in items[:SCHEMA_MAX_KEYS]
+        ]
         if len(items) > SCHEMA_MAX_KEYS:
             parts.append(f"... +{len(items) - SCHEMA_MAX_KEYS} keys")
         return "{" + ", ".join(parts) + "}"
@@ -164,6 +167,7 @@ def _schema(value: Any, depth: int = 0) -> str:
 
 def _dump_preview(value: Any) -> str:
     """JSON with one line per key of a dict and per item of its lists (a step, a run): dense and readable."""
+
     def one(v: Any) -> str:
         return json.dumps(v, ensure_ascii=False, default=repr)
 
@@ -187,8 +191,10 @@ def _clip(value: Any, depth: int = 0) -> Any:
         return "..."
     if isinstance(value, dict):
         view = _is_view(value)
-        out = {str(k): _named(v) if view and k == "raw" else _clip(v, depth + 1)
-               for k, v in list(value.items())[:SCHEMA_MAX_KEYS]}
+        out = {
+            str(k): _named(v) if view and k == "raw" else _clip(v, depth + 1)
+            for k, v in list(value.items())[:SCHEMA_MAX_KEYS]
+        }
         if len(value) > SCHEMA_MAX_KEYS:
             out["..."] = f"+{len(value) - SCHEMA_MAX_KEYS} keys"
         return out
@@ -271,14 +277,19 @@ class SandboxNamespace:
     def restore(self) -> None:
         """Put the scaffolding and registered helpers back after a cell (rebinding is undone)."""
         ns = self.ns
-        rebound = [name for name in SANDBOX_HELPERS
-                   if name in self._scaffold and ns.get(name) is not self._scaffold[name]]
+        rebound = [
+            name
+            for name in SANDBOX_HELPERS
+            if name in self._scaffold and ns.get(name) is not self._scaffold[name]
+        ]
         for name, value in self._scaffold.items():
             if ns.get(name) is not value:
                 ns[name] = value
         if rebound:  # `tool_calls = [...]` is a natural variable name: say it will not last
-            self._print(f"note: {', '.join(rebound)}: toolkit function name(s), restored after this cell; "
-                        "keep your own data under another name")
+            self._print(
+                f"note: {', '.join(rebound)}: toolkit function name(s), restored after this cell; "
+                "keep your own data under another name"
+            )
         for name, (fn, _src) in self._helpers.items():
             if ns.get(name) is not fn:
                 ns[name] = fn
@@ -344,7 +355,9 @@ class SandboxNamespace:
             f"helpers: {helpers}; tools: describe_traces() SHOW_VARS() register_helper() "
             "list_helpers() run_helper() FINAL_ANSWER() ARCHIVE(sha256)"
         )
-        self._print("toolkit: " + " ".join(f"{name}()" for name in SANDBOX_HELPERS) + " (see describe_traces())")
+        self._print(
+            "toolkit: " + " ".join(f"{name}()" for name in SANDBOX_HELPERS) + " (see describe_traces())"
+        )
 
     def describe_traces(self, max_preview: int = 1500) -> None:
         """Print the shape of `traces`: type, keys/length, a schema sketch and a bounded preview."""
@@ -379,7 +392,9 @@ class SandboxNamespace:
 
     def register_helper(self, name: str, source: str) -> None:
         """Define a reusable function from source (checked like a cell) and keep it across cells."""
-        if type(name) is not str or not name.isidentifier() or name.startswith("_"):  # exact str: no lying subclass
+        if (
+            type(name) is not str or not name.isidentifier() or name.startswith("_")
+        ):  # exact str: no lying subclass
             raise GuardError("register_helper: name must be an identifier (a str) not starting with '_'")
         if name in self._scaffold:
             raise GuardError(f"register_helper: '{name}' is a preloaded name; choose another name")

@@ -12,10 +12,27 @@ from sandbox.host.guards import ALLOWED_MODULES
 # Modules whose first use imports more from disk: imported before the lockdown, after which the
 # host (as nobody, under Landlock) may no longer be able to read the Python installation.
 PRELOAD_IMPORTS = (
-    "reflector.analysis.traces", "reflector.analysis.traces.lazy", "linecache", "traceback", "hashlib", "pickle", "_strptime", "locale", "calendar",
-    "unicodedata", "encodings.latin_1", "encodings.ascii", "encodings.utf_16", "encodings.utf_32",
-    "encodings.cp1252", "encodings.utf_8_sig", "encodings.unicode_escape", "encodings.raw_unicode_escape",
-    "encodings.idna", "encodings.hex_codec", "encodings.base64_codec",
+    "reflector.analysis.traces",
+    "reflector.analysis.traces.lazy",
+    "linecache",
+    "traceback",
+    "hashlib",
+    "pickle",
+    "_strptime",
+    "locale",
+    "calendar",
+    "unicodedata",
+    "encodings.latin_1",
+    "encodings.ascii",
+    "encodings.utf_16",
+    "encodings.utf_32",
+    "encodings.cp1252",
+    "encodings.utf_8_sig",
+    "encodings.unicode_escape",
+    "encodings.raw_unicode_escape",
+    "encodings.idna",
+    "encodings.hex_codec",
+    "encodings.base64_codec",
 )
 
 

@@ -430,7 +430,9 @@ def check_mutable(obj: Any) -> Any:
     elif kind is types.FunctionType:
         filename = _FUNCTION_CODE.__get__(obj).co_filename
         if type(filename) is not str or not filename.startswith(_CELL_CODE_PREFIXES):
-            raise GuardError("changing attributes of a function not defined in a cell is not allowed in the sandbox")
+            raise GuardError(
+                "changing attributes of a function not defined in a cell is not allowed in the sandbox"
+            )
     elif real_subclass(kind, ModuleProxy) or id(obj) in _PROTECTED_IDS:
         raise GuardError("sandbox modules and the objects they provide are read-only")
     return obj
@@ -442,6 +444,7 @@ _FUNCTION_CODE: Any = vars(types.FunctionType)["__code__"]
 def _name_of(cls: type) -> str:
     name = vars(type)["__name__"].__get__(cls)
     return name if type(name) is str else "?"
+
 
 _SUBMODULES: dict[str, tuple[str, ...]] = {"collections": ("abc",)}
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)

@@ -102,8 +102,12 @@ __all__ = [
 
 
 for _op, _name in (
-    (pickle.REDUCE, "load_reduce"), (pickle.APPEND, "load_append"), (pickle.APPENDS, "load_appends"),
-    (pickle.SETITEM, "load_setitem"), (pickle.SETITEMS, "load_setitems"), (pickle.ADDITEMS, "load_additems"),
+    (pickle.REDUCE, "load_reduce"),
+    (pickle.APPEND, "load_append"),
+    (pickle.APPENDS, "load_appends"),
+    (pickle.SETITEM, "load_setitem"),
+    (pickle.SETITEMS, "load_setitems"),
+    (pickle.ADDITEMS, "load_additems"),
     (pickle.PROTO, "load_proto"),
 ):
     _DataUnpickler.dispatch[_op[0]] = getattr(_DataUnpickler, _name)
@@ -131,7 +135,12 @@ def _proxy_refs(ns: SandboxNamespace, refs: dict[int, tuple[Any, ...]]) -> None:
                 refs[id(value)] = ("a", modname, key)
         refs[id(proxy)] = ("m", modname)
     for name, value in ns.builtins.items():  # `f = len`: the restored host's own builtin
-        if type(value) not in _ATOMIC and not name.startswith("_") and id(value) not in refs and not _global_of(value):
+        if (
+            type(value) not in _ATOMIC
+            and not name.startswith("_")
+            and id(value) not in refs
+            and not _global_of(value)
+        ):
             refs[id(value)] = ("b", name)
 
 
@@ -145,7 +154,12 @@ def _refs(ns: SandboxNamespace, index: DataIndex | None, data_unchanged: bool) -
         refs[id(fn)] = ("h", name)
     data_names = set(ns._data_names)
     for name, value in ns._scaffold.items():
-        if type(value) in _ATOMIC or name == _HISTORY or name.startswith("_") or (name in data_names and not data_unchanged):
+        if (
+            type(value) in _ATOMIC
+            or name == _HISTORY
+            or name.startswith("_")
+            or (name in data_names and not data_unchanged)
+        ):
             continue  # `_`-names are the harness's own (`__builtins__`, the rewriter's hooks): never referenced
         refs[id(value)] = ("s", name)
     return refs
@@ -204,7 +218,13 @@ def take_snapshot(ns: SandboxNamespace, index: DataIndex | None, budget_s: float
 
 
 def _dump_state(
-    buf: io.BytesIO, state: Any, refs: dict[int, tuple[Any, ...]], clock: _Clock, *, data_atoms: list[Any] | None = None, **kw: Any
+    buf: io.BytesIO,
+    state: Any,
+    refs: dict[int, tuple[Any, ...]],
+    clock: _Clock,
+    *,
+    data_atoms: list[Any] | None = None,
+    **kw: Any,
 ) -> None:
     """Pickle `state` after `buf`'s contents. Then, only if needed, once more: with references for
     the numbers held in two places, and for the atomic values that are the very objects held in the
@@ -219,7 +239,9 @@ def _dump_state(
     if pickler.found_shared or hits:
         buf.seek(start)
         buf.truncate()
-        _Pickler(buf, refs, clock=clock, shared=pickler.found_shared, atoms=hits, atom_objs=data_atoms, **kw).dump(state)
+        _Pickler(
+            buf, refs, clock=clock, shared=pickler.found_shared, atoms=hits, atom_objs=data_atoms, **kw
+        ).dump(state)
 
 
 def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any, ...]) -> Any:
@@ -255,8 +277,13 @@ def _resolve_here(ns: SandboxNamespace, index: DataIndex | None, pid: tuple[Any,
 
 def _check_meta_helpers(helpers: Any) -> list[tuple[str, str]]:
     if type(helpers) is not list or not all(
-        type(h) is tuple and len(h) == 2 and type(h[0]) is str and type(h[1]) is str and h[0].isidentifier()
-        and not h[0].startswith("_") for h in helpers
+        type(h) is tuple
+        and len(h) == 2
+        and type(h[0]) is str
+        and type(h[1]) is str
+        and h[0].isidentifier()
+        and not h[0].startswith("_")
+        for h in helpers
     ):
         raise ValueError("malformed helpers in a snapshot")
     return helpers
@@ -283,7 +310,11 @@ def restore_snapshot(ns: SandboxNamespace, index: DataIndex | None, blob: bytes)
             raise ValueError(f"a snapshot helper shadows the preloaded {name!r}")
         ns.define_helper(name, source)  # checked like a cell (guards), as a journal replay would run it
     state = _load(buf, lambda pid: _resolve_here(ns, index, pid), _SNAPSHOT_PIDS)
-    if type(state) is not dict or type(state.get("vars")) is not dict or type(state.get("decimal")) is not decimal.Context:
+    if (
+        type(state) is not dict
+        or type(state.get("vars")) is not dict
+        or type(state.get("decimal")) is not decimal.Context
+    ):
         raise ValueError("malformed snapshot")
     if not all(type(k) is str and (not k.startswith("__") or k == "__annotations__") for k in state["vars"]):
         raise ValueError("malformed snapshot (a variable name a cell cannot make)")
@@ -370,7 +401,11 @@ def take_export(ns: SandboxNamespace, budget_s: float | None = None) -> tuple[by
     history = ns._scaffold.get(_HISTORY)
     if type(history) is not list:
         history = []
-    meta = {"version": EXPORT_VERSION, "kind": _EXPORT_KIND, "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()]}
+    meta = {
+        "version": EXPORT_VERSION,
+        "kind": _EXPORT_KIND,
+        "helpers": [(n, s) for n, (_f, s) in ns._helpers.items()],
+    }
     try:
         blob = _dump_export(meta, {"vars": candidates, "history": history}, refs, clock)
         if len(blob) <= EXPORT_VAR_MAX_BYTES:  # then no variable can be over either limit
@@ -410,7 +445,9 @@ def take_export(ns: SandboxNamespace, budget_s: float | None = None) -> tuple[by
     return _dump_export(meta, {"vars": kept, "history": history}, refs, clock), skipped
 
 
-def _dump_export(meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any, ...]], clock: _Clock) -> bytes:
+def _dump_export(
+    meta: dict[str, Any], state: dict[str, Any], refs: dict[int, tuple[Any, ...]], clock: _Clock
+) -> bytes:
     buf = io.BytesIO()
     pickle.dump(meta, buf, protocol=PROTOCOL)
     _dump_state(buf, state, refs, clock, check_sets=False)
@@ -459,4 +496,9 @@ def restore_export(ns: SandboxNamespace, blob: bytes) -> dict[str, Any]:
         ns._scaffold[_HISTORY] = history
         if type(current) is list and current:
             history.extend(current)
-    return {"vars": count, "helpers": helpers, "history": len(history) if type(history) is list else 0, "shadowed": shadowed}
+    return {
+        "vars": count,
+        "helpers": helpers,
+        "history": len(history) if type(history) is list else 0,
+        "shadowed": shadowed,
+    }

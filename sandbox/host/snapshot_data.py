@@ -87,15 +87,17 @@ _TYPE_QUALNAME: Any = vars(type)["__qualname__"]
 _TYPE_MRO: Any = vars(type)["__mro__"]
 
 
-_CALLABLE_TYPES: frozenset[type] = frozenset({
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    types.MethodDescriptorType,
-    types.WrapperDescriptorType,
-    types.ClassMethodDescriptorType,
-    types.MethodWrapperType,
-})
+_CALLABLE_TYPES: frozenset[type] = frozenset(
+    {
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        types.MethodType,
+        types.MethodDescriptorType,
+        types.WrapperDescriptorType,
+        types.ClassMethodDescriptorType,
+        types.MethodWrapperType,
+    }
+)
 
 
 class SnapshotRefused(Exception):
@@ -104,14 +106,35 @@ class SnapshotRefused(Exception):
 
 # -- what a snapshot may contain: plain data types and their checked constructors -----------------
 _FACTORY_TYPES: tuple[Any, ...] = (
-    list, dict, set, frozenset, tuple, int, float, complex, str, bytes, bytearray, bool,
-    collections.OrderedDict, collections.defaultdict, collections.deque, collections.Counter,
+    list,
+    dict,
+    set,
+    frozenset,
+    tuple,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    bool,
+    collections.OrderedDict,
+    collections.defaultdict,
+    collections.deque,
+    collections.Counter,
 )
 
 
 _SIGNALS: tuple[type, ...] = (
-    decimal.Clamped, decimal.DivisionByZero, decimal.Inexact, decimal.Overflow, decimal.Rounded,
-    decimal.Underflow, decimal.InvalidOperation, decimal.Subnormal, decimal.FloatOperation,
+    decimal.Clamped,
+    decimal.DivisionByZero,
+    decimal.Inexact,
+    decimal.Overflow,
+    decimal.Rounded,
+    decimal.Underflow,
+    decimal.InvalidOperation,
+    decimal.Subnormal,
+    decimal.FloatOperation,
 )
 
 
@@ -188,7 +211,12 @@ def _ok_defaultdict(args: tuple[Any, ...]) -> bool:
 def _ok_deque(args: tuple[Any, ...]) -> bool:
     if args == ():
         return True
-    return len(args) == 2 and args[0] == () and type(args[0]) is tuple and (args[1] is None or type(args[1]) is int)
+    return (
+        len(args) == 2
+        and args[0] == ()
+        and type(args[0]) is tuple
+        and (args[1] is None or type(args[1]) is int)
+    )
 
 
 def _ok_counter(args: tuple[Any, ...]) -> bool:
@@ -201,12 +229,22 @@ def _tz_ok(tz: Any) -> bool:
 
 def _ok_dt(size: int) -> Callable[[tuple[Any, ...]], bool]:
     def check(args: tuple[Any, ...]) -> bool:
-        return 1 <= len(args) <= 2 and type(args[0]) is bytes and len(args[0]) == size and (len(args) == 1 or _tz_ok(args[1]))
+        return (
+            1 <= len(args) <= 2
+            and type(args[0]) is bytes
+            and len(args[0]) == size
+            and (len(args) == 1 or _tz_ok(args[1]))
+        )
+
     return check
 
 
 def _ok_timezone(args: tuple[Any, ...]) -> bool:
-    return 1 <= len(args) <= 2 and type(args[0]) is datetime.timedelta and (len(args) == 1 or type(args[1]) is str)
+    return (
+        1 <= len(args) <= 2
+        and type(args[0]) is datetime.timedelta
+        and (len(args) == 1 or type(args[1]) is str)
+    )
 
 
 def _ok_decimal(args: tuple[Any, ...]) -> bool:
@@ -220,8 +258,13 @@ def _ok_context(args: tuple[Any, ...]) -> bool:
 
 
 def _ok_pattern(args: tuple[Any, ...]) -> bool:
-    return (len(args) == 2 and type(args[0]) in (str, bytes) and type(args[1]) is int
-            and 0 <= args[1] and not args[1] & ~_RE_FLAGS)
+    return (
+        len(args) == 2
+        and type(args[0]) in (str, bytes)
+        and type(args[1]) is int
+        and 0 <= args[1]
+        and not args[1] & ~_RE_FLAGS
+    )
 
 
 def _ok_flag(args: tuple[Any, ...]) -> bool:
@@ -229,7 +272,9 @@ def _ok_flag(args: tuple[Any, ...]) -> bool:
 
 
 def _ok_count(args: tuple[Any, ...]) -> bool:
-    return 1 <= len(args) <= 2 and all(type(a) in (int, float, complex, decimal.Decimal, fractions.Fraction) for a in args)
+    return 1 <= len(args) <= 2 and all(
+        type(a) in (int, float, complex, decimal.Decimal, fractions.Fraction) for a in args
+    )
 
 
 _Check = Callable[[tuple[Any, ...]], bool]
@@ -259,7 +304,11 @@ _BASE_CONSTRUCTORS: dict[Any, _Check] = {
 
 
 # Instances that may be pickled (exact types) and what their reduce may carry besides the arguments.
-_ITEMS: dict[Any, str] = {collections.deque: "list", collections.OrderedDict: "dict", collections.defaultdict: "dict"}
+_ITEMS: dict[Any, str] = {
+    collections.deque: "list",
+    collections.OrderedDict: "dict",
+    collections.defaultdict: "dict",
+}
 
 
 _WITH_DICT = frozenset({collections.OrderedDict, collections.Counter})  # their instances can hold attributes
@@ -315,16 +364,36 @@ def _is_class(obj: Any) -> bool:
 
 # Elements whose hash and equality are the interpreter's own (no cell method runs when a set of them is
 # rebuilt): exact atomic types, and tuples / frozensets of them; plus listed stdlib value types.
-_HASH_SAFE: frozenset[type] = frozenset({
-    *_ATOMIC, range, slice, decimal.Decimal, fractions.Fraction, datetime.date, datetime.datetime, datetime.time,
-    datetime.timedelta, datetime.timezone, re.RegexFlag, re.Pattern,
-})
+_HASH_SAFE: frozenset[type] = frozenset(
+    {
+        *_ATOMIC,
+        range,
+        slice,
+        decimal.Decimal,
+        fractions.Fraction,
+        datetime.date,
+        datetime.datetime,
+        datetime.time,
+        datetime.timedelta,
+        datetime.timezone,
+        re.RegexFlag,
+        re.Pattern,
+    }
+)
 
 
 # -- loading: data only ---------------------------------------------------------------------------
 _PID_ARITY: dict[str, tuple[type, ...]] = {
-    "s": (str,), "d": (int,), "D": (int,), "m": (str,), "a": (str, str), "h": (str,), "b": (str,),
-    "i": (str,), "L": (str, int, int, int), "f": (int, object),
+    "s": (str,),
+    "d": (int,),
+    "D": (int,),
+    "m": (str,),
+    "a": (str, str),
+    "h": (str,),
+    "b": (str,),
+    "i": (str,),
+    "L": (str, int, int, int),
+    "f": (int, object),
 }
 
 
@@ -347,8 +416,17 @@ _Py: Any = pickle._Unpickler  # the pure-Python unpickler: each opcode is a meth
 
 
 _REFUSED_OPS = (
-    pickle.BUILD, pickle.INST, pickle.OBJ, pickle.NEWOBJ, pickle.NEWOBJ_EX, pickle.EXT1, pickle.EXT2,
-    pickle.EXT4, pickle.PERSID, pickle.NEXT_BUFFER, pickle.READONLY_BUFFER,
+    pickle.BUILD,
+    pickle.INST,
+    pickle.OBJ,
+    pickle.NEWOBJ,
+    pickle.NEWOBJ_EX,
+    pickle.EXT1,
+    pickle.EXT2,
+    pickle.EXT4,
+    pickle.PERSID,
+    pickle.NEXT_BUFFER,
+    pickle.READONLY_BUFFER,
 )
 
 
@@ -358,7 +436,12 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
 
     dispatch: dict[int, Any] = dict(_Py.dispatch)
 
-    def __init__(self, file: io.BytesIO, resolve: Callable[[tuple[Any, ...]], Any] | None, kinds: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        file: io.BytesIO,
+        resolve: Callable[[tuple[Any, ...]], Any] | None,
+        kinds: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__(file)
         self._resolve = resolve
         self._kinds = kinds
@@ -425,7 +508,9 @@ class _DataUnpickler(_Py):  # type: ignore[misc]
         return target
 
     def refused(self) -> None:
-        raise pickle.UnpicklingError("a snapshot holds only plain data (an opcode that builds objects was refused)")
+        raise pickle.UnpicklingError(
+            "a snapshot holds only plain data (an opcode that builds objects was refused)"
+        )
 
 
 def _set_items(target: Any, items: list[Any]) -> None:
@@ -436,7 +521,9 @@ def _set_items(target: Any, items: list[Any]) -> None:
         target[key] = items[i + 1]
 
 
-def _load(buf: io.BytesIO, resolve: Callable[[tuple[Any, ...]], Any] | None, kinds: frozenset[str] = frozenset()) -> Any:
+def _load(
+    buf: io.BytesIO, resolve: Callable[[tuple[Any, ...]], Any] | None, kinds: frozenset[str] = frozenset()
+) -> Any:
     """One pickle of `buf`, data only; any failure is an UnpicklingError (the caller discards the host)."""
     try:
         return _DataUnpickler(buf, resolve, kinds).load()

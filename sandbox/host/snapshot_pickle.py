@@ -37,6 +37,7 @@ from sandbox.host.snapshot_data import (
 if TYPE_CHECKING:
     pass
 
+
 class _Clock:
     """A strict wall-time bound on one snapshot or export (checked every `_CHECK_EVERY` objects)."""
 
@@ -74,7 +75,9 @@ class DataIndex:
         return fp is not None and fp == self.fingerprint
 
 
-def _walk(roots: list[Any], *, keep_atoms: bool = False, clock: _Clock | None = None) -> tuple[list[Any], int | None, list[Any]]:
+def _walk(
+    roots: list[Any], *, keep_atoms: bool = False, clock: _Clock | None = None
+) -> tuple[list[Any], int | None, list[Any]]:
     objs: list[Any] = []
     atoms: list[Any] = []  # every item (keys too), in DFS order: keeps the originals alive
     seen: dict[int, int] = {}
@@ -227,9 +230,13 @@ class _Pickler(pickle.Pickler):
             return NotImplemented  # written by module and name; `_DataUnpickler.find_class` admits it
         if _is_class(obj) or kind in _CALLABLE_TYPES:
             if _is_class(obj) and _session_defined(obj):
-                raise SnapshotRefused(f"{_TYPE_QUALNAME.__get__(obj)} is defined in the session (function or class)")
+                raise SnapshotRefused(
+                    f"{_TYPE_QUALNAME.__get__(obj)} is defined in the session (function or class)"
+                )
             name = _TYPE_QUALNAME.__get__(obj) if _is_class(obj) else _callable_name(obj)
-            raise SnapshotRefused(f"{name} is defined in the session (function or class) or cannot be restored")
+            raise SnapshotRefused(
+                f"{name} is defined in the session (function or class) or cannot be restored"
+            )
         _constructors()
         if _INSTANCE_TYPES.get(id(kind)) is not kind:
             where = "defined in the session" if _session_defined(kind) else "not a plain data type"
@@ -258,13 +265,27 @@ def _checked_reduce(obj: Any, kind: type) -> tuple[Any, ...]:
         args = _cached_pattern_args(obj)
     entry = _constructors().get(id(func))
     if entry is None or entry[0] is not func or type(args) is not tuple or not entry[1](args):
-        raise SnapshotRefused(f"an instance of {_TYPE_QUALNAME.__get__(kind)} with values that cannot be restored")
+        raise SnapshotRefused(
+            f"an instance of {_TYPE_QUALNAME.__get__(kind)} with values that cannot be restored"
+        )
     items_kind = _ITEMS.get(kind)
     if kind in _WITH_DICT and object.__getattribute__(obj, "__dict__"):
         raise SnapshotRefused(f"an instance of {_TYPE_QUALNAME.__get__(kind)} with attributes of its own")
-    if state is not None or (listitems is not None and items_kind != "list") or (dictitems is not None and items_kind != "dict"):
-        raise SnapshotRefused(f"an instance of {_TYPE_QUALNAME.__get__(kind)} with state that cannot be restored")
-    return (func, args, None, None if listitems is None else iter(list(listitems)), None if dictitems is None else iter(list(dictitems)))
+    if (
+        state is not None
+        or (listitems is not None and items_kind != "list")
+        or (dictitems is not None and items_kind != "dict")
+    ):
+        raise SnapshotRefused(
+            f"an instance of {_TYPE_QUALNAME.__get__(kind)} with state that cannot be restored"
+        )
+    return (
+        func,
+        args,
+        None,
+        None if listitems is None else iter(list(listitems)),
+        None if dictitems is None else iter(list(dictitems)),
+    )
 
 
 def _cached_pattern_args(pattern: re.Pattern[Any]) -> tuple[Any, ...]:
@@ -288,8 +309,12 @@ def _check_set(obj: set[Any] | frozenset[Any], clock: _Clock) -> None:
         if kind is tuple or kind is frozenset:
             stack.extend(item)
         elif kind not in _HASH_SAFE:
-            raise SnapshotRefused("a set holds values whose hashing is defined in the session or not plain data")
+            raise SnapshotRefused(
+                "a set holds values whose hashing is defined in the session or not plain data"
+            )
     items = list(obj)
     rebuilt = type(obj)(items)  # what unpickling does: insert the elements in iteration order
-    if sys.getsizeof(rebuilt) != sys.getsizeof(obj) or any(a is not b for a, b in zip(rebuilt, items, strict=True)):
+    if sys.getsizeof(rebuilt) != sys.getsizeof(obj) or any(
+        a is not b for a, b in zip(rebuilt, items, strict=True)
+    ):
         raise SnapshotRefused("a set would iterate in another order after a restore")

@@ -26,7 +26,9 @@ def _open_lazy(trace_fd: int, index_fd: int) -> tuple[Any, dict[str, Any]]:
     with os.fdopen(index_fd, "rb") as fh:
         index = TraceIndex.from_bytes(fh.read())
     if os.fstat(trace_fd).st_size != index.size:
-        raise ValueError(f"the trace's index is for {index.size:,} bytes, the trace has {os.fstat(trace_fd).st_size:,}")
+        raise ValueError(
+            f"the trace's index is for {index.size:,} bytes, the trace has {os.fstat(trace_fd).st_size:,}"
+        )
     return open_view(trace_fd, index)
 
 

@@ -15,11 +15,15 @@ UPSTREAM_MODEL = "bedrock/us.anthropic.claude-haiku-4-5-20251001-v1:0"  # TestRR
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "integration: ACE's marker for tests that call a model (here: the heuristic)")
+    config.addinivalue_line(
+        "markers", "integration: ACE's marker for tests that call a model (here: the heuristic)"
+    )
 
 
 @pytest.fixture(autouse=True)
-def rr_on_the_session_server(temporal_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def rr_on_the_session_server(
+    temporal_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     from reflector.analysis.heuristic import make_heuristic_model
     from reflector.runtime.models import _factories, register_model
     from tests.support.blob_dirs import EXTRA_BLOB_DIRS

@@ -55,9 +55,7 @@ class TestRRStepIntegration:
             feedback="Incorrect. The capital of Australia is Canberra, not Sydney.",
         )
 
-        assert isinstance(
-            output, ReflectorOutput
-        ), f"Expected ReflectorOutput, got {type(output)}"
+        assert isinstance(output, ReflectorOutput), f"Expected ReflectorOutput, got {type(output)}"
         assert len(output.reasoning) > 0, "reasoning should be non-empty"
         assert len(output.key_insight) > 0, "key_insight should be non-empty"
         assert isinstance(output.raw, dict), "raw should be a dict"
@@ -116,8 +114,7 @@ class TestRRStepIntegration:
             or "brasilia" in full_text.lower()
         )
         assert has_analysis, (
-            "Expected the reflector to analyze the capital city error. "
-            f"reasoning={output.reasoning[:200]}"
+            f"Expected the reflector to analyze the capital city error. reasoning={output.reasoning[:200]}"
         )
 
         print(f"\n  Key insight: {output.key_insight[:200]}")
@@ -182,8 +179,7 @@ class TestRRStepIntegration:
 
         agent_out = AgentOutput(
             reasoning=(
-                "I need to find the square root of 144. "
-                "I think it might be 14 since 14 x 14 is close to 144."
+                "I need to find the square root of 144. I think it might be 14 since 14 x 14 is close to 144."
             ),
             final_answer="14",
             skill_ids=[],

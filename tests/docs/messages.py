@@ -55,7 +55,12 @@ def source_files() -> list[Path]:
         for p in (REPO / "reflector").rglob("*.py")
         if not p.relative_to(REPO).as_posix().startswith(SANDBOX_SIDE)
     ]
-    os_layer = ("isolation.py", "confinement.py", "namespaces.py", "cgroups.py")  # sandbox/isolation.py, split
+    os_layer = (
+        "isolation.py",
+        "confinement.py",
+        "namespaces.py",
+        "cgroups.py",
+    )  # sandbox/isolation.py, split
     return sorted([*files, REPO / "worker.py", *(REPO / "sandbox" / name for name in os_layer)])
 
 

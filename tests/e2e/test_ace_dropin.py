@@ -80,9 +80,19 @@ def _skillbook() -> Skillbook:
 
 
 # ACE's own RRStep builds this from an AgentOutput (ace/steps/rr_step.py, _build_traces_dict)
-RR_SHAPED = {"question": "What is 15 x 24?", "ground_truth": "360", "feedback": "Incorrect. The correct answer is 360.",
-             "steps": [{"role": "agent", "reasoning": "15 x 24 = 15 x 20 + 15 x 4 = 310 + 60 = 370", "answer": "370",
-                        "skill_ids": ["math-001"]}]}
+RR_SHAPED = {
+    "question": "What is 15 x 24?",
+    "ground_truth": "360",
+    "feedback": "Incorrect. The correct answer is 360.",
+    "steps": [
+        {
+            "role": "agent",
+            "reasoning": "15 x 24 = 15 x 20 + 15 x 4 = 310 + 60 = 370",
+            "answer": "370",
+            "skill_ids": ["math-001"],
+        }
+    ],
+}
 
 
 def _completed(out: Any) -> ReflectorOutput:
@@ -100,8 +110,9 @@ def test_construction_as_ace_builds_the_step() -> None:
     step = RRStep("gpt-4o-mini", config=cfg)
     assert (step.config.max_requests, step.config.timeout) == (15, 15.0)
     assert step.config.to_reflection_config().model == "openai:gpt-4o-mini"
-    assert RRStep(model="bedrock/us.anthropic.claude-3-5-haiku-20241022-v1:0").config.to_reflection_config().model == (
-        "bedrock:us.anthropic.claude-3-5-haiku-20241022-v1:0")
+    assert RRStep(
+        model="bedrock/us.anthropic.claude-3-5-haiku-20241022-v1:0"
+    ).config.to_reflection_config().model == ("bedrock:us.anthropic.claude-3-5-haiku-20241022-v1:0")
     # ACE's usage limits, from rr's mutable config
     mine = RRConfig(max_requests=20)
     mine.max_requests = 25
@@ -138,18 +149,25 @@ def test_aces_reflect_step_and_evaluate_step_drive_rr(on_server: Path) -> None:
     trace=)` (raw trace); EvaluateStep's trace carries `answer`."""
     sb = _skillbook()
     sample = Sample(question="What is 2+2?", ground_truth="4")
-    ctx = ACEStepContext(sample=sample, skillbook=SkillbookView(sb), injected_skill_ids=("math-001", "math-002"),
-                         agent_output=AgentOutput(reasoning="2 and 2 make 5", final_answer="5", skill_ids=["math-002"]))
+    ctx = ACEStepContext(
+        sample=sample,
+        skillbook=SkillbookView(sb),
+        injected_skill_ids=("math-001", "math-002"),
+        agent_output=AgentOutput(reasoning="2 and 2 make 5", final_answer="5", skill_ids=["math-002"]),
+    )
     ctx = EvaluateStep(SimpleEnvironment())(ctx)  # ACE's own trace dict
     assert ctx.trace["answer"] == "5"
     rr = RRStep("heuristic", config=RRConfig(max_requests=20))
     direct = _completed(rr(ctx).reflections[0])
     assert "5" in direct.error_identification and "4" in direct.error_identification
     assert [t.id for t in direct.skill_tags] == ["math-002"]
-    wrapped = ReflectStep(rr)(ctx)  # ACE's wrapper: reflect(question=, agent_output=, ..., injected_skill_ids=, mode=)
+    wrapped = ReflectStep(rr)(
+        ctx
+    )  # ACE's wrapper: reflect(question=, agent_output=, ..., injected_skill_ids=, mode=)
     assert "5" in _completed(wrapped.reflections[0]).error_identification
-    raw = ReflectStep(rr)(ACEStepContext(trace=["step 1: read the task", "step 2: answered 5"],
-                                         skillbook=SkillbookView(sb)))
+    raw = ReflectStep(rr)(
+        ACEStepContext(trace=["step 1: read the task", "step 2: answered 5"], skillbook=SkillbookView(sb))
+    )
     assert _completed(raw.reflections[0]).raw["rr_trace"]["cells"] >= 1
 
 
@@ -173,8 +191,11 @@ def test_usage_callback_per_request_as_ace_calls_it(on_server: Path) -> None:
 @pytest.mark.slow
 def test_a_failed_run_is_an_output_with_raw_error(embedded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")  # configured, and down
-    out = RRStep("heuristic").reflect(question="q", agent_output=AgentOutput(reasoning="r", final_answer="a"),
-                                      skillbook=SkillbookView(_skillbook()))
+    out = RRStep("heuristic").reflect(
+        question="q",
+        agent_output=AgentOutput(reasoning="r", final_answer="a"),
+        skillbook=SkillbookView(_skillbook()),
+    )
     assert isinstance(out, ReflectorOutput) and "is not reachable" in out.raw["error"]
     assert out.reasoning.startswith("Recursive analysis failed:")
     with pytest.raises(TraceError, match="trace file not found"):  # bad input is raised, the CLI's one line
@@ -189,14 +210,21 @@ class _Browser:
 
     def __init__(self) -> None:
         self.task = "Find the cheapest flight"
-        self.steps = [{"action": "search", "result": "error: timeout"}, {"action": "done", "result": "no flight"}]
+        self.steps = [
+            {"action": "search", "result": "error: timeout"},
+            {"action": "done", "result": "no flight"},
+        ]
 
 
 @pytest.mark.slow
 def test_any_object_the_agent_produced_is_a_trace(on_server: Path) -> None:
     step = RRStep("heuristic", config=RRConfig(max_requests=20))
     sb = SkillbookView(_skillbook())
-    for trace in (_Browser(), Sample(question="2+2?", ground_truth="4"), "The agent answered 5; the user said 4."):
+    for trace in (
+        _Browser(),
+        Sample(question="2+2?", ground_truth="4"),
+        "The agent answered 5; the user said 4.",
+    ):
         ctx = ReflectStep(step)(ACEStepContext(trace=trace, skillbook=sb))  # raw: passed as trace=
         _completed(ctx.reflections[0])
     with pytest.raises(ValueError, match="traces must be a path, a dict, a list"):
@@ -209,8 +237,12 @@ def test_any_object_the_agent_produced_is_a_trace(on_server: Path) -> None:
 @pytest.mark.slow
 def test_aces_pipeline_with_two_workers_on_the_embedded_default(embedded: Path) -> None:
     sb = _skillbook()
-    contexts = [ACEStepContext(trace={**RR_SHAPED, "question": f"run {i}: What is 15 x 24?"}, skillbook=SkillbookView(sb))
-                for i in range(2)]
+    contexts = [
+        ACEStepContext(
+            trace={**RR_SHAPED, "question": f"run {i}: What is 15 x 24?"}, skillbook=SkillbookView(sb)
+        )
+        for i in range(2)
+    ]
     rr = RRStep("heuristic", config=RRConfig(max_requests=20))
     # rr as the step itself: the pipeline awaits its __call_async__ on its own event loop, two at once
     results = Pipeline([rr]).run(contexts, workers=2)
@@ -247,10 +279,19 @@ def test_a_script_driving_aces_pipeline_exits_cleanly_every_time(tmp_path: Path)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
         env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
         args = [sys.executable, "-m", "tests.support.ace_script", *(["2"] if i in (4, 14) else ["1"])]
-        p = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            args,
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
+        )
         where = f"run {i + 1} (exit code {p.returncode}):\n{p.stderr[-3000:]}"
-        assert p.returncode == 0 and "Fatal Python error" not in p.stderr and "Traceback" not in p.stderr, where
+        assert p.returncode == 0 and "Fatal Python error" not in p.stderr and "Traceback" not in p.stderr, (
+            where
+        )
         expected = "completed completed" if i in (4, 14) else "completed"
         assert f"stop reasons: {expected}" in p.stdout, where
 
@@ -262,14 +303,27 @@ class ScriptedAgent:
     """ACE's AgentLike: answers from a script, citing skills as ACE's Agent does (`skill_ids`)."""
 
     ANSWERS = {
-        "What is 15 x 24?": AgentOutput(reasoning="Following [math-001]: 15 x 20 = 310, 15 x 4 = 60, so 370.",
-                                        final_answer="370", skill_ids=["math-001"]),
-        "What is 12 x 11?": AgentOutput(reasoning="Following [math-002]: 12 x 11 = 132; 132 / 11 = 12 checks.",
-                                        final_answer="132", skill_ids=["math-002"]),
+        "What is 15 x 24?": AgentOutput(
+            reasoning="Following [math-001]: 15 x 20 = 310, 15 x 4 = 60, so 370.",
+            final_answer="370",
+            skill_ids=["math-001"],
+        ),
+        "What is 12 x 11?": AgentOutput(
+            reasoning="Following [math-002]: 12 x 11 = 132; 132 / 11 = 12 checks.",
+            final_answer="132",
+            skill_ids=["math-002"],
+        ),
     }
 
-    def generate(self, *, question: str, context: str | None, skillbook: Any, reflection: str | None = None,
-                 **kwargs: Any) -> AgentOutput:
+    def generate(
+        self,
+        *,
+        question: str,
+        context: str | None,
+        skillbook: Any,
+        reflection: str | None = None,
+        **kwargs: Any,
+    ) -> AgentOutput:
         return self.ANSWERS[question]
 
 
@@ -283,16 +337,28 @@ def _skill_manager_script(messages: list[ModelMessage], info: AgentInfo) -> Mode
     """A scripted SkillManager model: reads the reflections in ACE's own SkillManager prompt and calls ACE's
     tools, tag_skill for every skill tag it finds there and add_skill for every learning; then reports."""
     if len(messages) > 1:  # the tools have answered
-        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {"reasoning": "applied rr's tags"})])
-    prompt = "".join(str(c) for m in messages if isinstance(m, ModelRequest) for p in m.parts
-                     if isinstance(p, UserPromptPart) for c in (p.content if isinstance(p.content, list) else [p.content]))
+        return ModelResponse(
+            parts=[ToolCallPart(info.output_tools[0].name, {"reasoning": "applied rr's tags"})]
+        )
+    prompt = "".join(
+        str(c)
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, UserPromptPart)
+        for c in (p.content if isinstance(p.content, list) else [p.content])
+    )
     calls: list[Any] = []
     for line in TAGS_RE.findall(prompt):
         for skill_id, tag in TAG_RE.findall(line):
             calls.append(ToolCallPart("tag_skill", {"skill_id": skill_id, "delta": DELTA[tag]}))
     for learning in LEARNING_RE.findall(prompt)[:1]:
-        calls.append(ToolCallPart("add_skill", {"section": "context", "issue": learning, "insight": learning,
-                                                "keywords": ["rr-learning"]}))
+        calls.append(
+            ToolCallPart(
+                "add_skill",
+                {"section": "context", "issue": learning, "insight": learning, "keywords": ["rr-learning"]},
+            )
+        )
     return ModelResponse(parts=calls or [TextPart("nothing to do")])
 
 
@@ -303,12 +369,17 @@ def test_aces_learning_loop_with_rr_as_its_reflector(on_server: Path) -> None:
     sb = _skillbook()
     rr = RRStep("heuristic", config=RRConfig(max_requests=20))
     sm = SkillManager(FunctionModel(_skill_manager_script), config=AgenticConfig(max_requests=10))
-    runner = ACE.from_roles(agent=ScriptedAgent(), reflector=rr, skill_manager=sm, environment=SimpleEnvironment(),
-                            skillbook=sb)
+    runner = ACE.from_roles(
+        agent=ScriptedAgent(), reflector=rr, skill_manager=sm, environment=SimpleEnvironment(), skillbook=sb
+    )
     assert runner.pipeline._steps[2] is rr  # ACE's learning_tail uses rr as the reflect step itself
     assert learning_tail(rr, sm, sb)[0] is rr
-    results = runner.run([Sample(question="What is 15 x 24?", ground_truth="360"),
-                          Sample(question="What is 12 x 11?", ground_truth="132")])
+    results = runner.run(
+        [
+            Sample(question="What is 15 x 24?", ground_truth="360"),
+            Sample(question="What is 12 x 11?", ground_truth="132"),
+        ]
+    )
     assert [r.error for r in results] == [None, None], [r.error for r in results]
     reflections = [_completed(r.output.reflections[0]) for r in results]
     tags = [(t.id, t.tag) for out in reflections for t in out.skill_tags]
@@ -318,8 +389,10 @@ def test_aces_learning_loop_with_rr_as_its_reflector(on_server: Path) -> None:
     for skill_id, tag in tags:
         h, b, n = expected[skill_id]
         expected[skill_id] = (h + (tag == "helpful"), b + (tag == "harmful"), n + (tag == "neutral"))
-    got = {s: (sb.get_skill(s).helpful_count, sb.get_skill(s).harmful_count, sb.get_skill(s).neutral_count)
-           for s in expected}
+    got = {
+        s: (sb.get_skill(s).helpful_count, sb.get_skill(s).harmful_count, sb.get_skill(s).neutral_count)
+        for s in expected
+    }
     assert got == expected  # the uncited math-003 untouched
     learnings = {x.learning for out in reflections for x in out.extracted_learnings}
     learned = [s for s in sb.skills() if s.id not in expected]

@@ -33,8 +33,15 @@ CORE_PANIC = "sdk-core/src/worker/activities/local_activities.rs"
 def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
-    return subprocess.run([sys.executable, "-m", "tests.support.api_script"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.support.api_script"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.slow
@@ -55,5 +62,7 @@ def test_a_script_using_reflect_exits_cleanly_every_time(tmp_path: Path) -> None
         assert (home / "temporal.sqlite").exists(), where  # its own embedded server
         threads = re.search(r"tokio threads: (\d+) -> (\d+)", p.stdout)
         assert threads is not None, p.stdout
-        assert int(threads[2]) <= int(threads[1]), f"core threads left running after reflect() returned: {where}"
+        assert int(threads[2]) <= int(threads[1]), (
+            f"core threads left running after reflect() returned: {where}"
+        )
     print(f"{RUNS} runs in {time.monotonic() - started:.0f} s")

@@ -28,14 +28,23 @@ from tests.support.fixtures import ACE_TRACE, write_trace
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is absent (Debian's `chromium` package: "
-                       "apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is absent (Debian's `chromium` package: apt-get install -y chromium)",
+    ),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the dev extra) is not installed")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">"
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 
 @pytest.fixture
@@ -54,8 +63,12 @@ def report(temporal_server, rr_home: Path, tmp_path: Path) -> tuple[Path, str]:
         trace = write_trace(tmp_path, {**ACE_TRACE, "feedback": HOSTILE})
         async with build_worker(client, tq):
             ref = rr.upload_trace(trace, settings)
-            inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                                 config=ReflectionConfig(model=script.NAME, context_window=3_000, recursion="always"))
+            inp = rr.build_input(
+                ref,
+                question="What is 17 * 24?",
+                ground_truth="408",
+                config=ReflectionConfig(model=script.NAME, context_window=3_000, recursion="always"),
+            )
             handle = await rr.start_reflection(client, inp, tq, f"audit-html-{uuid.uuid4().hex[:8]}")
             await handle.result()
             exported = dump_bundle(await collect(client, handle.id, settings.blob_dir))
@@ -68,8 +81,15 @@ def report(temporal_server, rr_home: Path, tmp_path: Path) -> tuple[Path, str]:
     out = tmp_path / "audit.html"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(tmp_path / "cli-home"), "RR_PLUGINS": "tests.support.audit_script"})
-    p = subprocess.run([sys.executable, "-m", "reflector.cli", "audit", str(export), "--html", str(out)], env=env,
-                       capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "reflector.cli", "audit", str(export), "--html", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and f"wrote the audit of {wf_id}" in p.stderr
     return out, wf_id
@@ -130,9 +150,13 @@ def _check_page(page, wf_id: str) -> None:
     link.click()
     assert cell.evaluate("el => el.open")
     code, output = cell.locator("pre.code"), cell.locator("pre.output")
-    assert code.is_visible() and "alpha = 42" in code.inner_text() and output.inner_text().strip() == "alpha 42"
+    assert (
+        code.is_visible() and "alpha = 42" in code.inner_text() and output.inner_text().strip() == "alpha 42"
+    )
     box, height = cell.bounding_box(), page.evaluate("window.innerHeight")
-    assert box is not None and -2 < box["y"] < height and page.evaluate("window.scrollY") > 0  # scrolled to it
+    assert (
+        box is not None and -2 < box["y"] < height and page.evaluate("window.scrollY") > 0
+    )  # scrolled to it
 
     # unsupported citations are marked; the uncited learning says so
     bad = page.locator(f'[id="session-{wf_id}"] > .reflection .cite.unsupported')

@@ -20,8 +20,11 @@ def env(temporal_server, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "rr-home"
     EXTRA_BLOB_DIRS.append(home / "blobs")  # the final replay test replays the children's histories too
     # a private task queue that no worker polls: `rr reflect` runs its in-process worker
-    return {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
-            "RR_TASK_QUEUE": f"batch-cli-{uuid.uuid4().hex[:6]}"}
+    return {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"batch-cli-{uuid.uuid4().hex[:6]}",
+    }
 
 
 def test_reflect_two_files_is_a_batch(env: dict[str, str], tmp_path: Path) -> None:
@@ -41,14 +44,19 @@ def test_reflect_two_files_is_a_batch(env: dict[str, str], tmp_path: Path) -> No
     # `rr result` of a batch prints it again (text), `rr replay` replays its history
     p2 = rr("result", out["batch_id"], env=env)
     assert p2.returncode == 0, p2.stderr
-    assert f"Batch {out['batch_id']}" in p2.stdout and "tool get_user_details returned an error: 2 of 2 runs" in p2.stdout
+    assert (
+        f"Batch {out['batch_id']}" in p2.stdout
+        and "tool get_user_details returned an error: 2 of 2 runs" in p2.stdout
+    )
     p3 = rr("replay", out["batch_id"], env=env)
     assert p3.returncode == 0 and "OK" in p3.stdout, p3.stderr
 
 
 def test_reflect_one_file_with_batch(env: dict[str, str], tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in (tau_run(1), tau_run(2, wrong_cabin=True), tau_run(3))))
+    path.write_text(
+        "".join(json.dumps(r) + "\n" for r in (tau_run(1), tau_run(2, wrong_cabin=True), tau_run(3)))
+    )
     p = rr("reflect", str(path), "--batch", env=env)
     assert p.returncode == 0, p.stderr
     assert "runs: 3  reflected: 3  failed: 0" in p.stdout

@@ -55,7 +55,9 @@ async def test_a_batch_resumes_after_its_worker_is_killed(crash_env: dict[str, s
     client = await connect(crash_env["TEMPORAL_ADDRESS"], settings=settings)
     path = tmp_path / "runs.json"
     path.write_text(json.dumps(synthetic_runs(N_RUNS)))
-    inp = rr.build_batch_input(rr.upload_batch([path], settings, split=True), concurrency=2, children_per_run=5)
+    inp = rr.build_batch_input(
+        rr.upload_batch([path], settings, split=True), concurrency=2, children_per_run=5
+    )
     tq = crash_env["RR_TASK_QUEUE"]
     w1 = WorkerProcess(crash_env, tmp_path / "w1.log")
     w2: WorkerProcess | None = None
@@ -77,7 +79,9 @@ async def test_a_batch_resumes_after_its_worker_is_killed(crash_env: dict[str, s
         assert all(len(runs) == 1 for runs in after.values()) and len(after) == N_RUNS
         assert {i: after[i] for i in before} == before
         # and the result is the one an uncrashed batch gives
-        again = await rr.wait_for_batch(await rr.start_batch(client, inp, tq, f"calm-batch-{uuid.uuid4().hex[:8]}"))
+        again = await rr.wait_for_batch(
+            await rr.start_batch(client, inp, tq, f"calm-batch-{uuid.uuid4().hex[:8]}")
+        )
         assert again.synthesis == out.synthesis
         recs = [r.model_dump(exclude={"workflow_id"}) for r in rr.load_batch_records(out, settings)]
         assert recs == [r.model_dump(exclude={"workflow_id"}) for r in rr.load_batch_records(again, settings)]
@@ -91,10 +95,16 @@ async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: py
     """The Temporal server is stopped mid-batch and started again on the same SQLite file and port."""
     from reflector.runtime.devserver import DevServer, free_port
 
-    server = DevServer(tmp_path / "temporal.sqlite", port=free_port(), ui=False, log_file=tmp_path / "server.log")
+    server = DevServer(
+        tmp_path / "temporal.sqlite", port=free_port(), ui=False, log_file=tmp_path / "server.log"
+    )
     address = await server.astart(timeout=60)
     home = tmp_path / "home"
-    env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": address, "RR_TASK_QUEUE": f"batch-srv-{uuid.uuid4().hex[:6]}"}
+    env = {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": address,
+        "RR_TASK_QUEUE": f"batch-srv-{uuid.uuid4().hex[:6]}",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
@@ -105,7 +115,9 @@ async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: py
         client = await connect(address, settings=settings)
         path = tmp_path / "runs.json"
         path.write_text(json.dumps(synthetic_runs(N_RUNS)))
-        inp = rr.build_batch_input(rr.upload_batch([path], settings, split=True), concurrency=2, children_per_run=5)
+        inp = rr.build_batch_input(
+            rr.upload_batch([path], settings, split=True), concurrency=2, children_per_run=5
+        )
         worker = WorkerProcess(env, tmp_path / "w.log")
         worker.wait_ready()
         handle = await rr.start_batch(client, inp, env["RR_TASK_QUEUE"], f"srv-batch-{uuid.uuid4().hex[:8]}")
@@ -117,7 +129,9 @@ async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: py
         await asyncio.sleep(2)  # the worker polls a server that is gone
         await server.astart(timeout=60)
         client = await connect(address, settings=settings)
-        out = await asyncio.wait_for(client.get_workflow_handle(handle.id, result_type=BatchOutput).result(), 150)
+        out = await asyncio.wait_for(
+            client.get_workflow_handle(handle.id, result_type=BatchOutput).result(), 150
+        )
         assert (out.reflected, out.failed) == (N_RUNS, 0)
         after = await _children(client, handle.id)
         assert len(after) == N_RUNS and all(len(runs) == 1 for runs in after.values())
@@ -125,4 +139,3 @@ async def test_a_batch_survives_a_server_restart(tmp_path: Path, monkeypatch: py
         if worker is not None:
             worker.stop()
         await server.astop()
-

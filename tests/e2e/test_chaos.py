@@ -38,9 +38,20 @@ async def test_chaos_small(tmp_path: Path) -> None:
     t0 = time.monotonic()
     # the workers prepare the openai-chat family before polling, as a worker serving it should be told to
     # (an unprepared family is imported inside workflow code; see BENCHMARKS.md, issue 10)
-    report = await run_chaos(reflections=4, kills=2, server_restarts=1, seed=3, workers=2, cells=6,
-                             latency_ms=300, gap_s=(1.0, 2.0), timeout_s=60, workdir=tmp_path,
-                             worker_env={"RR_WORKER_MODELS": "openai-chat"}, two_homes_at_once=True)
+    report = await run_chaos(
+        reflections=4,
+        kills=2,
+        server_restarts=1,
+        seed=3,
+        workers=2,
+        cells=6,
+        latency_ms=300,
+        gap_s=(1.0, 2.0),
+        timeout_s=60,
+        workdir=tmp_path,
+        worker_env={"RR_WORKER_MODELS": "openai-chat"},
+        two_homes_at_once=True,
+    )
     text = render(report)
     c, u = report.chaos, report.uncrashed
     assert time.monotonic() - t0 < 110, text

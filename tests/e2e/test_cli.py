@@ -23,8 +23,14 @@ def _rr_cmd() -> list[str]:
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run([*_rr_cmd(), *args], env={**base, **env}, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*_rr_cmd(), *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture
@@ -35,7 +41,9 @@ def home_env(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_reflect_result_replay_on_embedded_default(home_env: dict[str, str]) -> None:
     if is_reachable("localhost:7233"):
-        pytest.skip("a Temporal server already listens on localhost:7233; the embedded-default test needs it free")
+        pytest.skip(
+            "a Temporal server already listens on localhost:7233; the embedded-default test needs it free"
+        )
     p = rr("reflect", str(EXAMPLE), "--json", env=home_env)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -84,11 +92,15 @@ def test_invalid_json(home_env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_trace_over_the_limit(home_env: dict[str, str]) -> None:
-    _one_line_error(rr("reflect", str(EXAMPLE), env={**home_env, "RR_MAX_TRACE_BYTES": "100"}), "RR_MAX_TRACE_BYTES")
+    _one_line_error(
+        rr("reflect", str(EXAMPLE), env={**home_env, "RR_MAX_TRACE_BYTES": "100"}), "RR_MAX_TRACE_BYTES"
+    )
 
 
 def test_unknown_model(home_env: dict[str, str]) -> None:
-    _one_line_error(rr("reflect", str(EXAMPLE), "--model", "nonexistent-model-xyz", env=home_env), "nonexistent-model-xyz")
+    _one_line_error(
+        rr("reflect", str(EXAMPLE), "--model", "nonexistent-model-xyz", env=home_env), "nonexistent-model-xyz"
+    )
 
 
 def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
@@ -97,17 +109,23 @@ def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
 
 
 def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, str], temporal_server) -> None:
-    _one_line_error(rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60), "not reachable")
+    _one_line_error(
+        rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60), "not reachable"
+    )
     live = {**home_env, "TEMPORAL_ADDRESS": temporal_server.address}
-    for name, value, msg in [("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
-                             ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
-                             ("RR_STICKY_TIMEOUT_S", "soon", "must be a number"),
-                             ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0"),
-                             ("RR_SANDBOX_ISOLATION", "off", "must be one of auto, strict, language-only")]:
+    for name, value, msg in [
+        ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
+        ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
+        ("RR_STICKY_TIMEOUT_S", "soon", "must be a number"),
+        ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0"),
+        ("RR_SANDBOX_ISOLATION", "off", "must be one of auto, strict, language-only"),
+    ]:
         _one_line_error(rr("worker", env={**live, name: value}, timeout=60), f"{name} {msg}")
     # settings every command reads
-    _one_line_error(rr("reflect", str(EXAMPLE), env={**live, "RR_MAX_TRACE_BYTES": "lots"}),
-                    "RR_MAX_TRACE_BYTES must be a whole number")
+    _one_line_error(
+        rr("reflect", str(EXAMPLE), env={**live, "RR_MAX_TRACE_BYTES": "lots"}),
+        "RR_MAX_TRACE_BYTES must be a whole number",
+    )
 
 
 def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
@@ -120,8 +138,14 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
         env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
-        proc = subprocess.Popen([*_rr_cmd(), "worker", "--processes", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*_rr_cmd(), "worker", "--processes", "1"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             assert proc.stdout is not None
             lines = [proc.stdout.readline(), proc.stdout.readline()]
@@ -131,7 +155,9 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
         sandbox_line = next((ln for ln in lines if ln.startswith("sandbox:")), "")
         assert sandbox_line.startswith(expect), (lines, err)
         if mode == "":
-            assert all(layer in sandbox_line for layer in ("landlock", "seccomp", "no-new-privs")), sandbox_line
+            assert all(layer in sandbox_line for layer in ("landlock", "seccomp", "no-new-privs")), (
+                sandbox_line
+            )
         else:
             assert "WARNING" in err and "WITHOUT the OS sandbox" in err, err
 
@@ -156,8 +182,12 @@ def test_result_of_a_running_reflection_says_so(
         client = await connect(temporal_server.address)
         ref = c.upload_trace(EXAMPLE, Settings.from_env())
         # no worker polls this queue: the reflection stays running
-        handle = await c.start_reflection(client, c.build_input(ref, config=ReflectionConfig()),
-                                          f"nobody-{uuid.uuid4().hex[:6]}", f"running-{uuid.uuid4().hex[:6]}")
+        handle = await c.start_reflection(
+            client,
+            c.build_input(ref, config=ReflectionConfig()),
+            f"nobody-{uuid.uuid4().hex[:6]}",
+            f"running-{uuid.uuid4().hex[:6]}",
+        )
         return handle.id
 
     async def terminate(wf_id: str) -> None:

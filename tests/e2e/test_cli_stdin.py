@@ -17,9 +17,13 @@ from tests.e2e.test_cli import EXAMPLE, _rr_cmd
 NO_SERVER = "127.0.0.1:1"  # the tests that must fail before connecting point at nothing
 
 
-def rr_in(*args: str, stdin: bytes, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def rr_in(
+    *args: str, stdin: bytes, env: dict[str, str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    p = subprocess.run([*_rr_cmd(), *args], env={**base, **env}, input=stdin, capture_output=True, timeout=timeout)
+    p = subprocess.run(
+        [*_rr_cmd(), *args], env={**base, **env}, input=stdin, capture_output=True, timeout=timeout
+    )
     return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
 
 
@@ -37,8 +41,9 @@ def _one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> str:
 
 
 def test_version() -> None:
-    p = subprocess.run([*_rr_cmd(), "--version"], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [*_rr_cmd(), "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout == f"rr {metadata.version('durable-recursive-reflector')}\n"
 
@@ -53,8 +58,11 @@ async def test_reflect_from_stdin_is_the_reflection_of_the_file(home: Path, temp
     from reflector.client import connect
     from reflector.runtime import search_attributes as sa
 
-    env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"rr-stdin-{uuid.uuid4().hex[:8]}"}  # no other worker: rr runs one in-process
+    env = {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"rr-stdin-{uuid.uuid4().hex[:8]}",
+    }  # no other worker: rr runs one in-process
     piped = rr_in("reflect", "-", "--json", stdin=EXAMPLE.read_bytes(), env=env)
     assert piped.returncode == 0, piped.stderr
     from_file = rr_in("reflect", str(EXAMPLE), "--json", stdin=b"", env=env)
@@ -62,10 +70,15 @@ async def test_reflect_from_stdin_is_the_reflection_of_the_file(home: Path, temp
     a, b = json.loads(piped.stdout), json.loads(from_file.stdout)
     assert a["raw"]["rr_trace"]["stop_reason"] == "completed" and a["extracted_learnings"]
     assert _without_ids(a) == _without_ids(b)
-    assert f"(trace ace, {EXAMPLE.stat().st_size:,} bytes)" in piped.stderr, piped.stderr  # detected from content
+    assert f"(trace ace, {EXAMPLE.stat().st_size:,} bytes)" in piped.stderr, (
+        piped.stderr
+    )  # detected from content
     assert list((home / "tmp").iterdir()) == []  # the spooled copy is gone
     client = await connect(temporal_server.address, read_only=True)
-    memos = [await (await client.get_workflow_handle(out["raw"]["workflow_id"]).describe()).memo() for out in (a, b)]
+    memos = [
+        await (await client.get_workflow_handle(out["raw"]["workflow_id"]).describe()).memo()
+        for out in (a, b)
+    ]
     assert [sa.memo_of(m)["trace"] for m in memos] == ["<stdin>", EXAMPLE.name]  # what `rr list` shows
 
 
@@ -78,8 +91,9 @@ def test_empty_stdin_is_a_one_line_error(home: Path) -> None:
 
 def test_a_bad_trace_on_stdin_is_named_stdin(home: Path) -> None:
     env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": NO_SERVER}
-    line = _one_line_error(rr_in("reflect", "-", stdin=b'{"question": "q", "steps": [1, 2,', env=env),
-                           "invalid JSON in <stdin>")
+    line = _one_line_error(
+        rr_in("reflect", "-", stdin=b'{"question": "q", "steps": [1, 2,', env=env), "invalid JSON in <stdin>"
+    )
     assert str(home) not in line
     over = {**env, "RR_MAX_TRACE_BYTES": "100"}
     _one_line_error(rr_in("reflect", "-", stdin=EXAMPLE.read_bytes(), env=over), "RR_MAX_TRACE_BYTES")

@@ -62,8 +62,12 @@ async def _run(env: dict[str, str], tmp_path: Path, kill_when, tag: str):
     settings = Settings.from_env()
     client = await connect(env["TEMPORAL_ADDRESS"])
     trace = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(trace, question="What is 17 * 24?", ground_truth="408",
-                         config=ReflectionConfig(model="scripted-stateful"))
+    inp = rr.build_input(
+        trace,
+        question="What is 17 * 24?",
+        ground_truth="408",
+        config=ReflectionConfig(model="scripted-stateful"),
+    )
     w1 = WorkerProcess(env, tmp_path / f"{tag}-w1.log")
     w2: WorkerProcess | None = None
     try:
@@ -106,7 +110,9 @@ async def test_kill_during_slow_cell(crash_env, tmp_path) -> None:
         if not slow_cell_running(wf_id):
             return False
         time.sleep(0.4)  # well inside the ~2 s slow cell
-        assert not _journal(crash_env, wf_id, 5).exists(), "slow cell finished before the kill; raise RR_TEST_SLOW_LOOP"
+        assert not _journal(crash_env, wf_id, 5).exists(), (
+            "slow cell finished before the kill; raise RR_TEST_SLOW_LOOP"
+        )
         return True
 
     out, hist, recovery, pid1 = await _run(crash_env, tmp_path, trigger, "slowcell")
@@ -144,7 +150,9 @@ async def test_graceful_stop_mid_reflection_loses_and_repeats_nothing(crash_env,
     w2: WorkerProcess | None = None
     try:
         w1.wait_ready()
-        handle = await rr.start_reflection(client, inp, crash_env["RR_TASK_QUEUE"], f"grace-{uuid.uuid4().hex[:8]}")
+        handle = await rr.start_reflection(
+            client, inp, crash_env["RR_TASK_QUEUE"], f"grace-{uuid.uuid4().hex[:8]}"
+        )
         await _wait_for(lambda: len(read_model_log(log_path)) >= 5)
         t_stop = time.monotonic()
         w1.stop()
@@ -164,5 +172,7 @@ async def test_graceful_stop_mid_reflection_loses_and_repeats_nothing(crash_env,
     assert {e["pid"] for e in log} == {w1.proc.pid, w2.proc.pid}  # both workers did part of the work
     # the stopping worker handed over instead of finishing the reflection (~5 s of model time)
     assert stopped_in < 3.0, stopped_in
-    print(f"graceful stop took {stopped_in:.2f} s; requests per worker "
-          f"{collections.Counter(e['pid'] for e in log)}")
+    print(
+        f"graceful stop took {stopped_in:.2f} s; requests per worker "
+        f"{collections.Counter(e['pid'] for e in log)}"
+    )

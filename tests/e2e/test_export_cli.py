@@ -27,8 +27,15 @@ def _rr_cmd() -> list[str]:
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run([*_rr_cmd(), *args], env={**base, "PYTHONPATH": str(REPO_ROOT), **env}, cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*_rr_cmd(), *args],
+        env={**base, "PYTHONPATH": str(REPO_ROOT), **env},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _one_line_error(p: subprocess.CompletedProcess[str], needle: str, code: int = 2) -> None:
@@ -40,14 +47,32 @@ def _one_line_error(p: subprocess.CompletedProcess[str], needle: str, code: int 
 
 
 @pytest.fixture(scope="module")
-def reflected(temporal_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], str]]:
+def reflected(
+    temporal_server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, str], str]]:
     """An env on the session's dev server, and the id of a finished reflection with one child."""
     home = tmp_path_factory.mktemp("export-cli")
-    env = {"RR_HOME": str(home / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"export-cli-{uuid.uuid4().hex[:8]}", "RR_PLUGINS": "reflector.testing.scripted"}
+    env = {
+        "RR_HOME": str(home / "rr-home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"export-cli-{uuid.uuid4().hex[:8]}",
+        "RR_PLUGINS": "reflector.testing.scripted",
+    }
     wf_id = f"export-cli-{uuid.uuid4().hex[:8]}"
-    p = rr("reflect", str(EXAMPLE), "--model", "scripted-plan", "--question", "PLAN:" + json.dumps(PLAN),
-           "--recursion", "always", "--id", wf_id, "--json", env=env)
+    p = rr(
+        "reflect",
+        str(EXAMPLE),
+        "--model",
+        "scripted-plan",
+        "--question",
+        "PLAN:" + json.dumps(PLAN),
+        "--recursion",
+        "always",
+        "--id",
+        wf_id,
+        "--json",
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["raw"]["rr_trace"]["subagent_calls"][0]["child_workflow_id"] == f"{wf_id}.r1"
     yield env, wf_id
@@ -60,7 +85,9 @@ def test_export_to_stdout_file_and_split(reflected, tmp_path: Path) -> None:
     data = json.loads(p.stdout)
     assert data["rr_export"] == 1 and data["root"] == wf_id
     assert [(h["workflow_id"], h["chain_index"], h["parent_workflow_id"]) for h in data["histories"]] == [
-        (wf_id, 0, None), (f"{wf_id}.r1", 0, wf_id)]
+        (wf_id, 0, None),
+        (f"{wf_id}.r1", 0, wf_id),
+    ]
     assert "exported 2 histories" in p.stderr
 
     out = tmp_path / "export.json"
@@ -125,8 +152,9 @@ def test_unknown_id_and_bad_files_are_one_clear_line(reflected, tmp_path: Path) 
     _one_line_error(rr("replay", str(newer), env=env), "rr export format 99 is not supported")
 
 
-def test_a_running_reflection_is_exported_and_replayed_as_far_as_it_goes(reflected, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_running_reflection_is_exported_and_replayed_as_far_as_it_goes(
+    reflected, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env, _ = reflected
     wf_id = f"export-running-{uuid.uuid4().hex[:8]}"
 
@@ -138,7 +166,9 @@ def test_a_running_reflection_is_exported_and_replayed_as_far_as_it_goes(reflect
         settings = Settings.from_env()
         client = await c.connect(env["TEMPORAL_ADDRESS"], settings=settings)
         ref = c.upload_trace(EXAMPLE, settings)
-        await c.start_reflection(client, c.build_input(ref, config=ReflectionConfig()), f"nobody-{wf_id}", wf_id)
+        await c.start_reflection(
+            client, c.build_input(ref, config=ReflectionConfig()), f"nobody-{wf_id}", wf_id
+        )
 
     async def terminate() -> None:
         from reflector.client import connect

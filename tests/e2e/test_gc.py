@@ -63,13 +63,23 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     server = DevServer(root / "temporal.sqlite", ui=False, log_file=root / "server.log")
     server.start(timeout=60)
     tq = f"rr-gc-{uuid.uuid4().hex[:6]}"
-    cli_env = {"RR_HOME": str(home), "RR_BLOB_DIR": str(blob_dir), "TEMPORAL_ADDRESS": server.address,
-               "RR_TASK_QUEUE": tq, "RR_WORKER_MODELS": "heuristic"}
+    cli_env = {
+        "RR_HOME": str(home),
+        "RR_BLOB_DIR": str(blob_dir),
+        "TEMPORAL_ADDRESS": server.address,
+        "RR_TASK_QUEUE": tq,
+        "RR_WORKER_MODELS": "heuristic",
+    }
     proc = WorkerProcess(cli_env, root / "worker.log")
     try:
         proc.wait_ready(60)
-        settings = replace(Settings.from_env(), home=home, address=server.address, address_explicit=True,
-                           task_queue_setting=tq)
+        settings = replace(
+            Settings.from_env(),
+            home=home,
+            address=server.address,
+            address_explicit=True,
+            task_queue_setting=tq,
+        )
         assert settings.blob_dir == blob_dir
         yield Env(await connect(server.address, settings=settings), settings, blob_dir, cli_env)
     finally:
@@ -89,8 +99,14 @@ def age_everything(root: Path, but: set[Path] = set()) -> None:  # noqa: B006
 
 
 def rr_gc(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reflector.cli", "gc", *args], cwd=REPO_ROOT,
-                          env={**os.environ, **env.cli_env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "reflector.cli", "gc", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env.cli_env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def history_has(client: Client, wid: str, activity: str, count: int = 1, timeout: float = 30.0) -> None:
@@ -103,8 +119,12 @@ async def history_has(client: Client, wid: str, activity: str, count: int = 1, t
     raise TimeoutError(f"{wid}: no {count} x {activity} in the history")
 
 
-def plan(code: list[str], children: list[dict[str, object]] | None = None, after: list[str] | None = None,
-         **extra: object) -> dict[str, object]:
+def plan(
+    code: list[str],
+    children: list[dict[str, object]] | None = None,
+    after: list[str] | None = None,
+    **extra: object,
+) -> dict[str, object]:
     return {"code": code, "children": children or [], "after": after or [], **extra}
 
 
@@ -122,31 +142,53 @@ def plant_orphans(root: Path) -> set[str]:
     (root / "responses" / ghost / "run.1.json").write_text("{}")
     (root / ".incoming-leftover").write_bytes(b"half an upload")
     (root / "notes.txt").write_text("not rr's: never removed")
-    rel = {store.path_for(orphan), store.path_for(orphan_payload), store.derived_path(orphan, "index"),
-           root / "sessions" / ghost, root / "responses" / ghost, root / ".incoming-leftover"}
+    rel = {
+        store.path_for(orphan),
+        store.path_for(orphan_payload),
+        store.derived_path(orphan, "index"),
+        root / "sessions" / ghost,
+        root / "responses" / ghost,
+        root / ".incoming-leftover",
+    }
     return {p.relative_to(root).as_posix() for p in rel}
 
 
-async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_need(env: Env, tmp_path: Path) -> None:
+async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_need(
+    env: Env, tmp_path: Path
+) -> None:
     client, root = env.client, env.blob_dir
     tq = env.settings.task_queue
     ref = rr.upload_trace(write_trace(tmp_path), env.settings)
     trace_index = BlobStore(root).derived_path(ref.sha256, "index")
     trace_index.write_bytes(b"derived from the trace: alive while the trace is")
     # a finished reflection (the heuristic model)
-    done = await rr.start_reflection(client, rr.build_input(ref, question="What is 17 * 24?", ground_truth="408"),
-                                     tq, f"gc-done-{uuid.uuid4().hex[:6]}")
+    done = await rr.start_reflection(
+        client,
+        rr.build_input(ref, question="What is 17 * 24?", ground_truth="408"),
+        tq,
+        f"gc-done-{uuid.uuid4().hex[:6]}",
+    )
     out_done = await done.result()
     # a running one, blocked after its first cell until the gate opens; afterwards it starts a child
     # (an export of its namespace) and runs another cell (the trace, its init blob and journal again)
     gate = tmp_path / "gate"
     # (its first cell prints over the 16 KiB payload threshold: its output is a stored payload)
-    tree = plan(["data = {'a': 1}\nprint('root', data, 'x' * 20000)"], children=[plan(["print('child sees', data)"])],
-                after=["print('after the gate', data, len(traces['steps']))"], gate_after=1)
+    tree = plan(
+        ["data = {'a': 1}\nprint('root', data, 'x' * 20000)"],
+        children=[plan(["print('child sees', data)"])],
+        after=["print('after the gate', data, len(traces['steps']))"],
+        gate_after=1,
+    )
     running = await rr.start_reflection(
-        client, rr.build_input(ref, question=f"GATE:{gate} PLAN:{json.dumps(tree)}",
-                               config=ReflectionConfig(model="scripted-plan-gated", recursion="always")),
-        tq, f"gc-running-{uuid.uuid4().hex[:6]}")
+        client,
+        rr.build_input(
+            ref,
+            question=f"GATE:{gate} PLAN:{json.dumps(tree)}",
+            config=ReflectionConfig(model="scripted-plan-gated", recursion="always"),
+        ),
+        tq,
+        f"gc-running-{uuid.uuid4().hex[:6]}",
+    )
     await history_has(client, running.id, "rr.sandbox.run_cell")  # its first cell is recorded; now it waits
     # the layout gc reads is the one the worker writes (journal, response cache)
     assert (root / SESSIONS_DIR / running.id).is_dir() and (root / RESPONSES_DIR / running.id).is_dir()
@@ -182,7 +224,9 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
     assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw.get("error")
     assert "after the gate {'a': 1} 4" in out.error_identification
     [call] = out.raw["rr_trace"]["subagent_calls"]
-    child = ReflectorOutput.model_validate(await client.get_workflow_handle(call["child_workflow_id"]).result())
+    child = ReflectorOutput.model_validate(
+        await client.get_workflow_handle(call["child_workflow_id"]).result()
+    )
     assert "child sees {'a': 1}" in child.error_identification
 
     # with every workflow closed and no grace period at all, gc removes only what nobody names ...
@@ -198,7 +242,9 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
 
 def _stored_payloads(events: Sequence[HistoryEvent]) -> list[str]:
     holders = gc_sources._payload_holders(HistoryEvent.DESCRIPTOR)
-    return [d for e in events for p in gc_sources._payloads(e, holders) if (d := stored_digest(p)) is not None]
+    return [
+        d for e in events for p in gc_sources._payloads(e, holders) if (d := stored_digest(p)) is not None
+    ]
 
 
 class FailingSource(gc.TemporalSource):
@@ -224,13 +270,20 @@ def orphan(env: Env) -> Iterator[Path]:
     path.unlink(missing_ok=True)
 
 
-async def test_gc_removes_nothing_when_a_history_cannot_be_read(env: Env, tmp_path: Path, orphan: Path) -> None:
+async def test_gc_removes_nothing_when_a_history_cannot_be_read(
+    env: Env, tmp_path: Path, orphan: Path
+) -> None:
     client, root = env.client, env.blob_dir
     ref = rr.upload_trace(write_trace(tmp_path), env.settings)
     big = plan(["print('x' * 20000)"])  # a cell output over the 16 KiB threshold: an offloaded payload
     handle = await rr.start_reflection(
-        client, rr.build_input(ref, question=f"PLAN:{json.dumps(big)}", config=ReflectionConfig(model="scripted-plan")),
-        env.settings.task_queue, f"gc-big-{uuid.uuid4().hex[:6]}")
+        client,
+        rr.build_input(
+            ref, question=f"PLAN:{json.dumps(big)}", config=ReflectionConfig(model="scripted-plan")
+        ),
+        env.settings.task_queue,
+        f"gc-big-{uuid.uuid4().hex[:6]}",
+    )
     await handle.result()
     [digest] = _stored_payloads((await handle.fetch_history()).events)
     before = files(root)
@@ -259,7 +312,9 @@ async def test_gc_removes_nothing_when_a_history_cannot_be_read(env: Env, tmp_pa
     # with everything readable, the orphan goes and the reflection's payload stays
     report = await gc.run_gc(gc.TemporalSource(client), root, min_age_s=0)
     assert orphan.relative_to(root).as_posix() in report.removed_paths and payload_blob.exists()
-    assert (await client.get_workflow_handle(handle.id).describe()).status == WorkflowExecutionStatus.COMPLETED
+    assert (
+        await client.get_workflow_handle(handle.id).describe()
+    ).status == WorkflowExecutionStatus.COMPLETED
     assert (await worker.replay(client, handle.id, env.settings)).events > 0
 
 
@@ -269,15 +324,23 @@ async def test_gc_keeps_what_every_run_of_a_continue_as_new_chain_needs(env: Env
     # cells that print a lot in a small context window: summaries (archived transcripts), each followed by
     # a new run of the same workflow id
     cfg = ReflectionConfig(model="scripted-big", context_window=3_000, max_compactions=3)
-    handle = await rr.start_reflection(client, rr.build_input(ref, question="What is 17 * 24?", config=cfg),
-                                       env.settings.task_queue, f"gc-chain-{uuid.uuid4().hex[:6]}")
+    handle = await rr.start_reflection(
+        client,
+        rr.build_input(ref, question="What is 17 * 24?", config=cfg),
+        env.settings.task_queue,
+        f"gc-chain-{uuid.uuid4().hex[:6]}",
+    )
     out = await handle.result()
     chain = out.raw["rr_trace"]["continued_as_new"]
     assert chain >= 1 and out.raw["rr_trace"]["stop_reason"] == "completed"
     runs = [w.run_id async for w in client.list_workflows(f"WorkflowId = '{handle.id}'")]
     histories = [await client.get_workflow_handle(handle.id, run_id=r).fetch_history() for r in runs]
-    archives = [r.result_json()["archive_ref"] for h in histories for r in completed_activities(h.events)
-                if r.name == "rr.summarise"]
+    archives = [
+        r.result_json()["archive_ref"]
+        for h in histories
+        for r in completed_activities(h.events)
+        if r.name == "rr.summarise"
+    ]
     assert len(runs) == chain + 1 and len(archives) == out.raw["rr_trace"]["compactions"] >= 1
 
     age_everything(root)

@@ -39,8 +39,15 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _reflect(home: Path, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*RR, "reflect", str(EXAMPLE), *args], cwd=REPO_ROOT, env=_env(home, **extra),
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*RR, "reflect", str(EXAMPLE), *args],
+        cwd=REPO_ROOT,
+        env=_env(home, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _no_server_left(home: Path, server_pid: int | None, within: float = 15.0) -> None:
@@ -51,7 +58,9 @@ def _no_server_left(home: Path, server_pid: int | None, within: float = 15.0) ->
         if live_server(home) is None and not (home / "server.json").exists() and gone:
             return
         time.sleep(0.1)
-    raise AssertionError(f"the embedded server of {home} is still running: {(home / 'server.json').read_text()}")
+    raise AssertionError(
+        f"the embedded server of {home} is still running: {(home / 'server.json').read_text()}"
+    )
 
 
 def _zombie(pid: int) -> bool:
@@ -78,9 +87,18 @@ def test_two_processes_of_one_home_and_a_second_home_at_once(tmp_path: Path) -> 
     every call completes, each home's reflections are in its own SQLite file, no server outlives its users."""
     home_a, home_b = tmp_path / "a", tmp_path / "b"
     homes = [home_a, home_a, home_b]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.api_rounds", str(ROUNDS)], cwd=REPO_ROOT,
-                              env=_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for home in homes]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.support.api_rounds", str(ROUNDS)],
+            cwd=REPO_ROOT,
+            env=_env(home),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for home in homes
+    ]
     try:
         results = [p.communicate(timeout=540) for p in procs]
     finally:
@@ -119,8 +137,15 @@ def test_rr_reflect_twice_on_one_home_and_once_on_another_at_once(tmp_path: Path
 
 def _count_reflections(home: Path, expected: int) -> None:
     """`rr list` of `home` (its own SQLite file, through its embedded server) lists exactly `expected`."""
-    p = subprocess.run([*RR, "list", "--json", "--limit", "1000"], cwd=REPO_ROOT, env=_env(home),
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [*RR, "list", "--json", "--limit", "1000"],
+        cwd=REPO_ROOT,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)
     assert len(rows) == expected, (home.name, len(rows))
@@ -129,9 +154,15 @@ def _count_reflections(home: Path, expected: int) -> None:
 
 def _start_reflect(home: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
     """An `rr reflect` that waits (a gated model never answers), as a user's long run would."""
-    return subprocess.Popen([*RR, "reflect", str(EXAMPLE), "--model", "scripted-paced-20", *args], cwd=REPO_ROOT,
-                            env=_env(home, RR_PLUGINS="reflector.testing.scripted", **extra), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*RR, "reflect", str(EXAMPLE), "--model", "scripted-paced-20", *args],
+        cwd=REPO_ROOT,
+        env=_env(home, RR_PLUGINS="reflector.testing.scripted", **extra),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_started(proc: subprocess.Popen[str], home: Path) -> int:
@@ -150,7 +181,9 @@ def _wait_started(proc: subprocess.Popen[str], home: Path) -> int:
     raise AssertionError(f"rr reflect did not start its reflection:\n{seen}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["SIGTERM", "SIGHUP", "SIGKILL"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["SIGTERM", "SIGHUP", "SIGKILL"]
+)
 def test_a_killed_rr_reflect_leaves_no_server(tmp_path: Path, sig: signal.Signals) -> None:
     home = tmp_path / "home"
     proc = _start_reflect(home)
@@ -174,8 +207,15 @@ def test_the_server_lives_while_any_process_of_its_home_uses_it(tmp_path: Path) 
     """A worker of the home keeps the home's server; another process uses the same server (not a second one),
     its end does not stop it; the worker's SIGKILL does (nothing else uses it)."""
     home = tmp_path / "home"
-    worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT, env=_env(home),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen(
+        [*RR, "worker", "--processes", "1"],
+        cwd=REPO_ROOT,
+        env=_env(home),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         server_pid = _recorded_server_pid(home)
         address = live_server(home).address
@@ -198,8 +238,15 @@ def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_pat
     """Different stores give different default queues; with one RR_TASK_QUEUE forced on both, a worker of
     home B refuses home A's reflection at once, naming both stores."""
     home_a, home_b = tmp_path / "a", tmp_path / "b"
-    worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT, env=_env(home_b),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen(
+        [*RR, "worker", "--processes", "1"],
+        cwd=REPO_ROOT,
+        env=_env(home_b),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_worker(worker)
         # the default queues differ (each is rr-<store id>)
@@ -213,9 +260,15 @@ def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_pat
         worker.kill()
         worker.wait(30)
         queue = "shared-queue"
-        worker = subprocess.Popen([*RR, "worker", "--processes", "1"], cwd=REPO_ROOT,
-                                  env=_env(home_b, RR_TASK_QUEUE=queue), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        worker = subprocess.Popen(
+            [*RR, "worker", "--processes", "1"],
+            cwd=REPO_ROOT,
+            env=_env(home_b, RR_TASK_QUEUE=queue),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         _wait_worker(worker)
         address = _wait_address(home_b)
         started = time.monotonic()
@@ -255,8 +308,15 @@ def test_two_areflect_calls_at_once_on_the_embedded_default(tmp_path: Path) -> N
     both complete every time, and the home's server is gone after the script."""
     for i in range(3):
         home = tmp_path / f"home-{i}"
-        p = subprocess.run([sys.executable, "-m", "tests.support.api_gather"], cwd=REPO_ROOT, env=_env(home),
-                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [sys.executable, "-m", "tests.support.api_gather"],
+            cwd=REPO_ROOT,
+            env=_env(home),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
+        )
         where = f"run {i + 1} (exit {p.returncode}):\n{p.stderr[-3000:]}"
         assert p.returncode == 0, where
         assert "stop reasons: completed completed" in p.stdout, where

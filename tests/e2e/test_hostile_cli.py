@@ -27,7 +27,9 @@ from tests.support.procs import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
-PLUGINS = "reflector.testing.scripted"  # registers scripted-paced-20: 20 steps at 0.25 s, slow enough to interrupt
+PLUGINS = (
+    "reflector.testing.scripted"  # registers scripted-paced-20: 20 steps at 0.25 s, slow enough to interrupt
+)
 
 
 def _env(env: dict[str, str]) -> dict[str, str]:
@@ -36,16 +38,30 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_rr_cmd(), *args], env=_env(env), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*_rr_cmd(), *args],
+        env=_env(env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class Running:
     """`rr ARGS` in a subprocess whose stderr is read line by line in a thread (to wait for a line)."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([*_rr_cmd(), *args], env=_env(env), cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [*_rr_cmd(), *args],
+            env=_env(env),
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -118,8 +134,12 @@ class Workflows:
         async def start() -> str:
             client = await self._client()
             ref = c.upload_trace(EXAMPLE, Settings.from_env())
-            handle = await c.start_reflection(client, c.build_input(ref, config=ReflectionConfig()),
-                                              f"nobody-{uuid.uuid4().hex[:6]}", wf_id or f"hostile-{uuid.uuid4().hex[:8]}")
+            handle = await c.start_reflection(
+                client,
+                c.build_input(ref, config=ReflectionConfig()),
+                f"nobody-{uuid.uuid4().hex[:6]}",
+                wf_id or f"hostile-{uuid.uuid4().hex[:8]}",
+            )
             return handle.id
 
         wf = asyncio.run(start())
@@ -138,8 +158,10 @@ class Workflows:
         async def run() -> None:
             handle = (await self._client()).get_workflow_handle(wf_id)
             deadline = time.monotonic() + timeout
-            while not any(e.HasField("workflow_task_completed_event_attributes")
-                          for e in (await handle.fetch_history()).events):
+            while not any(
+                e.HasField("workflow_task_completed_event_attributes")
+                for e in (await handle.fetch_history()).events
+            ):
                 assert time.monotonic() < deadline, f"no worker took {wf_id} within {timeout} s"
                 await asyncio.sleep(0.05)
 
@@ -164,10 +186,15 @@ class Workflows:
 
 
 @pytest.fixture
-def live(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, str], Workflows]]:
+def live(
+    temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[dict[str, str], Workflows]]:
     """An env for the session's dev server with a private RR_HOME and task queue (no worker polls it)."""
-    env = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"hostile-{uuid.uuid4().hex[:8]}"}
+    env = {
+        "RR_HOME": str(tmp_path / "rr-home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"hostile-{uuid.uuid4().hex[:8]}",
+    }
     monkeypatch.setenv("RR_HOME", env["RR_HOME"])
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
     wfs = Workflows(temporal_server.address)
@@ -235,8 +262,12 @@ def test_plugins_that_cannot_be_imported(live) -> None:
 def _read_only_dir(tmp_path: Path) -> Generator[Path]:
     ro = tmp_path / "read-only"
     ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a read-only tmpfs here (needs root); chmod 555 does not stop root")
     try:
         yield ro
@@ -260,19 +291,30 @@ def test_unusable_home_or_blob_dir(live, tmp_path: Path, kind: str) -> None:
     try:
         good_blobs = str(tmp_path / "blobs")
         # reflect against a server: the blob store is unusable (through RR_HOME or RR_BLOB_DIR)
-        _one_line_error(rr("reflect", str(EXAMPLE), env={**env, "RR_HOME": str(bad)}), "RR_HOME: cannot use the directory")
-        _one_line_error(rr("reflect", str(EXAMPLE), env={**env, "RR_BLOB_DIR": str(bad)}), f"RR_BLOB_DIR: cannot use the directory {bad}")
+        _one_line_error(
+            rr("reflect", str(EXAMPLE), env={**env, "RR_HOME": str(bad)}), "RR_HOME: cannot use the directory"
+        )
+        _one_line_error(
+            rr("reflect", str(EXAMPLE), env={**env, "RR_BLOB_DIR": str(bad)}),
+            f"RR_BLOB_DIR: cannot use the directory {bad}",
+        )
         # rr worker
-        _one_line_error(rr("worker", env={**env, "RR_BLOB_DIR": str(bad)}), "RR_BLOB_DIR: cannot use the directory")
+        _one_line_error(
+            rr("worker", env={**env, "RR_BLOB_DIR": str(bad)}), "RR_BLOB_DIR: cannot use the directory"
+        )
         if kind != "dev-null":
             return  # the other commands' checks are the same code: one kind of bad path is enough for them
         _one_line_error(rr("worker", env={**env, "RR_HOME": str(bad)}), "RR_HOME: cannot use the directory")
         # embedded mode: RR_HOME holds the server's SQLite file
         if not is_reachable("localhost:7233"):
             embedded = {"RR_HOME": str(bad), "RR_BLOB_DIR": good_blobs}
-            _one_line_error(rr("reflect", str(EXAMPLE), env=embedded), f"RR_HOME: cannot use the directory {bad}")
+            _one_line_error(
+                rr("reflect", str(EXAMPLE), env=embedded), f"RR_HOME: cannot use the directory {bad}"
+            )
             _one_line_error(rr("result", "some-id", env=embedded), f"RR_HOME: cannot use the directory {bad}")
-            _one_line_error(rr("server", "--port", "1", env=embedded), f"RR_HOME: cannot use the directory {bad}")
+            _one_line_error(
+                rr("server", "--port", "1", env=embedded), f"RR_HOME: cannot use the directory {bad}"
+            )
     finally:
         if ro_gen is not None:
             ro_gen.close()
@@ -282,8 +324,12 @@ def test_disk_full_while_uploading_the_trace(live, tmp_path: Path) -> None:
     env, _ = live
     blobs = tmp_path / "tiny-blobs"
     blobs.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(blobs)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(blobs)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a 1 MiB tmpfs here (needs root)")
     try:
         trace = tmp_path / "big.json"
@@ -359,9 +405,20 @@ def test_bad_payload_threshold_is_a_setting_error(live) -> None:
 def test_boolean_settings_are_checked(live, monkeypatch: pytest.MonkeyPatch) -> None:
     env, _ = live
     for args in (("reflect", str(EXAMPLE)), ("worker",)):
-        _one_line_error(rr(*args, env={**env, "RR_JOURNAL_FSYNC": "maybe"}), "RR_JOURNAL_FSYNC must be one of")
-    for raw, value in [("1", True), ("TRUE", True), (" yes ", True), ("On", True), ("0", False), ("false", False),
-                       ("NO", False), ("off", False), ("", False)]:
+        _one_line_error(
+            rr(*args, env={**env, "RR_JOURNAL_FSYNC": "maybe"}), "RR_JOURNAL_FSYNC must be one of"
+        )
+    for raw, value in [
+        ("1", True),
+        ("TRUE", True),
+        (" yes ", True),
+        ("On", True),
+        ("0", False),
+        ("false", False),
+        ("NO", False),
+        ("off", False),
+        ("", False),
+    ]:
         monkeypatch.setenv("RR_TEST_FLAG", raw)
         assert env_flag("RR_TEST_FLAG") is value, raw
     for raw in ("maybe", "2", "y", "enabled"):

@@ -45,4 +45,6 @@ def test_deep_json_is_one_line_error(env: dict[str, str], tmp_path: Path, name: 
     _one_line_error(p, f"nests deeper than {MAX_NESTING} levels")
     assert "RecursionError" not in p.stderr, p.stderr
     assert elapsed < 30, f"took {elapsed:.1f} s"
-    assert not (tmp_path / "rr-home" / "blobs").exists() or not any((tmp_path / "rr-home" / "blobs").rglob("*.*"))
+    assert not (tmp_path / "rr-home" / "blobs").exists() or not any(
+        (tmp_path / "rr-home" / "blobs").rglob("*.*")
+    )

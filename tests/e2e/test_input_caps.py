@@ -35,10 +35,14 @@ TRACE = {
 
 def _skillbook_100mb(path: Path) -> Path:
     """~100 MB: two skills the prompt lists first (one cited by the trace), then 2,100 long ones."""
-    filler = ("Check the fare rules, the cabin class and the passenger list before any change. " * 640)[:50_000]
+    filler = ("Check the fare rules, the cabin class and the passenger list before any change. " * 640)[
+        :50_000
+    ]
     with path.open("w", encoding="utf-8") as fh:
-        fh.write("## Booking\n[booking-00001] Confirm the reservation id before cancelling.\n"
-                 "[booking-00002] Check the cabin class rules before a change.\n## Long\n")
+        fh.write(
+            "## Booking\n[booking-00001] Confirm the reservation id before cancelling.\n"
+            "[booking-00002] Check the cabin class rules before a change.\n## Long\n"
+        )
         for i in range(2_100):
             fh.write(f"[long-{i:05d}] {filler}\n")
     assert path.stat().st_size > 100 * MB - 1
@@ -50,8 +54,11 @@ def env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     from reflector.runtime.settings import Settings
     from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 
-    e = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
-         "RR_TASK_QUEUE": f"caps-{uuid.uuid4().hex[:8]}"}
+    e = {
+        "RR_HOME": str(tmp_path / "rr-home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"caps-{uuid.uuid4().hex[:8]}",
+    }
     monkeypatch.setenv("RR_HOME", e["RR_HOME"])
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
     EXTRA_BLOB_DIRS.append(Path(Settings.from_env().blob_dir))  # the session's final replay reads it
@@ -59,12 +66,16 @@ def env(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 @pytest.mark.slow
-def test_online_reflection_over_a_100_mb_skillbook_tags_the_cited_skill(env: dict[str, str], tmp_path: Path) -> None:
+def test_online_reflection_over_a_100_mb_skillbook_tags_the_cited_skill(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(TRACE))
     book = _skillbook_100mb(tmp_path / "sb.txt")
     t0 = time.monotonic()
-    p = rr("reflect", str(trace), "--skillbook", str(book), "--mode", "online", "--json", env=env, timeout=240)
+    p = rr(
+        "reflect", str(trace), "--skillbook", str(book), "--mode", "online", "--json", env=env, timeout=240
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["raw"]["rr_trace"]["stop_reason"] == "completed"
@@ -76,12 +87,15 @@ def test_capped_cli_inputs_fail_fast_with_one_line(env: dict[str, str], tmp_path
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(TRACE))
     over = "q" * (MAX_TASK_TEXT_CHARS + 1)
-    for flag, needle in (("--question", "the question (--question) is"),
-                         ("--ground-truth", "the ground truth (--ground-truth) is"),
-                         ("--feedback", "the feedback (--feedback) is")):
+    for flag, needle in (
+        ("--question", "the question (--question) is"),
+        ("--ground-truth", "the ground truth (--ground-truth) is"),
+        ("--feedback", "the feedback (--feedback) is"),
+    ):
         _one_line_error(rr("reflect", str(trace), flag, over, env=env, timeout=60), needle)
-    _one_line_error(rr("reflect", str(trace), "--id", "i" * (MAX_WORKFLOW_ID_CHARS + 1), env=env, timeout=60),
-                    "--id is")
+    _one_line_error(
+        rr("reflect", str(trace), "--id", "i" * (MAX_WORKFLOW_ID_CHARS + 1), env=env, timeout=60), "--id is"
+    )
     # a 100 MB skillbook over each of its caps: too many ids; too many bytes as the sandbox receives it
     ids = tmp_path / "ids.txt"
     ids.write_bytes(b"[a-001] x\n" * (10 * MB))
@@ -102,10 +116,12 @@ def test_capped_python_api_inputs_raise_the_same_line(env: dict[str, str]) -> No
     from reflector.client.api import reflect
 
     big = "x" * (100 * MB)
-    for kwargs, needle in (({"question": big}, "the question (--question) is 104,857,600 characters"),
-                           ({"ground_truth": big}, "the ground truth (--ground-truth) is"),
-                           ({"feedback": big}, "the feedback (--feedback) is"),
-                           ({"workflow_id": big}, "--id is")):
+    for kwargs, needle in (
+        ({"question": big}, "the question (--question) is 104,857,600 characters"),
+        ({"ground_truth": big}, "the ground truth (--ground-truth) is"),
+        ({"feedback": big}, "the feedback (--feedback) is"),
+        ({"workflow_id": big}, "--id is"),
+    ):
         t0 = time.monotonic()
         with pytest.raises(ReflectError) as e:
             reflect(traces=TRACE, timeout=60, **kwargs)  # type: ignore[arg-type]

@@ -27,8 +27,15 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_rr_cmd(), *args], env=_env(env), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*_rr_cmd(), *args],
+        env=_env(env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _errors(p: subprocess.CompletedProcess[str]) -> list[str]:
@@ -39,8 +46,12 @@ def _errors(p: subprocess.CompletedProcess[str]) -> list[str]:
 @pytest.fixture
 def live(temporal_server, tmp_path: Path) -> Iterator[dict[str, str]]:
     """A private RR_HOME and task queue on the session's server, with one `rr worker` polling it."""
-    env = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"ops-{uuid.uuid4().hex[:8]}", "RR_PLUGINS": PLUGINS}
+    env = {
+        "RR_HOME": str(tmp_path / "rr-home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"ops-{uuid.uuid4().hex[:8]}",
+        "RR_PLUGINS": PLUGINS,
+    }
     worker = WorkerProcess({**env, "PYTHONPATH": str(REPO_ROOT)}, tmp_path / "worker.log")
     try:
         worker.wait_ready(60)
@@ -62,7 +73,9 @@ def _wait_for_cells(env: dict[str, str], wf_id: str, n: int) -> None:
         client = await connect(env["TEMPORAL_ADDRESS"])
         for _ in range(600):
             try:
-                if (await client.get_workflow_handle(wf_id).query(PROGRESS_QUERY, result_type=Progress)).cells >= n:
+                if (
+                    await client.get_workflow_handle(wf_id).query(PROGRESS_QUERY, result_type=Progress)
+                ).cells >= n:
                     return
             except Exception:  # not started by a worker yet
                 pass
@@ -84,8 +97,17 @@ def test_list_cancel_result_and_their_exit_codes(live: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     done_id = json.loads(done.stdout)["raw"]["workflow_id"]
 
-    run = Running("reflect", str(EXAMPLE), "--model", endless.MODEL, "--max-requests", "5000",
-                  "--max-tokens", "100000000", env=live)
+    run = Running(
+        "reflect",
+        str(EXAMPLE),
+        "--model",
+        endless.MODEL,
+        "--max-requests",
+        "5000",
+        "--max-tokens",
+        "100000000",
+        env=live,
+    )
     try:
         wf_id = _started_id(run.wait_for("started reflection", 60))
         _wait_for_cells(live, wf_id, 2)
@@ -98,7 +120,11 @@ def test_list_cancel_result_and_their_exit_codes(live: dict[str, str]) -> None:
         assert cancelled.returncode == 0, cancelled.stderr
         assert f"{wf_id} was CANCELLED" in cancelled.stderr and not _errors(cancelled)
         report = json.loads(cancelled.stdout)
-        assert (report["outcome"], report["kind"], report["status"]) == ("cancelled", "reflection", "completed")
+        assert (report["outcome"], report["kind"], report["status"]) == (
+            "cancelled",
+            "reflection",
+            "completed",
+        )
         out = report["output"]
         assert out["raw"]["rr_trace"]["stop_reason"] == "cancelled"
         assert "finding 0" in out["error_identification"]  # the findings so far
@@ -110,7 +136,9 @@ def test_list_cancel_result_and_their_exit_codes(live: dict[str, str]) -> None:
 
     result = rr("result", wf_id, env=live)
     assert result.returncode == 5, result.stderr
-    assert "stop: cancelled" in result.stdout and "CANCELLED" in result.stdout and "exit code 5" in result.stderr
+    assert (
+        "stop: cancelled" in result.stdout and "CANCELLED" in result.stdout and "exit code 5" in result.stderr
+    )
     as_json = rr("result", wf_id, "--json", env=live)
     assert as_json.returncode == 5 and json.loads(as_json.stdout) == out
 
@@ -119,7 +147,9 @@ def test_list_cancel_result_and_their_exit_codes(live: dict[str, str]) -> None:
     assert "had already finished" in again.stderr and not _errors(again)
 
     unknown = rr("cancel", "no-such-reflection", env=live)
-    assert unknown.returncode == 2 and _errors(unknown) == ["rr: error: no reflection with id 'no-such-reflection'"]
+    assert unknown.returncode == 2 and _errors(unknown) == [
+        "rr: error: no reflection with id 'no-such-reflection'"
+    ]
 
     every = _rows(rr("list", "--json", "--limit", "200", env=live))
     assert every[wf_id]["stop_reason"] == "cancelled" and every[done_id]["stop_reason"] == "completed"
@@ -150,8 +180,12 @@ def test_cancel_without_a_worker_is_requested_and_says_so(
     async def start() -> str:
         client = await c.connect(temporal_server.address, settings=Settings.from_env())
         ref = c.upload_trace(EXAMPLE, Settings.from_env())
-        handle = await c.start_reflection(client, c.build_input(ref, config=ReflectionConfig()),
-                                          f"nobody-{uuid.uuid4().hex[:6]}", f"ops-{uuid.uuid4().hex[:8]}")
+        handle = await c.start_reflection(
+            client,
+            c.build_input(ref, config=ReflectionConfig()),
+            f"nobody-{uuid.uuid4().hex[:6]}",
+            f"ops-{uuid.uuid4().hex[:8]}",
+        )
         return handle.id
 
     async def terminate(wf_id: str) -> None:
@@ -177,10 +211,17 @@ def test_list_and_setup_in_a_namespace_without_the_attributes(temporal_server, t
     async def create() -> None:
         client = await Client.connect(temporal_server.address)
         await client.workflow_service.register_namespace(
-            RegisterNamespaceRequest(namespace=ns, workflow_execution_retention_period=Duration(seconds=86_400)))
+            RegisterNamespaceRequest(
+                namespace=ns, workflow_execution_retention_period=Duration(seconds=86_400)
+            )
+        )
 
     asyncio.run(create())
-    env = {"RR_HOME": str(tmp_path / "rr-home"), "TEMPORAL_ADDRESS": temporal_server.address, "TEMPORAL_NAMESPACE": ns}
+    env = {
+        "RR_HOME": str(tmp_path / "rr-home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TEMPORAL_NAMESPACE": ns,
+    }
     for _ in range(100):  # the namespace is usable once the frontend's namespace cache has it
         listed = rr("list", env=env)
         if "does not exist" not in listed.stderr:

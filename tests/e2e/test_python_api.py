@@ -82,34 +82,67 @@ def _judged(out: ReflectorOutput, answer: str = ANSWER) -> None:
 
 
 def test_import_of_reflector_stays_light() -> None:
-    code = ("import sys, reflector; heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'temporalio', 'pydantic_ai', 'pydantic'}); print(heavy()); "
-            "from reflector import RRConfig, RRStep, reflect, areflect, ReflectorOutput; print(heavy())")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys, reflector; heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'temporalio', 'pydantic_ai', 'pydantic'}); print(heavy()); "
+        "from reflector import RRConfig, RRStep, reflect, areflect, ReflectorOutput; print(heavy())"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     plain, api = p.stdout.splitlines()
-    assert plain == "[]"  # `import reflector` (the sandbox host's `reflector.analysis.traces` too) imports none of them
+    assert (
+        plain == "[]"
+    )  # `import reflector` (the sandbox host's `reflector.analysis.traces` too) imports none of them
     assert api == "['pydantic']"  # the API's names: its types, not the Temporal client or pydantic-ai
 
 
-def test_rrconfig_has_the_seed_defaults_and_maps_onto_the_durable_config(monkeypatch: pytest.MonkeyPatch,
-                                                                          tmp_path: Path) -> None:
+def test_rrconfig_has_the_seed_defaults_and_maps_onto_the_durable_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _isolate(monkeypatch, tmp_path)
     cfg = RRConfig()
-    seed = {"max_tokens": 500_000, "max_requests": 50, "context_window": 128_000, "max_depth": 2,
-            "child_budget_fraction": 0.5, "max_compactions": 3, "microcompact_keep_recent": 3, "timeout": 60,
-            "max_output_chars": 50_000, "usage_callback": None}
+    seed = {
+        "max_tokens": 500_000,
+        "max_requests": 50,
+        "context_window": 128_000,
+        "max_depth": 2,
+        "child_budget_fraction": 0.5,
+        "max_compactions": 3,
+        "microcompact_keep_recent": 3,
+        "timeout": 60,
+        "max_output_chars": 50_000,
+        "usage_callback": None,
+    }
     assert {k: getattr(cfg, k) for k in seed} == seed
     durable = cfg.to_reflection_config()
-    assert durable == ReflectionConfig(model="heuristic", max_tokens=500_000, max_requests=50, context_window=128_000,
-                                       max_depth=2, child_budget_fraction=0.5, max_compactions=3,
-                                       microcompact_keep_recent=3, cell_timeout_s=60, max_output_chars=50_000)
-    mine = RRConfig(model="openai:gpt-4o", model_settings={"temperature": 0}, max_requests=7, timeout=5,
-                    max_depth=0).to_reflection_config()
+    assert durable == ReflectionConfig(
+        model="heuristic",
+        max_tokens=500_000,
+        max_requests=50,
+        context_window=128_000,
+        max_depth=2,
+        child_budget_fraction=0.5,
+        max_compactions=3,
+        microcompact_keep_recent=3,
+        cell_timeout_s=60,
+        max_output_chars=50_000,
+    )
+    mine = RRConfig(
+        model="openai:gpt-4o", model_settings={"temperature": 0}, max_requests=7, timeout=5, max_depth=0
+    ).to_reflection_config()
     assert (mine.model, mine.model_settings, mine.max_requests, mine.cell_timeout_s, mine.max_depth) == (
-        "openai:gpt-4o", {"temperature": 0, "cache": "5m"}, 7, 5.0, 0)  # cache_prompts: pydantic-ai's `cache`
+        "openai:gpt-4o",
+        {"temperature": 0, "cache": "5m"},
+        7,
+        5.0,
+        0,
+    )  # cache_prompts: pydantic-ai's `cache`
     assert RRConfig(model="openai:gpt-4o", cache_prompts=False).to_reflection_config().model_settings == {
-        "temperature": 0.0, "cache": False}
+        "temperature": 0.0,
+        "cache": False,
+    }
     monkeypatch.setenv("RR_MODEL", "test")  # model None: the settings' RR_MODEL
     assert RRConfig().to_reflection_config().model == "test"
     assert RRConfig().to_reflection_config(Settings.from_env()).model == "test"
@@ -119,14 +152,17 @@ def test_rrconfig_has_the_seed_defaults_and_maps_onto_the_durable_config(monkeyp
         cfg.max_requests = 0
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1 (got 0)"),
-    ({"timeout": 0}, "timeout: Input should be greater than 0 (got 0.0)"),
-    ({"child_budget_fraction": 1.5}, "child_budget_fraction: Input should be less than or equal to 1"),
-    ({"max_output_chars": 10}, "max_output_chars"),
-    ({"max_requests": "many"}, "max_requests"),
-    ({"max_tokenz": 5}, "max_tokenz"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1 (got 0)"),
+        ({"timeout": 0}, "timeout: Input should be greater than 0 (got 0.0)"),
+        ({"child_budget_fraction": 1.5}, "child_budget_fraction: Input should be less than or equal to 1"),
+        ({"max_output_chars": 10}, "max_output_chars"),
+        ({"max_requests": "many"}, "max_requests"),
+        ({"max_tokenz": 5}, "max_tokenz"),
+    ],
+)
 def test_rrconfig_refuses_bad_values_with_the_field_named(kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValidationError) as e:
         RRConfig(**kwargs)
@@ -137,8 +173,12 @@ def test_rrconfig_refuses_bad_values_with_the_field_named(kwargs: dict[str, Any]
 def test_agent_output_is_put_where_the_readers_find_the_final_answer() -> None:
     a = _Answer(ANSWER, reasoning="17 * 24 = 398", skill_ids=("s-1",))
     ace = {k: v for k, v in ACE_TRACE.items() if k != "final_answer"}
-    assert _place_answer(ace, a) == {**ace, "final_answer": ANSWER, "reasoning": "17 * 24 = 398",
-                                     "skill_ids": ["s-1"]}
+    assert _place_answer(ace, a) == {
+        **ace,
+        "final_answer": ANSWER,
+        "reasoning": "17 * 24 = 398",
+        "skill_ids": ["s-1"],
+    }
     assert _place_answer({**ace, "final_answer": f" {ANSWER} "}, a) == {**ace, "final_answer": f" {ANSWER} "}
     with pytest.raises(ValueError, match="differs from the trace's final_answer"):
         _place_answer(ACE_TRACE, a)  # its final answer is "398"
@@ -176,8 +216,11 @@ def test_the_trace_file_a_reflection_reads(tmp_path: Path, monkeypatch: pytest.M
     text, _, _ = read(jsonl, _Answer(ANSWER))
     assert json.loads(text) == {"messages": MESSAGES, "final_answer": ANSWER}
     text, _, _ = read(None, _Answer(ANSWER, reasoning="17 * 24 = 398"))
-    assert json.loads(text) == {"question": "q", "ground_truth": "408", "agent_output": {
-        "reasoning": "17 * 24 = 398", "final_answer": ANSWER, "skill_ids": []}}
+    assert json.loads(text) == {
+        "question": "q",
+        "ground_truth": "408",
+        "agent_output": {"reasoning": "17 * 24 = 398", "final_answer": ANSWER, "skill_ids": []},
+    }
     small = dataclasses.replace(settings, lazy_trace_bytes=10)
     with pytest.raises(ValueError, match="not rewritten"):  # a large file is never read whole to place it
         read(no_answer, _Answer(ANSWER), small)
@@ -185,8 +228,13 @@ def test_the_trace_file_a_reflection_reads(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_the_context_a_step_returns() -> None:
-    out = ReflectorOutput(reasoning="r", error_identification="e", root_cause_analysis="a", correct_approach="c",
-                          key_insight="k")
+    out = ReflectorOutput(
+        reasoning="r",
+        error_identification="e",
+        root_cause_analysis="a",
+        correct_approach="c",
+        key_insight="k",
+    )
     got = (out,)
     ctx = {"trace": {}, "skillbook": ""}
     assert _with_reflections(ctx, got) == {**ctx, "reflections": got} and "reflections" not in ctx
@@ -223,10 +271,16 @@ def test_skillbooks_become_the_text_the_workflow_takes() -> None:
             return "[s-2] plain"
 
     assert [_skillbook_text(s) for s in (None, "text", Skillbook(), Plain())] == [
-        "", "text", "[s-1] confirm dates", "[s-2] plain"]
+        "",
+        "text",
+        "[s-1] confirm dates",
+        "[s-2] plain",
+    ]
 
 
-def test_reflect_in_a_running_event_loop_runs_on_a_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_reflect_in_a_running_event_loop_runs_on_a_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """As ACE's reflector: a sync call where an event loop runs (Jupyter, ACE's pipeline) runs on a thread of
     its own (here it gets as far as the configured server being down: the call did run, with no deadlock)."""
     _isolate(monkeypatch, tmp_path)
@@ -239,17 +293,21 @@ def test_reflect_in_a_running_event_loop_runs_on_a_thread(monkeypatch: pytest.Mo
         asyncio.run(asyncio.wait_for(in_a_loop(), 60))
 
 
-@pytest.mark.parametrize(("traces", "error", "needle"), [
-    ("no-such-trace.json", TraceError, "trace file not found: no-such-trace.json"),
-    (Path("no-such-trace.json"), TraceError, "trace file not found: no-such-trace.json"),
-    ('{"question": "q", ', TraceError, f"invalid JSON in {IN_MEMORY}"),
-    ({"question": "q", "when": object()}, ValueError, "the trace cannot be stored as JSON"),
-    (object(), ValueError, "traces must be a path, a dict, a list"),
-    ("no-such-dir/trace", TraceError, "trace file not found: no-such-dir/trace"),
-    (None, ValueError, "nothing to reflect on"),
-])
-def test_a_bad_trace_is_a_one_line_error(traces: Any, error: type[Exception], needle: str, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("traces", "error", "needle"),
+    [
+        ("no-such-trace.json", TraceError, "trace file not found: no-such-trace.json"),
+        (Path("no-such-trace.json"), TraceError, "trace file not found: no-such-trace.json"),
+        ('{"question": "q", ', TraceError, f"invalid JSON in {IN_MEMORY}"),
+        ({"question": "q", "when": object()}, ValueError, "the trace cannot be stored as JSON"),
+        (object(), ValueError, "traces must be a path, a dict, a list"),
+        ("no-such-dir/trace", TraceError, "trace file not found: no-such-dir/trace"),
+        (None, ValueError, "nothing to reflect on"),
+    ],
+)
+def test_a_bad_trace_is_a_one_line_error(
+    traces: Any, error: type[Exception], needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _isolate(monkeypatch, tmp_path / "home")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(error) as e:
@@ -271,9 +329,13 @@ def test_bad_arguments_are_value_errors(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert RRStep.requires == {"trace", "skillbook"} and RRStep.provides == {"reflections"}
 
 
-def test_a_configured_server_that_is_down_is_a_reflect_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_configured_server_that_is_down_is_a_reflect_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _isolate(monkeypatch, tmp_path)
-    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")  # never replaced by the embedded server
+    monkeypatch.setenv(
+        "TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}"
+    )  # never replaced by the embedded server
     with pytest.raises(ReflectError, match="is not reachable"):
         reflect(traces=ACE_TRACE)
 
@@ -308,9 +370,14 @@ def test_reflect_on_an_answer_alone_with_usage_reported_once(on_server: Path) ->
         final_answer: str
         skill_ids: list[str] = []
 
-    out = reflect(question=QUESTION, agent_output=AgentOutput(reasoning="17 * 24 = 398", final_answer=ANSWER),
-                  ground_truth="408", feedback="Incorrect: expected 408.", config=cfg,
-                  workflow_id=f"api-answer-{uuid.uuid4().hex[:6]}")
+    out = reflect(
+        question=QUESTION,
+        agent_output=AgentOutput(reasoning="17 * 24 = 398", final_answer=ANSWER),
+        ground_truth="408",
+        feedback="Incorrect: expected 408.",
+        config=cfg,
+        workflow_id=f"api-answer-{uuid.uuid4().hex[:6]}",
+    )
     _judged(out)
     assert out.raw["workflow_id"].startswith("api-answer-")
     assert len(calls) == 1 and isinstance(calls[0], UsageSummary)
@@ -343,8 +410,13 @@ def test_areflect_runs_on_the_callers_loop(on_server: Path) -> None:
 
 def _cells_rebuilt(wf_id: str) -> int:
     """How many of the workflow's cells found their sandbox host gone (`rr audit --json`)."""
-    p = subprocess.run([sys.executable, "-m", "reflector.cli", "audit", wf_id, "--json"], capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted"})
+    p = subprocess.run(
+        [sys.executable, "-m", "reflector.cli", "audit", wf_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted"},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return int(json.loads(p.stdout)["cells_rebuilt"])
 
@@ -359,15 +431,23 @@ def test_a_call_that_ends_leaves_the_hosts_of_a_call_beside_it(on_server: Path) 
     long_id = f"api-beside-{uuid.uuid4().hex[:6]}"
 
     async def main() -> tuple[ReflectorOutput, ReflectorOutput, bool]:
-        long = asyncio.ensure_future(areflect(traces=MESSAGES, ground_truth="408", workflow_id=long_id,
-                                              config=RRConfig(model="scripted-paced-20", max_requests=40)))
+        long = asyncio.ensure_future(
+            areflect(
+                traces=MESSAGES,
+                ground_truth="408",
+                workflow_id=long_id,
+                config=RRConfig(model="scripted-paced-20", max_requests=40),
+            )
+        )
         # the long one has its host and has run cells: its first cell is in its journal
         journal = Settings.from_env().blob_dir / "sessions" / long_id
         deadline = time.monotonic() + 60
         while not any(journal.glob("*.json")) and not long.done():
             assert time.monotonic() < deadline, "the long reflection ran no cell"
             await asyncio.sleep(0.02)
-        other = dataclasses.replace(Settings.from_env(), task_queue_setting=f"api-other-{uuid.uuid4().hex[:6]}")
+        other = dataclasses.replace(
+            Settings.from_env(), task_queue_setting=f"api-other-{uuid.uuid4().hex[:6]}"
+        )
         short = await areflect(traces=MESSAGES, agent_output=ANSWER, ground_truth="408", settings=other)
         overlapped = not long.done()
         return short, await long, overlapped
@@ -402,8 +482,9 @@ def test_rrstep_as_a_pipeline_step_and_as_a_reflector(on_server: Path) -> None:
     no_trace = step(StepContext(agent_output=ANSWER))  # the context's answer alone
     _judged(no_trace.reflections[0])
 
-    direct = step.reflect(question=QUESTION, agent_output=ANSWER, skillbook="", ground_truth="408",
-                          feedback="Incorrect.")
+    direct = step.reflect(
+        question=QUESTION, agent_output=ANSWER, skillbook="", ground_truth="408", feedback="Incorrect."
+    )
     _judged(direct)
     assert isinstance(asyncio.run(step.areflect(traces=ACE_TRACE)), ReflectorOutput)
 
@@ -411,7 +492,9 @@ def test_rrstep_as_a_pipeline_step_and_as_a_reflector(on_server: Path) -> None:
 @pytest.mark.slow
 def test_a_reflection_that_takes_too_long_is_a_timeout_error(on_server: Path, temporal_server: Any) -> None:
     wf_id = f"api-timeout-{uuid.uuid4().hex[:6]}"
-    with pytest.raises(TimeoutError, match=rf"reflection {wf_id} did not finish within 0.01 s; it goes on durably"):
+    with pytest.raises(
+        TimeoutError, match=rf"reflection {wf_id} did not finish within 0.01 s; it goes on durably"
+    ):
         reflect(traces=ACE_TRACE, timeout=0.01, workflow_id=wf_id)
 
     async def stop() -> None:  # no worker polls its private task queue any more

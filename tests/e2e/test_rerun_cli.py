@@ -20,8 +20,12 @@ def env(temporal_server, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "rr-home"
     EXTRA_BLOB_DIRS.append(home / "blobs")  # the final replay test replays these histories too
     # a private task queue no worker polls: each command runs its in-process worker
-    return {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
-            "RR_TASK_QUEUE": f"rerun-cli-{uuid.uuid4().hex[:6]}", "RR_PLUGINS": "reflector.testing.scripted"}
+    return {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"rerun-cli-{uuid.uuid4().hex[:6]}",
+        "RR_PLUGINS": "reflector.testing.scripted",
+    }
 
 
 def test_rerun_prints_the_new_reflection_and_its_origin(env: dict[str, str], tmp_path: Path) -> None:

@@ -40,8 +40,12 @@ def s3(tmp_path: Path):
 
 
 @pytest.fixture
-def env(s3: S3Server, temporal_server_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    server = temporal_server_factory()  # private: its histories name S3 payloads, replayed here while S3 is up
+def env(
+    s3: S3Server, temporal_server_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    server = (
+        temporal_server_factory()
+    )  # private: its histories name S3 payloads, replayed here while S3 is up
     common = {
         **s3.env(prefix="shared"),
         "TEMPORAL_ADDRESS": server.address,
@@ -77,8 +81,12 @@ async def test_a_worker_on_another_machine_finishes_a_killed_workers_reflection(
     settings = Settings.from_env()
     client = await connect(settings=settings)
     trace = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(trace, question="What is 17 * 24?", ground_truth="408",
-                         config=ReflectionConfig(model="scripted-stateful"))
+    inp = rr.build_input(
+        trace,
+        question="What is 17 * 24?",
+        ground_truth="408",
+        config=ReflectionConfig(model="scripted-stateful"),
+    )
     log_path = Path(env["RR_TEST_MODEL_LOG"])
 
     base_worker = _worker(env, tmp_path, "w0")
@@ -92,7 +100,9 @@ async def test_a_worker_on_another_machine_finishes_a_killed_workers_reflection(
     w1 = _worker(env, tmp_path, "w1")
     w2: WorkerProcess | None = None
     try:
-        handle = await rr.start_reflection(client, inp, env["RR_TASK_QUEUE"], f"s3-crash-{uuid.uuid4().hex[:6]}")
+        handle = await rr.start_reflection(
+            client, inp, env["RR_TASK_QUEUE"], f"s3-crash-{uuid.uuid4().hex[:6]}"
+        )
         journal = f"shared/sessions/{session_key(handle.id)}/"
         deadline = time.monotonic() + 90
         while True:  # the slow cell (the model's 5th request) runs, and cell 4's outcome is in the history

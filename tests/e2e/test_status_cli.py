@@ -37,17 +37,30 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reflector.cli", *args], env=_env(env), cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "reflector.cli", *args],
+        env=_env(env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class Running:
     """`rr ARGS` in a subprocess; stderr is read line by line in a thread (to wait for a line)."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "reflector.cli", *args], env=_env(env), cwd=REPO_ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reflector.cli", *args],
+            env=_env(env),
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         self.lines: list[str] = []
         self.stdout = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -90,8 +103,12 @@ def live(temporal_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     root = tmp_path_factory.mktemp("status-cli")
     home = root / "rr-home"
     EXTRA_BLOB_DIRS.append(home / "blobs")  # the suite's final replay reads these histories' payloads
-    env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"status-cli-{uuid.uuid4().hex[:6]}", "RR_PLUGINS": PLUGINS}
+    env = {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"status-cli-{uuid.uuid4().hex[:6]}",
+        "RR_PLUGINS": PLUGINS,
+    }
     worker = WorkerProcess({**env, "PYTHONPATH": str(REPO_ROOT)}, root / "worker.log")
     try:
         worker.wait_ready(60)
@@ -107,8 +124,22 @@ def _tree_question(gate: Path) -> str:
 
 
 def _start_tree(env: dict[str, str], gate: Path, wf_id: str) -> Running:
-    return Running("reflect", str(EXAMPLE), "--model", gated.MODEL, "--question", _tree_question(gate),
-                   "--recursion", "always", "--id", wf_id, "--max-requests", "20", "--json", env=env)
+    return Running(
+        "reflect",
+        str(EXAMPLE),
+        "--model",
+        gated.MODEL,
+        "--question",
+        _tree_question(gate),
+        "--recursion",
+        "always",
+        "--id",
+        wf_id,
+        "--max-requests",
+        "20",
+        "--json",
+        env=env,
+    )
 
 
 def _child_at_gate(env: dict[str, str], child_id: str, bound_s: float = 120) -> dict[str, Any]:
@@ -127,7 +158,9 @@ def _child_at_gate(env: dict[str, str], child_id: str, bound_s: float = 120) -> 
     raise AssertionError(f"{child_id} never reached its gate")
 
 
-def test_status_of_a_running_tree_then_of_the_finished_reflection(live: dict[str, str], tmp_path: Path) -> None:
+def test_status_of_a_running_tree_then_of_the_finished_reflection(
+    live: dict[str, str], tmp_path: Path
+) -> None:
     gate = tmp_path / "gate"
     wf_id = f"status-{uuid.uuid4().hex[:8]}"
     run = _start_tree(live, gate, wf_id)
@@ -147,7 +180,12 @@ def test_status_of_a_running_tree_then_of_the_finished_reflection(live: dict[str
         assert st["status"] == "running" and st["kind"] == "reflection" and st["elapsed_s"] > 0
         prog = st["progress"]
         assert prog["phase"] == "waiting for child" and prog["child_running"] == f"{wf_id}.r1"
-        assert (prog["max_requests"], prog["depth"], prog["last_tool"], prog["last_cell"]) == (20, 0, "recurse", 3)
+        assert (prog["max_requests"], prog["depth"], prog["last_tool"], prog["last_cell"]) == (
+            20,
+            0,
+            "recurse",
+            3,
+        )
         [kid] = st["running_children"]
         assert kid["workflow_id"] == f"{wf_id}.r1" and kid["progress"]["cells"] == 1
         assert st["tree_requests"] == prog["requests"] + kid["progress"]["requests"] == 3
@@ -185,10 +223,15 @@ def test_status_of_a_running_tree_then_of_the_finished_reflection(live: dict[str
     assert f"{wf_id}.r1: done, stop reason completed, requests 2" in done.stdout
     js = json.loads(rr("status", wf_id, "--json", env=live).stdout)
     assert js["status"] == "completed" and js["complete"] is True
-    assert js["progress"]["requests"] == usage["requests"] and js["progress"]["cells"] == out["raw"]["rr_trace"]["cells"]
+    assert (
+        js["progress"]["requests"] == usage["requests"]
+        and js["progress"]["cells"] == out["raw"]["rr_trace"]["cells"]
+    )
 
 
-def test_status_follow_shows_plain_progress_lines_then_the_final_status(live: dict[str, str], tmp_path: Path) -> None:
+def test_status_follow_shows_plain_progress_lines_then_the_final_status(
+    live: dict[str, str], tmp_path: Path
+) -> None:
     gate = tmp_path / "gate"
     wf_id = f"follow-{uuid.uuid4().hex[:8]}"
     run = _start_tree(live, gate, wf_id)
@@ -208,7 +251,10 @@ def test_status_follow_shows_plain_progress_lines_then_the_final_status(live: di
 
 
 def test_status_of_an_unknown_id_is_one_error_line_and_exit_2(live: dict[str, str]) -> None:
-    for args in (("status", "no-such-reflection-zz"), ("status", "no-such-reflection-zz", "--follow", "--json")):
+    for args in (
+        ("status", "no-such-reflection-zz"),
+        ("status", "no-such-reflection-zz", "--follow", "--json"),
+    ):
         p = rr(*args, env=live)
         assert p.returncode == 2, p.stderr
         errors = [ln for ln in p.stderr.splitlines() if ln.startswith("rr: error:")]
@@ -234,8 +280,14 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         "import os; os._exit(0)\n"
     )
     wf_id = f"idle-{uuid.uuid4().hex[:8]}"
-    started = subprocess.run([sys.executable, "-c", code, str(EXAMPLE), wf_id], env=_env(nobody), cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=60)
+    started = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE), wf_id],
+        env=_env(nobody),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert started.returncode == 0, started.stderr
     follow = None
     try:
@@ -251,11 +303,21 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         assert "rr worker" in notice
     finally:
         rr_term = subprocess.run(
-            [sys.executable, "-c", "import asyncio, sys\nfrom reflector import client as c\nfrom reflector.runtime.settings "
-             "import Settings\nasync def m():\n    s = Settings.from_env()\n    cl = await c.connect(s.address, "
-             "settings=s)\n    await cl.get_workflow_handle(sys.argv[1]).terminate('test cleanup')\nasyncio.run(m())\n"
-             "import os; os._exit(0)\n",  # as above: no interpreter finalization
-             wf_id], env=_env(nobody), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+            [
+                sys.executable,
+                "-c",
+                "import asyncio, sys\nfrom reflector import client as c\nfrom reflector.runtime.settings "
+                "import Settings\nasync def m():\n    s = Settings.from_env()\n    cl = await c.connect(s.address, "
+                "settings=s)\n    await cl.get_workflow_handle(sys.argv[1]).terminate('test cleanup')\nasyncio.run(m())\n"
+                "import os; os._exit(0)\n",  # as above: no interpreter finalization
+                wf_id,
+            ],
+            env=_env(nobody),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert rr_term.returncode == 0, rr_term.stderr
     assert follow.wait() == 1, "\n".join(follow.lines)  # it ended, but not completed
     assert follow.wait_for(f"rr: reflection {wf_id} terminated after ")
@@ -267,7 +329,9 @@ def test_a_fast_reflection_still_ends_with_a_summary_line(live: dict[str, str]) 
     p = rr("reflect", str(EXAMPLE), "--id", wf_id, "--json", env=live)
     assert p.returncode == 0, p.stderr
     usage = json.loads(p.stdout)["raw"]["usage"]
-    [summary] = [ln for ln in p.stderr.splitlines() if ln.startswith(f"rr: reflection {wf_id} completed after ")]
+    [summary] = [
+        ln for ln in p.stderr.splitlines() if ln.startswith(f"rr: reflection {wf_id} completed after ")
+    ]
     assert f"requests {usage['requests']}/50 · tokens {usage['total_tokens']:,}/500,000" in summary
 
 
@@ -280,10 +344,15 @@ def test_a_batch_ends_with_a_summary_line_and_has_a_status(live: dict[str, str],
     batch_id = f"batch-{uuid.uuid4().hex[:8]}"
     p = rr("reflect", str(a), str(b), "--id", batch_id, env=live)
     assert p.returncode == 0, p.stderr
-    assert any(ln.startswith(f"rr: batch {batch_id} completed after ") and ln.endswith(": 2/2 reflected, 0 failed")
-               for ln in p.stderr.splitlines()), p.stderr
+    assert any(
+        ln.startswith(f"rr: batch {batch_id} completed after ") and ln.endswith(": 2/2 reflected, 0 failed")
+        for ln in p.stderr.splitlines()
+    ), p.stderr
     st = rr("status", batch_id, env=live)
     assert st.returncode == 0, st.stderr
-    assert f"batch {batch_id}: completed after " in st.stdout and "runs: 2/2 reflected, 0 running, 0 failed" in st.stdout
+    assert (
+        f"batch {batch_id}: completed after " in st.stdout
+        and "runs: 2/2 reflected, 0 running, 0 failed" in st.stdout
+    )
     js = json.loads(rr("status", batch_id, "--json", env=live).stdout)
     assert js["kind"] == "batch" and js["batch"]["done"] == 2 and js["complete"] is True

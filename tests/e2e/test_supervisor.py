@@ -48,8 +48,12 @@ class Supervised:
         self._out = open(log, "w")  # closed in stop(
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", str(n)],
-            cwd=REPO_ROOT, env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},
-            stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO_ROOT,
+            env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def text(self) -> str:
@@ -70,7 +74,9 @@ class Supervised:
         deadline = time.monotonic() + timeout
         while not cond():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"supervisor exited ({self.proc.returncode}) waiting for {what}:\n{self.text()[-3000:]}")
+                raise RuntimeError(
+                    f"supervisor exited ({self.proc.returncode}) waiting for {what}:\n{self.text()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}:\n{self.text()[-3000:]}")
             time.sleep(0.05)
@@ -127,8 +133,12 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
         client = await connect(sup_env["TEMPORAL_ADDRESS"])
         trace = rr.upload_trace(write_trace(tmp_path), settings)
         inp = rr.build_input(trace, config=ReflectionConfig(model="scripted-paced-20"))
-        handles = [await rr.start_reflection(client, inp, sup_env["RR_TASK_QUEUE"], f"sup-{i}-{uuid.uuid4().hex[:6]}")
-                   for i in range(4)]
+        handles = [
+            await rr.start_reflection(
+                client, inp, sup_env["RR_TASK_QUEUE"], f"sup-{i}-{uuid.uuid4().hex[:6]}"
+            )
+            for i in range(4)
+        ]
 
         # kill a child that is working on some reflection (its model requests are in flight)
         def working() -> set[int]:
@@ -154,7 +164,9 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
         outs = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
         took = time.monotonic() - t_kill
         for out in outs:
-            assert out.raw["rr_trace"]["stop_reason"] == "completed" and out.raw["rr_trace"]["cells"] == 20, out.raw
+            assert out.raw["rr_trace"]["stop_reason"] == "completed" and out.raw["rr_trace"]["cells"] == 20, (
+                out.raw
+            )
         pids = {int(e["pid"]) for e in read_model_log(log_path)}  # type: ignore[call-overload]
         assert victim in pids and pids <= set(first) | {new}, (pids, first, new)
         sup.wait_for(lambda: sup.text().count("rr worker pid=") >= 3, "the restarted child ready")
@@ -173,25 +185,40 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
 
 def test_bad_worker_processes_is_one_line_error(tmp_path: Path) -> None:
     env = {"RR_HOME": str(tmp_path / "home")}
-    _one_error_line(rr_cli("worker", env={**env, "RR_WORKER_PROCESSES": "two"}, timeout=60),
-                    "RR_WORKER_PROCESSES must be a whole number, got 'two'")
-    _one_error_line(rr_cli("worker", env={**env, "RR_WORKER_PROCESSES": "0"}, timeout=60),
-                    "RR_WORKER_PROCESSES must be >= 1")
-    _one_error_line(rr_cli("worker", "--processes", "0", env=env, timeout=60), "--processes must be at least 1")
+    _one_error_line(
+        rr_cli("worker", env={**env, "RR_WORKER_PROCESSES": "two"}, timeout=60),
+        "RR_WORKER_PROCESSES must be a whole number, got 'two'",
+    )
+    _one_error_line(
+        rr_cli("worker", env={**env, "RR_WORKER_PROCESSES": "0"}, timeout=60),
+        "RR_WORKER_PROCESSES must be >= 1",
+    )
+    _one_error_line(
+        rr_cli("worker", "--processes", "0", env=env, timeout=60), "--processes must be at least 1"
+    )
 
 
 def test_a_bad_budget_setting_stops_the_supervisor_before_any_child(tmp_path: Path, temporal_server) -> None:
-    env = {"RR_HOME": str(tmp_path / "home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_MAX_CONCURRENT_ACTIVITIES": "0"}
+    env = {
+        "RR_HOME": str(tmp_path / "home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_MAX_CONCURRENT_ACTIVITIES": "0",
+    }
     p = rr_cli("worker", "--processes", "2", env=env, timeout=60)
     _one_error_line(p, "RR_MAX_CONCURRENT_ACTIVITIES must be >= 1")
     assert "started" not in p.stdout, p.stdout
 
 
-def test_a_child_failing_at_start_stops_the_supervisor_with_its_error(tmp_path: Path, temporal_server) -> None:
+def test_a_child_failing_at_start_stops_the_supervisor_with_its_error(
+    tmp_path: Path, temporal_server
+) -> None:
     # read by the worker only (not by the supervisor): each child fails with exit 2 and its one-line error
-    env = {"RR_HOME": str(tmp_path / "home"), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_PLUGINS": "rr_no_such_plugin", "RR_WORKER_MODELS": "heuristic"}
+    env = {
+        "RR_HOME": str(tmp_path / "home"),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_PLUGINS": "rr_no_such_plugin",
+        "RR_WORKER_MODELS": "heuristic",
+    }
     t0 = time.monotonic()
     p = rr_cli("worker", "--processes", "2", env=env, timeout=90)
     _one_error_line(p, "RR_PLUGINS: cannot import 'rr_no_such_plugin'")

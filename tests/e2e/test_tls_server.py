@@ -44,6 +44,7 @@ SERVER_NAME = "temporal.rr-test.internal"
 
 # -- certificates ----------------------------------------------------------------------------------
 
+
 def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
@@ -52,35 +53,65 @@ def _ca(cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return key, cert
 
 
-def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, cn: str, *, server: bool
-          ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _leaf(
+    ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, cn: str, *, server: bool
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     builder = (
-        x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca.subject).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
-                                              else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
     )
     if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName(SERVER_NAME), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName(SERVER_NAME), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
@@ -89,8 +120,9 @@ def _pem_cert(cert: x509.Certificate) -> bytes:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @dataclass(frozen=True)
@@ -111,9 +143,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     server_key, server_cert = _leaf(server_ca_key, server_ca, SERVER_NAME, server=True)
     client_key, client_cert = _leaf(client_ca_key, client_ca, "rr-test-client", server=False)
     files = {
-        "server_ca": _pem_cert(server_ca), "client_ca": _pem_cert(client_ca),
-        "server_cert": _pem_cert(server_cert), "server_key": _pem_key(server_key),
-        "client_cert": _pem_cert(client_cert), "client_key": _pem_key(client_key),
+        "server_ca": _pem_cert(server_ca),
+        "client_ca": _pem_cert(client_ca),
+        "server_cert": _pem_cert(server_cert),
+        "server_key": _pem_key(server_key),
+        "client_cert": _pem_cert(client_cert),
+        "client_key": _pem_key(client_key),
     }
     for name, data in files.items():
         (d / f"{name}.pem").write_bytes(data)
@@ -121,6 +156,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 # -- the TLS endpoint --------------------------------------------------------------------------------
+
 
 @dataclass
 class TlsEndpoint:
@@ -225,6 +261,7 @@ def _rr_cmd() -> list[str]:
 
 # -- the tests -----------------------------------------------------------------------------------
 
+
 async def test_python_api_connects_through_mutual_tls(
     endpoint: TlsEndpoint, pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -241,7 +278,9 @@ async def test_python_api_connects_through_mutual_tls(
     await check_namespace(client, settings.address)
     info = await client.workflow_service.get_system_info(GetSystemInfoRequest())
     assert info.server_version
-    assert endpoint.verified_clients[before:] and set(endpoint.verified_clients[before:]) == {"rr-test-client"}
+    assert endpoint.verified_clients[before:] and set(endpoint.verified_clients[before:]) == {
+        "rr-test-client"
+    }
 
 
 async def test_without_the_client_certificate_or_the_ca_it_fails_clearly(
@@ -252,8 +291,14 @@ async def test_without_the_client_certificate_or_the_ca_it_fails_clearly(
     no_ca = {k: v for k, v in env.items() if "SERVER_CA" not in k}
     plain = {k: v for k, v in env.items() if not k.startswith("TEMPORAL_TLS")}
     for bad, why in ((no_client_cert, "cannot connect"), (no_ca, "UnknownIssuer"), (plain, "cannot connect")):
-        p = subprocess.run([*_rr_cmd(), "list"], env=bad, capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [*_rr_cmd(), "list"],
+            env=bad,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         assert p.returncode != 0, p.stdout
         errors = [ln for ln in p.stderr.splitlines() if ln.startswith("rr: error:")]
         assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr
@@ -261,7 +306,9 @@ async def test_without_the_client_certificate_or_the_ca_it_fails_clearly(
 
 
 @pytest.mark.slow
-def test_worker_and_reflect_over_mutual_tls_with_a_profile(endpoint: TlsEndpoint, pki: Pki, tmp_path: Path) -> None:
+def test_worker_and_reflect_over_mutual_tls_with_a_profile(
+    endpoint: TlsEndpoint, pki: Pki, tmp_path: Path
+) -> None:
     """`rr worker` configured by the TEMPORAL_TLS_* variables, `rr reflect` by a TOML profile; the
     worker (not an in-process one) runs the reflection, everything through the TLS endpoint."""
     queue = f"rr-tls-{os.getpid()}-{tmp_path.name}"[:120]
@@ -278,21 +325,37 @@ server_name = "{SERVER_NAME}"
 client_cert_path = "{pki.client_cert}"
 client_key_path = "{pki.client_key}"
 """)
-    client_env = _clean_env(tmp_path, {"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "tls-test", **shared})
+    client_env = _clean_env(
+        tmp_path, {"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "tls-test", **shared}
+    )
     before = len(endpoint.verified_clients)
-    worker = subprocess.Popen([*_rr_cmd(), "worker", "--processes", "1"], env=worker_env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*_rr_cmd(), "worker", "--processes", "1"],
+        env=worker_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         assert worker.stdout is not None
         first = worker.stdout.readline()
         assert first.startswith("rr worker pid=") and endpoint.address in first, (first, worker.stderr)
-        p = subprocess.run([*_rr_cmd(), "reflect", str(EXAMPLE), "--json"], env=client_env, capture_output=True,
-                           text=True, timeout=240, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [*_rr_cmd(), "reflect", str(EXAMPLE), "--json"],
+            env=client_env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert p.returncode == 0, p.stderr
         out = json.loads(p.stdout)
         assert out["raw"]["rr_trace"]["stop_reason"] == "completed"
         assert f"on {endpoint.address}" in p.stderr, p.stderr
-        assert "embedded" not in p.stderr and "did not take" not in p.stderr, p.stderr  # the TLS worker took it
+        assert "embedded" not in p.stderr and "did not take" not in p.stderr, (
+            p.stderr
+        )  # the TLS worker took it
     finally:
         worker.send_signal(signal.SIGTERM)
         _out, err = worker.communicate(timeout=60)

@@ -39,8 +39,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(item, src / name)
     out = root / "dist"
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                        str(src)], capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr
     wheels = list(out.glob("durable_recursive_reflector-*.whl"))
     assert len(wheels) == 1, list(out.iterdir())
@@ -50,8 +65,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
-                        str(target), str(wheel)], capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr
     return target
 
@@ -63,7 +93,11 @@ def _env(installed: Path, **extra: str) -> dict[str, str]:
 
 def test_the_wheel_holds_the_data_files_and_the_composition_root(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for pattern in ("reflector/analysis/prompts/*.md", "reflector/examples/*.json", "reflector/examples/*.jsonl"):
+    for pattern in (
+        "reflector/analysis/prompts/*.md",
+        "reflector/examples/*.json",
+        "reflector/examples/*.jsonl",
+    ):
         for f in REPO_ROOT.glob(pattern):
             assert f.relative_to(REPO_ROOT).as_posix() in names, f
     assert any(n.startswith("reflector/analysis/prompts/") and n.endswith(".md") for n in names)
@@ -96,14 +130,25 @@ for f in resources.files("reflector").joinpath("examples").iterdir():
 print(json.dumps({"prompts": sorted(texts), "system": len(prompts.SYSTEM), "task": len(prompts.TASK),
                   "examples": examples, "from": str(Path(prompts.__file__).parent)}))
 """
-    p = subprocess.run([sys.executable, "-c", script, str(installed)], cwd=tmp_path, env=_env(installed),
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", script, str(installed)],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
-    assert got["prompts"] == sorted(f.name for f in (REPO_ROOT / "reflector" / "analysis" / "prompts").glob("*.md"))
+    assert got["prompts"] == sorted(
+        f.name for f in (REPO_ROOT / "reflector" / "analysis" / "prompts").glob("*.md")
+    )
     assert got["system"] > 1000 and got["task"] > 0
-    assert got["examples"] == {f.name: f.stat().st_size for f in (REPO_ROOT / "reflector" / "examples").iterdir()
-                               if f.suffix in (".json", ".jsonl")}
+    assert got["examples"] == {
+        f.name: f.stat().st_size
+        for f in (REPO_ROOT / "reflector" / "examples").iterdir()
+        if f.suffix in (".json", ".jsonl")
+    }
     assert Path(got["from"]).is_relative_to(installed)
 
 
@@ -112,13 +157,26 @@ def test_a_reflection_runs_from_the_installed_copy(installed: Path, tmp_path: Pa
     rr = installed / "bin" / "rr"
     assert rr.is_file()
     home = tmp_path / "rr-home"
-    env = _env(installed, RR_HOME=str(home), TEMPORAL_ADDRESS=temporal_server.address,
-               RR_TASK_QUEUE=f"rr-wheel-{uuid.uuid4().hex[:8]}")
-    version = subprocess.run([str(rr), "--version"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    env = _env(
+        installed,
+        RR_HOME=str(home),
+        TEMPORAL_ADDRESS=temporal_server.address,
+        RR_TASK_QUEUE=f"rr-wheel-{uuid.uuid4().hex[:8]}",
+    )
+    version = subprocess.run(
+        [str(rr), "--version"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert version.returncode == 0 and version.stdout.startswith("rr "), version.stderr
     example = installed / "reflector" / "examples" / "failed_math.json"
-    p = subprocess.run([str(rr), "reflect", str(example), "--json"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=240, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [str(rr), "reflect", str(example), "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["raw"]["rr_trace"]["stop_reason"] == "completed" and out["raw"]["rr_trace"]["cells"] >= 1

@@ -35,7 +35,9 @@ def _settings_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return settings
 
 
-def test_each_worker_uses_its_own_store(temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_worker_uses_its_own_store(
+    temporal_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from activities import sandbox as sandbox_activities
     from worker import build_worker
 
@@ -47,15 +49,23 @@ def test_each_worker_uses_its_own_store(temporal_server, tmp_path: Path, monkeyp
         clients = {n: await connect(temporal_server.address, settings=s) for n, s in homes.items()}
         queues = {n: f"scope-{n}-{uuid.uuid4().hex[:6]}" for n in homes}
         # both workers are built before either reflection starts: the one built last used to win
-        async with build_worker(clients["a"], queues["a"], settings=homes["a"]), \
-                build_worker(clients["b"], queues["b"], settings=homes["b"]):
+        async with (
+            build_worker(clients["a"], queues["a"], settings=homes["a"]),
+            build_worker(clients["b"], queues["b"], settings=homes["b"]),
+        ):
 
             async def one(name: str) -> tuple[str, ReflectorOutput]:
                 settings = homes[name]
                 ref = rr.upload_trace(write_trace(tmp_path / f"trace-{name}"), settings)
-                inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                                     config=ReflectionConfig(model="heuristic"))
-                handle = await rr.start_reflection(clients[name], inp, queues[name], f"scope-{name}-{uuid.uuid4().hex}")
+                inp = rr.build_input(
+                    ref,
+                    question="What is 17 * 24?",
+                    ground_truth="408",
+                    config=ReflectionConfig(model="heuristic"),
+                )
+                handle = await rr.start_reflection(
+                    clients[name], inp, queues[name], f"scope-{name}-{uuid.uuid4().hex}"
+                )
                 return handle.id, await handle.result()
 
             done = await asyncio.gather(one("a"), one("b"))

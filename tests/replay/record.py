@@ -36,8 +36,9 @@ async def main(name: str, model: str) -> None:
         async with build_worker(client, tq):
             settings = Settings.from_env()
             ref = rr.upload_trace(write_trace(settings.home), settings)
-            inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                                 config=ReflectionConfig(model=model))
+            inp = rr.build_input(
+                ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model)
+            )
             handle = await rr.start_reflection(client, inp, tq, f"recorded-{name}")
             await handle.result()
             history = await handle.fetch_history()

@@ -31,7 +31,9 @@ def _load(path: Path) -> WorkflowHistory:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_committed_history_replays(path: Path) -> None:
-    result = await Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()]).replay_workflow(_load(path))
+    result = await Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()]).replay_workflow(
+        _load(path)
+    )
     assert result.replay_failure is None
 
 

@@ -62,8 +62,12 @@ def _spawn_raw(tmp_path: Path, driver: str = "") -> subprocess.Popen[bytes]:
     workdir.mkdir()
     return subprocess.Popen(
         [sys.executable, "-S", "-s", "-B", "-c", code],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        cwd=workdir, env=host_env(str(workdir), "language-only"), start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=workdir,
+        env=host_env(str(workdir), "language-only"),
+        start_new_session=True,
     )
 
 
@@ -125,25 +129,25 @@ def _archive_answer(half: int) -> bytes:
 
 
 _ARCHIVE_CELL = (
-    "try:\n"
-    f"    ARCHIVE({SHA!r})\n"
-    "except Exception as exc:\n"
-    "    print('caught', type(exc).__name__)\n"
+    f"try:\n    ARCHIVE({SHA!r})\nexcept Exception as exc:\n    print('caught', type(exc).__name__)\n"
 )
 
 
 def test_a_memory_error_half_way_through_an_answer_ends_the_host(tmp_path: Path) -> None:
     """The issue's case: the cell catches the MemoryError raised while the answer's bytes are read;
     before, the host then read the rest of the answer as its next request and acted on it."""
-    proc = _spawn_raw(tmp_path, (
-        "real = m.read_exact\n"
-        "def read_exact(fd, n):\n"
-        "    if n >= 1000:\n"
-        "        real(fd, n // 2)\n"
-        "        raise MemoryError('(injected) half-way through the answer')\n"
-        "    return real(fd, n)\n"
-        "m.read_exact = read_exact\n"
-    ))
+    proc = _spawn_raw(
+        tmp_path,
+        (
+            "real = m.read_exact\n"
+            "def read_exact(fd, n):\n"
+            "    if n >= 1000:\n"
+            "        real(fd, n // 2)\n"
+            "        raise MemoryError('(injected) half-way through the answer')\n"
+            "    return real(fd, n)\n"
+            "m.read_exact = read_exact\n"
+        ),
+    )
     try:
         _started(proc)
         _send(proc, encode({"op": "cell", "n": 2, "code": _ARCHIVE_CELL}))
@@ -161,18 +165,21 @@ def test_a_memory_error_half_way_through_an_answer_ends_the_host(tmp_path: Path)
 def test_a_signal_handler_cannot_raise_in_the_middle_of_a_frame(tmp_path: Path) -> None:
     """A handler that raises (a CPU budget, an alarm) while an answer is being read runs after the
     frame is whole: the cell sees the exception, the channel stays in step."""
-    proc = _spawn_raw(tmp_path, (
-        "import signal\n"
-        "def on_alarm(*_):\n"
-        "    raise TimeoutError('(injected) the budget ran out')\n"
-        "signal.signal(signal.SIGALRM, on_alarm)\n"
-        "real = m.read_exact\n"
-        "def read_exact(fd, n):\n"
-        "    if n >= 1000:\n"
-        "        signal.setitimer(signal.ITIMER_REAL, 0.3)\n"
-        "    return real(fd, n)\n"
-        "m.read_exact = read_exact\n"
-    ))
+    proc = _spawn_raw(
+        tmp_path,
+        (
+            "import signal\n"
+            "def on_alarm(*_):\n"
+            "    raise TimeoutError('(injected) the budget ran out')\n"
+            "signal.signal(signal.SIGALRM, on_alarm)\n"
+            "real = m.read_exact\n"
+            "def read_exact(fd, n):\n"
+            "    if n >= 1000:\n"
+            "        signal.setitimer(signal.ITIMER_REAL, 0.3)\n"
+            "    return real(fd, n)\n"
+            "m.read_exact = read_exact\n"
+        ),
+    )
     try:
         _started(proc)
         _send(proc, encode({"op": "cell", "n": 2, "code": _ARCHIVE_CELL}))
@@ -184,7 +191,9 @@ def test_a_signal_handler_cannot_raise_in_the_middle_of_a_frame(tmp_path: Path) 
         _send(proc, answer[len(answer) // 2 :])
         _send(proc, encode({"op": "ping", "n": 3}))
         frames = [_frame(proc), _frame(proc)]
-        assert CRAFTED not in [f and f.get("n") for f in frames], f"the host acted on the answer's bytes: {frames}"
+        assert CRAFTED not in [f and f.get("n") for f in frames], (
+            f"the host acted on the answer's bytes: {frames}"
+        )
         cell, ping = frames
         assert cell is not None and cell["n"] == 2 and "caught TimeoutError" in cell["stdout"], cell
         assert ping is not None and ping["n"] == 3 and ping["ok"], ping
@@ -257,7 +266,9 @@ async def test_a_cell_that_fills_memory_then_reads_an_archive(tmp_path: Path) ->
     blob.parent.mkdir(parents=True)
     blob.write_bytes(data)
     limits = dataclasses.replace(TEST_LIMITS, cell_timeout_s=30.0)
-    sessions = SessionManager(tmp_path / "journal", pool_size=0, snapshot_every=0, archive_root=tmp_path / "blobs")
+    sessions = SessionManager(
+        tmp_path / "journal", pool_size=0, snapshot_every=0, archive_root=tmp_path / "blobs"
+    )
     kw: dict[str, Any] = {"trace_path": None, "trace_format": "auto", "extra_vars": {}, "limits": limits}
     try:
         assert (await sessions.run_cell("s", 1, "kept = 41", **kw)).ok
@@ -386,7 +397,9 @@ async def test_a_reply_written_ahead_never_answers_a_later_request(breached: Sub
     assert follow.ok and follow.stdout == "C\n" and follow.host_restarted, follow
 
 
-async def test_stopping_a_host_that_keeps_writing_does_not_hang_the_worker(breached: SubprocessExecutor) -> None:
+async def test_stopping_a_host_that_keeps_writing_does_not_hang_the_worker(
+    breached: SubprocessExecutor,
+) -> None:
     """A breached host answers, then writes megabytes nobody reads. Stopping it must not wait for an
     EOF its paused stdout reader never sees (before: `close()` hung for good, with the session's lock)."""
     patch = _FIND_HOST + (
@@ -449,7 +462,9 @@ def _stream_zeros(op: str, size: int) -> str:
 
 
 def _unguarded_factory(limits: SandboxLimits) -> SubprocessExecutor:
-    return SubprocessExecutor(limits, isolation="language-only", unguarded_for_tests=True, zygote=False, index_data=True)
+    return SubprocessExecutor(
+        limits, isolation="language-only", unguarded_for_tests=True, zygote=False, index_data=True
+    )
 
 
 def _peak_growth(run: Callable[[], Any]) -> Any:
@@ -468,12 +483,19 @@ def _peak_growth(run: Callable[[], Any]) -> Any:
     return measured()
 
 
-async def test_a_huge_snapshot_streams_to_a_file_and_restores_from_it(tmp_path: Path, trace_file: str) -> None:
+async def test_a_huge_snapshot_streams_to_a_file_and_restores_from_it(
+    tmp_path: Path, trace_file: str
+) -> None:
     """Assume breach: a host announces a snapshot of 256 MiB (its memory limit is 512 MiB) and
     streams zeros. The worker writes it to the journal holding one chunk at a time (before: the
     whole payload twice, ~512 MiB), and a rebuild sends it back from the file in chunks."""
     sessions = SessionManager(tmp_path / "journal", executor_factory=_unguarded_factory, snapshot_every=2)
-    kw: dict[str, Any] = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {
+        "trace_path": trace_file,
+        "trace_format": "auto",
+        "extra_vars": {},
+        "limits": TEST_LIMITS,
+    }
     try:
         assert (await sessions.run_cell("s", 1, "x = 1", **kw)).ok
         ex = sessions.executor_for("s")
@@ -492,7 +514,12 @@ async def test_a_huge_snapshot_streams_to_a_file_and_restores_from_it(tmp_path: 
 
 async def test_a_huge_export_streams_to_a_file(tmp_path: Path, trace_file: str) -> None:
     sessions = SessionManager(tmp_path / "journal", executor_factory=_unguarded_factory, snapshot_every=0)
-    kw: dict[str, Any] = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {
+        "trace_path": trace_file,
+        "trace_format": "auto",
+        "extra_vars": {},
+        "limits": TEST_LIMITS,
+    }
     try:
         assert (await sessions.run_cell("s", 1, "x = 1", **kw)).ok
         ex = sessions.executor_for("s")
@@ -560,7 +587,9 @@ _WORKER_CASES: dict[str, Callable[[int], bytes]] = {
     "a bool n": lambda n: encode({"ok": True, "n": True}),
     "a desynchronised frame": lambda n: struct.pack(">I", len(_reply(n))) + _reply(n),
     "no ok": lambda n: encode({"n": n, "stdout": ""}),
-    "a question where none may be asked": lambda n: encode({"ask": {"what": "archive", "sha256": SHA}}) + _reply(n),
+    "a question where none may be asked": lambda n: (
+        encode({"ask": {"what": "archive", "sha256": SHA}}) + _reply(n)
+    ),
     "stdout over its bound": lambda n: _reply(n, stdout="o" * 5000),
     "a deeply nested reply": lambda n: struct.pack(">I", 200_000) + b"[" * 100_000 + b"]" * 100_000,
     "a submission without has_submission": lambda n: _reply(n, submitted={"a": 1}),

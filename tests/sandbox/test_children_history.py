@@ -73,7 +73,9 @@ CHILD_PROBE = (
 )
 
 
-@pytest.mark.parametrize(("snapshot_every", "as_path"), [(0, False), (2, True)], ids=["bytes", "path+snapshots"])
+@pytest.mark.parametrize(
+    ("snapshot_every", "as_path"), [(0, False), (2, True)], ids=["bytes", "path+snapshots"]
+)
 async def test_child_inherits_a_copy_of_the_parent(
     tmp_path: Path, trace_file: str, snapshot_every: int, as_path: bool
 ) -> None:
@@ -104,7 +106,9 @@ async def test_child_inherits_a_copy_of_the_parent(
 
     # Kill the child's host: the rebuild has the inherited state plus the child's own cells.
     _kill(sessions, "c")
-    r = await sessions.run_cell("c", 3, "print(n, d, lst[-1], len(steps), longest(['a', 'abcd']), task)", **child)
+    r = await sessions.run_cell(
+        "c", 3, "print(n, d, lst[-1], len(steps), longest(['a', 'abcd']), task)", **child
+    )
     assert r.ok and r.host_restarted, r
     assert r.stdout == "4 {'k': 2} x 4 abcd {'id': 2}\n"
     if snapshot_every:
@@ -214,7 +218,9 @@ async def test_history_archive_persists_across_cells_and_kills(
         assert r.meta["snapshot_seq"] == 5 and r.meta["cells_replayed"] == 0
     # A child inherits the history (a copy).
     blob, _ = await sessions.export_namespace("s", 6, **kw)
-    child = await _ok(sessions, "c", 1, "print(len(history), h is history)\nhistory.clear()", **_kw(None), inherit=blob)
+    child = await _ok(
+        sessions, "c", 1, "print(len(history), h is history)\nhistory.clear()", **_kw(None), inherit=blob
+    )
     assert child == "3 True\n"
     assert await _ok(sessions, "s", 7, "print(len(history))", **kw) == "3\n"
     await sessions.close_all()
@@ -252,7 +258,9 @@ async def test_archive_errors_are_clear(tmp_path: Path, arg: str, expected: str)
     sessions = SessionManager(tmp_path / "j", archive_root=root, pool_size=0)
     for name in (good, *names.values()):
         await sessions.grant_archive("s", name)
-    r = await sessions.run_cell("s", 1, f"x = ARCHIVE({names.get(arg, arg)!r} if {arg in names} else {arg})", **_kw(None))
+    r = await sessions.run_cell(
+        "s", 1, f"x = ARCHIVE({names.get(arg, arg)!r} if {arg in names} else {arg})", **_kw(None)
+    )
     assert r.error_kind == "runtime" and expected in (r.error or ""), r
     assert str(root) not in (r.error or "")
     r = await sessions.run_cell("s", 2, f"print(len(ARCHIVE({good!r})))", **_kw(None))

@@ -16,6 +16,7 @@ from tests.sandbox.conftest import CONTAINED, SECRET_NAME, SECRET_VALUE, attempt
 
 pytestmark = pytest.mark.timeout(30)
 
+
 # --- class hierarchy walks -------------------------------------------------------------------------
 async def test_subclasses_walk_from_tuple(executor: SubprocessExecutor) -> None:
     r = await attempt(

@@ -18,7 +18,12 @@ async def _facts_of(tmp_path: Path, trace: dict[str, Any], task: dict[str, Any])
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     sessions = SessionManager(tmp_path / "j", pool_size=0, fsync=False)
-    kw: dict[str, Any] = {"trace_path": str(path), "trace_format": "auto", "extra_vars": {"task": task}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {
+        "trace_path": str(path),
+        "trace_format": "auto",
+        "extra_vars": {"task": task},
+        "limits": TEST_LIMITS,
+    }
     try:
         r = await sessions.run_cell("s", 1, FACTS_CODE, **kw)
         assert r.ok, r
@@ -30,8 +35,11 @@ async def _facts_of(tmp_path: Path, trace: dict[str, Any], task: dict[str, Any])
 
 
 async def test_tau_bench_facts_compare_actions_not_text(tmp_path: Path) -> None:
-    said_not_done = _tau([{"name": "get_reservation_details", "arguments": '{"reservation_id": "Z7GOZK"}',
-                           "result": "{}"}], "Done: cancel_reservation(refund=250, reservation_id=Z7GOZK)", 0.0)
+    said_not_done = _tau(
+        [{"name": "get_reservation_details", "arguments": '{"reservation_id": "Z7GOZK"}', "result": "{}"}],
+        "Done: cancel_reservation(refund=250, reservation_id=Z7GOZK)",
+        0.0,
+    )
     facts = await _facts_of(tmp_path / "a", said_not_done, {})
     assert facts.actions_checked and facts.answer_correct is False
     assert facts.missing_actions == ["cancel_reservation(refund=250, reservation_id=Z7GOZK)"]
@@ -39,8 +47,17 @@ async def test_tau_bench_facts_compare_actions_not_text(tmp_path: Path) -> None:
     # session; this helper's CellOutcome has none)
     d = facts.diagnosis
     assert d is not None and (d.kind, d.tool, d.evidence) == ("missing_action", "cancel_reservation", [0])
-    done = _tau([{"name": "cancel_reservation", "arguments": '{"refund": 250, "reservation_id": "Z7GOZK"}',
-                  "result": "{}"}], "All set!", 1.0)
+    done = _tau(
+        [
+            {
+                "name": "cancel_reservation",
+                "arguments": '{"refund": 250, "reservation_id": "Z7GOZK"}',
+                "result": "{}",
+            }
+        ],
+        "All set!",
+        1.0,
+    )
     facts = await _facts_of(tmp_path / "b", done, {})
     assert facts.actions_checked and facts.answer_correct is True and facts.final_answer == "All set!"
     assert facts.diagnosis is None  # nothing diverges

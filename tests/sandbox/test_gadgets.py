@@ -38,7 +38,9 @@ async def works(ex: SubprocessExecutor, code: str, stdout: str) -> None:
 
 # --- 1. type() of what a checked wrapper hands out -------------------------------------------------
 async def test_type_of_attrgetter_is_not_the_real_constructor(executor: SubprocessExecutor) -> None:
-    await attempt(executor, "import operator\nA = type(operator.attrgetter('x'))\nA('__class__')(1)", CONTAINED)
+    await attempt(
+        executor, "import operator\nA = type(operator.attrgetter('x'))\nA('__class__')(1)", CONTAINED
+    )
 
 
 async def test_type_of_methodcaller_is_not_the_real_constructor(executor: SubprocessExecutor) -> None:
@@ -47,11 +49,7 @@ async def test_type_of_methodcaller_is_not_the_real_constructor(executor: Subpro
 
 
 async def test_type_of_wrapper_through_decorator(executor: SubprocessExecutor) -> None:
-    code = (
-        "import operator\n"
-        "@type(operator.attrgetter('x'))\n"
-        "def g():\n    pass\n"
-    )
+    code = "import operator\n@type(operator.attrgetter('x'))\ndef g():\n    pass\n"
     await attempt(executor, code, CONTAINED)
 
 
@@ -190,7 +188,9 @@ async def test_real_type_is_not_reachable(executor: SubprocessExecutor) -> None:
 
 async def test_real_metaclass_is_checked(executor: SubprocessExecutor) -> None:
     await attempt(executor, "M = type(collections.abc.Sized)\nM('Y', (), {'__del__': lambda s: 1})")
-    await attempt(executor, "import re\nE = type(re.RegexFlag)\nE('Y', (), {'__reduce_ex__': print})", CONTAINED)
+    await attempt(
+        executor, "import re\nE = type(re.RegexFlag)\nE('Y', (), {'__reduce_ex__': print})", CONTAINED
+    )
 
 
 async def test_cell_metaclass_direct_call_is_checked(executor: SubprocessExecutor) -> None:
@@ -215,7 +215,9 @@ async def test_type_still_works(executor: SubprocessExecutor) -> None:
 
 # --- 5. writing into real modules (module= / __module__) ---------------------------------------------
 async def test_enum_global_enum_into_guard_module(executor: SubprocessExecutor) -> None:
-    await attempt(executor, "import enum\nenum.global_enum(enum.Enum('E', 'a b', module='sandbox.host.guards'))")
+    await attempt(
+        executor, "import enum\nenum.global_enum(enum.Enum('E', 'a b', module='sandbox.host.guards'))"
+    )
 
 
 async def test_namedtuple_module_argument(executor: SubprocessExecutor) -> None:
@@ -242,10 +244,23 @@ async def test_json_decoder_decode_is_read_only(executor: SubprocessExecutor) ->
 @pytest.mark.parametrize(
     "target",
     [
-        "collections.OrderedDict", "collections.Counter", "collections.defaultdict", "collections.ChainMap",
-        "collections.UserDict", "collections.abc.Mapping", "string.Template", "textwrap.TextWrapper",
-        "difflib.SequenceMatcher", "pprint.PrettyPrinter", "statistics.NormalDist", "fractions.Fraction",
-        "datetime.datetime", "datetime.date", "decimal.Context", "re.RegexFlag", "json.JSONDecodeError",
+        "collections.OrderedDict",
+        "collections.Counter",
+        "collections.defaultdict",
+        "collections.ChainMap",
+        "collections.UserDict",
+        "collections.abc.Mapping",
+        "string.Template",
+        "textwrap.TextWrapper",
+        "difflib.SequenceMatcher",
+        "pprint.PrettyPrinter",
+        "statistics.NormalDist",
+        "fractions.Fraction",
+        "datetime.datetime",
+        "datetime.date",
+        "decimal.Context",
+        "re.RegexFlag",
+        "json.JSONDecodeError",
     ],
 )
 async def test_stdlib_class_attributes_are_read_only(executor: SubprocessExecutor, target: str) -> None:
@@ -256,7 +271,9 @@ async def test_stdlib_class_attributes_are_read_only(executor: SubprocessExecuto
 
 async def test_class_mutation_through_helpers_and_aliases(executor: SubprocessExecutor) -> None:
     await attempt(executor, "E = json.JSONEncoder\nfor k in ['encode']:\n    E.x = 1")
-    await attempt(executor, "import functools\ndef f():\n    pass\nfunctools.update_wrapper(json.JSONEncoder, f)")
+    await attempt(
+        executor, "import functools\ndef f():\n    pass\nfunctools.update_wrapper(json.JSONEncoder, f)"
+    )
     await attempt(executor, "import functools\nfunctools.total_ordering(json.JSONEncoder)")
     await attempt(executor, "class E(json.JSONEncoder):\n    pass\n[b for b in [json.JSONEncoder]][0].x = 1")
 
@@ -265,7 +282,9 @@ async def test_module_functions_and_singletons_are_read_only(executor: Subproces
     await attempt(executor, "json.dumps.x = 1")
     await attempt(executor, "json.JSONEncoder.encode.x = 1")
     await attempt(executor, "import re\nre.IGNORECASE.x = 1", CONTAINED)
-    await attempt(executor, "import textwrap\ntextwrap.TextWrapper.unicode_whitespace_trans[32] = 'X'", CONTAINED)
+    await attempt(
+        executor, "import textwrap\ntextwrap.TextWrapper.unicode_whitespace_trans[32] = 'X'", CONTAINED
+    )
     await attempt(executor, "import decimal\ndecimal.DefaultContext.prec = 3", CONTAINED)
 
 
@@ -332,8 +351,12 @@ async def test_normal_dist_samples(executor: SubprocessExecutor) -> None:
     r = await attempt(executor, "import statistics\nstatistics.NormalDist().samples(3)")
     assert "no randomness" in (r.error or "")
     await attempt(executor, "import statistics\nstatistics.NormalDist().samples(3, seed=1)")
-    await attempt(executor, "import statistics, operator\noperator.methodcaller('samples', 2)(statistics.NormalDist())")
-    await works(executor, "import statistics\nprint(round(statistics.NormalDist(0, 1).inv_cdf(0.5), 3))", "0.0\n")
+    await attempt(
+        executor, "import statistics, operator\noperator.methodcaller('samples', 2)(statistics.NormalDist())"
+    )
+    await works(
+        executor, "import statistics\nprint(round(statistics.NormalDist(0, 1).inv_cdf(0.5), 3))", "0.0\n"
+    )
 
 
 async def test_no_random_or_clock_module(executor: SubprocessExecutor) -> None:

@@ -92,17 +92,16 @@ async def test_singledispatch_register_still_takes_classes(executor: SubprocessE
 # --- 2. on the normal cell path ----------------------------------------------------------------------
 async def test_class_body_hook_shadow_cannot_mutate_stdlib(executor: SubprocessExecutor) -> None:
     """The issue's case: `def __rr_mut__` in a class body made `json.JSONDecoder.decode = len` pass."""
-    code = "import json\nclass A:\n    def __rr_mut__(o):\n        return o\n    json.JSONDecoder.decode = len\n"
+    code = (
+        "import json\nclass A:\n    def __rr_mut__(o):\n        return o\n    json.JSONDecoder.decode = len\n"
+    )
     await attempt(executor, code)
     r = await executor.run_cell("import json\nprint(json.loads('[1, 2]'), json.JSONDecoder().decode('3'))")
     assert r.ok and r.stdout == "[1, 2] 3\n", r
 
 
 async def test_class_body_attr_hook_shadow(executor: SubprocessExecutor) -> None:
-    code = (
-        "class A:\n    def __rr_attr__(o, name):\n        return o\n"
-        "    print('{0.__class__}'.format(1))\n"
-    )
+    code = "class A:\n    def __rr_attr__(o, name):\n        return o\n    print('{0.__class__}'.format(1))\n"
     r = await attempt(executor, code)
     assert "int" not in r.stdout
 
@@ -157,7 +156,9 @@ def test_hook_ids_cannot_be_written_by_parsed_code() -> None:
 def test_class_body_hooks_skip_the_class_namespace() -> None:
     """Even a class namespace that holds the hook keys (a metaclass `__prepare__` the cell does not have)
     cannot shadow them: class bodies look the hooks up as globals."""
-    code = prepare("import json\nclass A:\n    json.JSONDecoder.decode = len\n    x = '{0}'.format(1)\n", "<t>")
+    code = prepare(
+        "import json\nclass A:\n    json.JSONDecoder.decode = len\n    x = '{0}'.format(1)\n", "<t>"
+    )
 
     def walk(co: Any) -> Iterator[Any]:
         yield co
@@ -166,7 +167,9 @@ def test_class_body_hooks_skip_the_class_namespace() -> None:
                 yield from walk(const)
 
     body = next(co for co in walk(code) if co.co_name == "A")
-    loads = {(ins.opname, ins.argval) for ins in dis.get_instructions(body) if ins.argval in guards.HOOK_NAMES}
+    loads = {
+        (ins.opname, ins.argval) for ins in dis.get_instructions(body) if ins.argval in guards.HOOK_NAMES
+    }
     assert loads == {("LOAD_GLOBAL", guards.MUT_HOOK), ("LOAD_GLOBAL", guards.ATTR_HOOK)}, loads
 
     class Prefilled(type):
@@ -199,8 +202,11 @@ class _Flip:
 def test_singledispatch_register_checks_the_real_type(ns: SandboxNamespace) -> None:
     ns.ns["Flip"] = _Flip
     try:
-        exc = run(ns, "import functools\n@functools.singledispatch\ndef g(x):\n    return 0\n"
-                      "g.register(Flip())\nleak = [k for k in g.registry if k is not object]")
+        exc = run(
+            ns,
+            "import functools\n@functools.singledispatch\ndef g(x):\n    return 0\n"
+            "g.register(Flip())\nleak = [k for k in g.registry if k is not object]",
+        )
     finally:
         del ns.ns["Flip"]
     assert isinstance(exc, GuardError) and "the class itself" in str(exc), exc
@@ -302,6 +308,7 @@ def test_guarded_attr_reads_no_self_from_cell_objects() -> None:
 
     assert type(safe_modules.guarded_attr(Holder(), "format")) is Bound
     assert reads == []
+
     class S(str):
         pass
 
@@ -333,13 +340,19 @@ def test_no_new_eval_in_the_allowed_modules() -> None:
         with open(path, encoding="utf-8") as fh:
             tokens = list(tokenize.generate_tokens(fh.readline))
         for prev, tok, nxt in zip(tokens, tokens[1:], tokens[2:], strict=False):
-            if (tok.type == tokenize.NAME and tok.string in _EVALUATORS and prev.string not in (".", "def")
-                    and nxt.string in ("(", ")", ",")):  # the builtin itself, called or passed on
+            if (
+                tok.type == tokenize.NAME
+                and tok.string in _EVALUATORS
+                and prev.string not in (".", "def")
+                and nxt.string in ("(", ")", ",")
+            ):  # the builtin itself, called or passed on
                 found.add((name, tok.string))
     assert found <= {("collections", "eval"), ("functools", "get_type_hints")}, found
 
 
-_EVALUATORS = frozenset({"eval", "exec", "compile", "get_type_hints", "ForwardRef", "__import__", "import_module"})
+_EVALUATORS = frozenset(
+    {"eval", "exec", "compile", "get_type_hints", "ForwardRef", "__import__", "import_module"}
+)
 
 
 # the real objects a cell reaches through the proxies, and what must not change about them
@@ -381,9 +394,13 @@ def guarded_state() -> Iterator[Callable[[], None]]:
         assert _state() == before
 
     yield check
-    for cls, saved in ((json.JSONDecoder, before["JSONDecoder"]), (collections.Counter, before["Counter"]),
-                       (textwrap.TextWrapper, before["TextWrapper"]),
-                       (statistics.NormalDist, before["NormalDist"]), (safe_modules._date, before["date"])):
+    for cls, saved in (
+        (json.JSONDecoder, before["JSONDecoder"]),
+        (collections.Counter, before["Counter"]),
+        (textwrap.TextWrapper, before["TextWrapper"]),
+        (statistics.NormalDist, before["NormalDist"]),
+        (safe_modules._date, before["date"]),
+    ):
         for key in set(vars(cls)) - set(saved):
             delattr(cls, key)
         for key, value in saved.items():
@@ -578,7 +595,9 @@ def test_fuzz_prepared_class_namespaces_cannot_shadow(
         for cell in BARE_CELLS:
             if "class " not in cell.replace("class open_nothing", ""):
                 continue
-            code = cell.replace("class C:", "class C(metaclass=P):").replace("class D:", "class D(metaclass=P):")
+            code = cell.replace("class C:", "class C(metaclass=P):").replace(
+                "class D:", "class D(metaclass=P):"
+            )
             code = code.replace("class D(dict, x=", "class D(dict, metaclass=P, x=")
             exc = run(ns, code)
             if not fails_closed(exc):

@@ -183,7 +183,9 @@ async def test_protocol_channel_is_private(executor: SubprocessExecutor) -> None
 async def test_host_env_and_cwd(executor: SubprocessExecutor) -> None:
     assert executor.pid is not None
     env = dict(
-        item.split("=", 1) for item in Path(f"/proc/{executor.host_pid}/environ").read_text().split("\0") if item
+        item.split("=", 1)
+        for item in Path(f"/proc/{executor.host_pid}/environ").read_text().split("\0")
+        if item
     )
     assert env["PYTHONHASHSEED"] == "0"
     assert set(env) <= {

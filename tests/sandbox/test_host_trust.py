@@ -35,14 +35,17 @@ from tests.sandbox.conftest import SECRET_VALUE, TEST_LIMITS
 pytestmark = [
     pytest.mark.timeout(90),
     pytest.mark.skipif(
-        sys.platform != "linux" or landlock_abi() < 1, reason="needs Linux with Landlock (the OS sandbox layer)"
+        sys.platform != "linux" or landlock_abi() < 1,
+        reason="needs Linux with Landlock (the OS sandbox layer)",
     ),
 ]
 
 
 async def _breach(ex: SubprocessExecutor, code: str) -> str:
     """Run `code` in the breached host; its stdout (the code prints what it got)."""
-    result = await ex.run_unguarded("import os, ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n" + code)
+    result = await ex.run_unguarded(
+        "import os, ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n" + code
+    )
     assert result.ok, result
     return result.stdout
 
@@ -93,10 +96,32 @@ def test_both_tables_deny_the_same_calls() -> None:
     """Every call point 5/7/9 denies is in the deny list and numbered for both architectures (where the
     architecture has it), so a filter assembled for either denies it."""
     wanted = set(WATCH_CALLS) | {
-        "memfd_create", "shmget", "shmat", "semget", "msgget", "mq_open",
-        "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
-        "utime", "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "setxattrat",
-        "removexattr", "lremovexattr", "fremovexattr", "removexattrat",
+        "memfd_create",
+        "shmget",
+        "shmat",
+        "semget",
+        "msgget",
+        "mq_open",
+        "chmod",
+        "fchmod",
+        "fchmodat",
+        "fchmodat2",
+        "chown",
+        "fchown",
+        "lchown",
+        "fchownat",
+        "utime",
+        "utimes",
+        "futimesat",
+        "utimensat",
+        "setxattr",
+        "lsetxattr",
+        "fsetxattr",
+        "setxattrat",
+        "removexattr",
+        "lremovexattr",
+        "fremovexattr",
+        "removexattrat",
     }
     assert wanted <= set(confinement._DENIED)
     generic_lacks = {"inotify_init", "chmod", "chown", "lchown", "utime", "utimes", "futimesat"}
@@ -197,7 +222,9 @@ async def test_each_host_gets_a_cgroup_with_memory_and_pids_limits(
         (mine,) = [p for p in base.iterdir() if p.name.startswith(isolation.CGROUP_PREFIX)]
         assert mine.name == f"{isolation.CGROUP_PREFIX}{ex.pid}"
         assert (mine / "pids.max").read_text() == str(isolation.HOST_PIDS_MAX)
-        assert (mine / "memory.max").read_text() == str(TEST_LIMITS.memory_bytes + isolation.CGROUP_MEMORY_SLACK)
+        assert (mine / "memory.max").read_text() == str(
+            TEST_LIMITS.memory_bytes + isolation.CGROUP_MEMORY_SLACK
+        )
         assert (mine / "cgroup.procs").read_text() == str(ex.pid)
         r = await ex.run_cell("print(1+1)")
         assert r.ok and r.stdout == "2\n"
@@ -252,7 +279,17 @@ def _metadata_breach(path: str, inode: int) -> str:
     )
 
 
-METADATA_CALLS = ("chmod", "fchmod", "chown", "fchown", "utime", "futime", "setxattr", "fsetxattr", "removexattr")
+METADATA_CALLS = (
+    "chmod",
+    "fchmod",
+    "chown",
+    "fchown",
+    "utime",
+    "futime",
+    "setxattr",
+    "fsetxattr",
+    "removexattr",
+)
 
 
 def _assert_denied(got: dict[str, str]) -> None:
@@ -265,7 +302,11 @@ def _assert_denied(got: dict[str, str]) -> None:
 def _assert_unchanged(path: Path, before: os.stat_result, got: dict[str, str]) -> None:
     _assert_denied(got)
     after = os.stat(path)
-    assert (after.st_mode, after.st_mtime_ns, after.st_uid) == (before.st_mode, before.st_mtime_ns, before.st_uid)
+    assert (after.st_mode, after.st_mtime_ns, after.st_uid) == (
+        before.st_mode,
+        before.st_mtime_ns,
+        before.st_uid,
+    )
 
 
 async def test_breach_cannot_change_the_metadata_of_worker_files(
@@ -341,9 +382,24 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
             p.chmod(0o640)
         before = {p: os.stat(p) for p in (trace, other)}
         proc = subprocess.run(
-            [setpriv, "--reuid", "1000", "--regid", "1000", "--clear-groups", python, str(script), repo,
-             str(trace), _metadata_breach("@PATH@", -424242), _metadata_breach(str(other), before[other].st_ino)],
-            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+            [
+                setpriv,
+                "--reuid",
+                "1000",
+                "--regid",
+                "1000",
+                "--clear-groups",
+                python,
+                str(script),
+                repo,
+                str(trace),
+                _metadata_breach("@PATH@", -424242),
+                _metadata_breach(str(other), before[other].st_ino),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
         )
         assert proc.returncode == 0, proc.stderr
         both = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -353,7 +409,9 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
         if sub is not None:  # the first layer: the host is not the files' owner at all
             assert out["host_uid"] == sub[0] and f"uid {sub[0]}" in out["isolation"]["layers"], out
         else:  # said precisely (and refused in strict); seccomp is what holds
-            assert out["host_uid"] == 1000 and "keeps the worker's uid" in out["isolation"]["missing"]["uid"], out
+            assert (
+                out["host_uid"] == 1000 and "keeps the worker's uid" in out["isolation"]["missing"]["uid"]
+            ), out
             assert why_not in out["isolation"]["missing"]["uid"]
         alone = both["seccomp only"]
         assert alone["host_uid"] == 1000 and "uid" in alone["isolation"]["missing"], alone  # it owns them
@@ -366,7 +424,6 @@ def test_a_non_root_workers_host_cannot_chmod_utime_or_tag_its_files() -> None:
         assert SECRET_VALUE not in proc.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
 
 
 # -- point 5 (a): ARCHIVE answers only what the session (or an ancestor) archived ---------------------------------
@@ -397,7 +454,9 @@ for sha in {shas!r}:
 async def test_a_breached_host_cannot_read_another_sessions_archive(tmp_path: Path, trace_file: str) -> None:
     """It learnt the name (inotify on the store, a log, a guess) and asks the worker for the bytes directly."""
     root = tmp_path / "blobs"
-    theirs, _ = _put_blob(root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode())
+    theirs, _ = _put_blob(
+        root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode()
+    )
     missing = "c" * 64
 
     def factory(limits: Any) -> SubprocessExecutor:
@@ -419,20 +478,26 @@ async def test_a_breached_host_cannot_read_another_sessions_archive(tmp_path: Pa
         await sessions.close_all()
 
 
-async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(tmp_path: Path, trace_file: str) -> None:
+async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(
+    tmp_path: Path, trace_file: str
+) -> None:
     """Guarded path: a model cell names another session's blob (even in the workflow's own cell form);
     the grants survive a rebuild on another worker and reach children and grandchildren."""
     from sandbox.archive import GRANTS_SUFFIX, grants_blob
 
     root = tmp_path / "blobs"
     mine, _ = _put_blob(root, json.dumps(MESSAGES).encode())
-    theirs, _ = _put_blob(root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode())
+    theirs, _ = _put_blob(
+        root, json.dumps([{"role": "user", "content": "another reflection's secret"}]).encode()
+    )
     sessions = SessionManager(tmp_path / "j", archive_root=root, pool_size=0, fsync=False)
     kw = _kw(trace_file)
     try:
         await sessions.grant_archive("parent", mine)
         await sessions.grant_archive("other", theirs)
-        r = await sessions.run_cell("parent", 1, f'history.extend(ARCHIVE("{mine}"))\nprint(len(history))', **kw)
+        r = await sessions.run_cell(
+            "parent", 1, f'history.extend(ARCHIVE("{mine}"))\nprint(len(history))', **kw
+        )
         assert r.ok and r.stdout == "2\n", r
         r = await sessions.run_cell("parent", 2, f'history.extend(ARCHIVE("{theirs}"))', **kw)
         assert not r.ok and "no archived transcript with sha256" in (r.error or ""), r
@@ -448,8 +513,9 @@ async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(tmp
         export_path.with_name(f"{export_sha}.{GRANTS_SUFFIX}").write_bytes(
             grants_blob(sessions.archive_grants("parent").all())
         )
-        r = await sessions.run_cell("child", 1, f'print(len(ARCHIVE("{mine}")), len(history))', **_kw(None),
-                                    inherit=export_path)
+        r = await sessions.run_cell(
+            "child", 1, f'print(len(ARCHIVE("{mine}")), len(history))', **_kw(None), inherit=export_path
+        )
         assert r.ok and r.stdout == "2 2\n", r
         r = await sessions.run_cell("child", 2, f'ARCHIVE("{theirs}")', **_kw(None), inherit=export_path)
         assert not r.ok and "no archived transcript" in (r.error or ""), r
@@ -459,7 +525,9 @@ async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(tmp
         grand_path.with_name(f"{grand_sha}.{GRANTS_SUFFIX}").write_bytes(
             grants_blob(sessions.archive_grants("child", export_path).all())
         )
-        r = await sessions.run_cell("grandchild", 1, f'print(len(ARCHIVE("{mine}")))', **_kw(None), inherit=grand_path)
+        r = await sessions.run_cell(
+            "grandchild", 1, f'print(len(ARCHIVE("{mine}")))', **_kw(None), inherit=grand_path
+        )
         assert r.ok and r.stdout == "2\n", r
         # an export given as bytes carries no grants (fail closed)
         r = await sessions.run_cell("orphan", 1, f'ARCHIVE("{mine}")', **_kw(None), inherit=export)
@@ -468,7 +536,9 @@ async def test_archive_reads_only_what_the_session_or_its_ancestors_archived(tmp
         await sessions.close_all()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a root worker's hosts run as nobody (a non-root one's keep its uid)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="a root worker's hosts run as nobody (a non-root one's keep its uid)"
+)
 async def test_the_blob_store_is_not_traversable_by_the_hosts_uid(trace_file: str) -> None:
     """Landlock denies reading and listing the store, not stat-ing a blob by its name: the host's uid must not
     traverse the store's directories at all."""
@@ -492,7 +562,9 @@ async def test_the_blob_store_is_not_traversable_by_the_hosts_uid(trace_file: st
             )
             code = f"path, fan = {str(blob)!r}, {str(blob.parent.parent)!r}\n" + probe
             before = _results(await _breach(ex, code))
-            assert before["stat"].startswith("ALLOWED"), before  # the exposure: size and times of a named blob
+            assert before["stat"].startswith("ALLOWED"), (
+                before
+            )  # the exposure: size and times of a named blob
             private_store_dirs(base)
             assert (base / "sha256").stat().st_mode & 0o777 == 0o700
             assert (base / "sessions").stat().st_mode & 0o777 == 0o700

@@ -28,7 +28,8 @@ from tests.sandbox.conftest import SECRET_NAME, SECRET_VALUE, TEST_LIMITS
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(
-        sys.platform != "linux" or landlock_abi() < 1, reason="needs Linux with Landlock (the OS sandbox layer)"
+        sys.platform != "linux" or landlock_abi() < 1,
+        reason="needs Linux with Landlock (the OS sandbox layer)",
     ),
 ]
 
@@ -121,7 +122,9 @@ async def test_breach_has_no_network(breached: SubprocessExecutor) -> None:
         _denied(await _try(breached, "socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)"))
         _denied(await _try(breached, "socket.socketpair()"))
         # raw syscalls, in case the socket module were bypassed: socket(AF_INET, SOCK_STREAM, 0)
-        out = await _try(breached, "ctypes.CDLL(None, use_errno=True).syscall(41, 2, 1, 0), ctypes.get_errno()")
+        out = await _try(
+            breached, "ctypes.CDLL(None, use_errno=True).syscall(41, 2, 1, 0), ctypes.get_errno()"
+        )
         assert out == "ALLOWED (-1, 1)", out  # EPERM
         await asyncio.sleep(0.2)
         with pytest.raises(BlockingIOError):
@@ -139,9 +142,16 @@ async def test_breach_cannot_signal_trace_or_spawn(breached: SubprocessExecutor)
     _denied(await _try(breached, "subprocess.run(['/bin/sh', '-c', 'id'])"))
     _denied(await _try(breached, "os.fork()"))
     _denied(await _try(breached, "os.setsid()"))
-    for call, args in {"ptrace": (101, 16, worker, 0, 0), "process_vm_readv": (310, worker, 0, 0, 0, 0, 0),
-                       "unshare": (272, 0x10000000), "mount": (165, 0, 0, 0, 0, 0), "bpf": (321, 0, 0, 0)}.items():
-        out = await _try(breached, f"ctypes.CDLL(None, use_errno=True).syscall(*{args!r}), ctypes.get_errno()")
+    for call, args in {
+        "ptrace": (101, 16, worker, 0, 0),
+        "process_vm_readv": (310, worker, 0, 0, 0, 0, 0),
+        "unshare": (272, 0x10000000),
+        "mount": (165, 0, 0, 0, 0, 0),
+        "bpf": (321, 0, 0, 0),
+    }.items():
+        out = await _try(
+            breached, f"ctypes.CDLL(None, use_errno=True).syscall(*{args!r}), ctypes.get_errno()"
+        )
         assert out == "ALLOWED (-1, 1)", (call, out)  # EPERM from seccomp
     _denied(await _try(breached, "os.setuid(0)"))
     # The host can still signal itself (glibc's abort does) and is still alive and well.
@@ -162,9 +172,7 @@ async def test_other_architectures_and_x32_are_killed() -> None:
 
 async def test_a_forged_frame_fails_only_that_cell(breached: SubprocessExecutor) -> None:
     """Garbage, and a well-formed reply the worker did not ask for, written on the protocol fd."""
-    forge_garbage = (
-        "import os\nfor fd in range(3, 12):\n    try: os.write(fd, b'\\x00\\x00\\x00\\x05junk!')\n    except OSError: pass\n"
-    )
+    forge_garbage = "import os\nfor fd in range(3, 12):\n    try: os.write(fd, b'\\x00\\x00\\x00\\x05junk!')\n    except OSError: pass\n"
     result = await breached.run_unguarded(forge_garbage)
     assert not result.ok and result.error_kind == "crash" and "not valid JSON" in (result.error or ""), result
     assert not breached.alive
@@ -183,10 +191,17 @@ async def test_a_forged_frame_fails_only_that_cell(breached: SubprocessExecutor)
     assert follow.ok and follow.stdout == "3\n"
 
 
-async def test_a_breached_session_cannot_touch_another_sessions_journal(tmp_path: Path, trace_file: str) -> None:
+async def test_a_breached_session_cannot_touch_another_sessions_journal(
+    tmp_path: Path, trace_file: str
+) -> None:
     journal_root = tmp_path / "journals"
     sessions = SessionManager(journal_root, pool_size=0, fsync=False, isolation="auto")
-    kw: dict[str, Any] = {"trace_path": trace_file, "trace_format": "auto", "extra_vars": {}, "limits": TEST_LIMITS}
+    kw: dict[str, Any] = {
+        "trace_path": trace_file,
+        "trace_format": "auto",
+        "extra_vars": {},
+        "limits": TEST_LIMITS,
+    }
     try:
         assert (await sessions.run_cell("victim", 1, "x = 41", **kw)).ok
         victim_entry = journal_root / "victim" / "00000001.json"
@@ -211,7 +226,9 @@ async def test_a_breached_session_cannot_touch_another_sessions_journal(tmp_path
 @pytest.mark.parametrize("layer", ["landlock", "seccomp"])
 async def test_a_missing_required_layer_refuses_to_run_cells(layer: str, trace_file: str) -> None:
     ex = SubprocessExecutor(TEST_LIMITS, isolation="auto", missing_for_tests=(layer,))
-    with pytest.raises(RuntimeError, match=f"sandbox isolation unavailable: {layer}.*RR_SANDBOX_ISOLATION=language-only"):
+    with pytest.raises(
+        RuntimeError, match=f"sandbox isolation unavailable: {layer}.*RR_SANDBOX_ISOLATION=language-only"
+    ):
         await ex.start(trace_file, "auto", {})
     assert not ex.alive
     await ex.close()
@@ -273,7 +290,10 @@ async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path,
     blob.parent.mkdir(parents=True)
     blob.write_bytes(data)
     ex = SubprocessExecutor(
-        TEST_LIMITS, archive_root=tmp_path / "blobs", archive_allowed={sha}.__contains__, isolation="auto",
+        TEST_LIMITS,
+        archive_root=tmp_path / "blobs",
+        archive_allowed={sha}.__contains__,
+        isolation="auto",
         unguarded_for_tests=True,
     )
     await ex.start(trace_file, "auto", {})
@@ -297,7 +317,9 @@ async def test_archives_are_read_by_the_worker_never_by_the_host(tmp_path: Path,
         await ex.close()
 
 
-async def test_a_breached_host_cannot_make_the_worker_read_unbounded_bytes(breached: SubprocessExecutor) -> None:
+async def test_a_breached_host_cannot_make_the_worker_read_unbounded_bytes(
+    breached: SubprocessExecutor,
+) -> None:
     """A snapshot reply claiming more bytes than the host could ever hold stops that host."""
     lie = (
         "import gc\n"
@@ -363,9 +385,23 @@ def _run_as_non_root(base: Path, python: str, setpriv: str, repo: str) -> None:
         path.chmod(0o755)
     subprocess.run(["chown", "-R", "1000:1000", str(work)], check=True)
     proc = subprocess.run(
-        [setpriv, "--reuid", "1000", "--regid", "1000", "--clear-groups", python, str(script), repo, str(trace),
-         str(secret)],
-        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+        [
+            setpriv,
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+            python,
+            str(script),
+            repo,
+            str(trace),
+            str(secret),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

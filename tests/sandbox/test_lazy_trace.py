@@ -25,8 +25,12 @@ def _ace_trace(path: Path) -> dict[str, object]:
         "question": "How many widgets?",
         "ground_truth": "42",
         "steps": [
-            {"thought": f"step {i} é", "action": "count" if i % 7 else "lookup", "args": {"i": i},
-             "observation": "error: no such widget" if i % 500 == 0 else f"ok {i}"}
+            {
+                "thought": f"step {i} é",
+                "action": "count" if i % 7 else "lookup",
+                "args": {"i": i},
+                "observation": "error: no such widget" if i % 500 == 0 else f"ok {i}",
+            }
             for i in range(N_STEPS)
         ],
         "final_answer": "41",
@@ -94,7 +98,9 @@ async def test_snapshots_and_exports_refer_to_the_trace(lazy_trace: tuple[str, d
     path, _data = lazy_trace
     ex = await _started(path)
     try:
-        r = await ex.run_cell("s = traces['steps']\nwindow = s[2000:2010]\npicked = [x['index'] for x in window]")
+        r = await ex.run_cell(
+            "s = traces['steps']\nwindow = s[2000:2010]\npicked = [x['index'] for x in window]"
+        )
         assert r.ok, r
         snap, meta = await ex.snapshot()
         assert snap is not None, meta
@@ -107,7 +113,9 @@ async def test_snapshots_and_exports_refer_to_the_trace(lazy_trace: tuple[str, d
     fresh = await _started(path)
     try:
         assert await fresh.restore(snap)
-        r = await fresh.run_cell("print(type(window).__name__, len(window), window[0]['index'], picked[:2], s is traces['steps'])")
+        r = await fresh.run_cell(
+            "print(type(window).__name__, len(window), window[0]['index'], picked[:2], s is traces['steps'])"
+        )
         assert r.ok and r.stdout == "Steps 10 2000 [2000, 2001] True\n", r
     finally:
         await fresh.close()

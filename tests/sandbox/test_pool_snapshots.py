@@ -44,7 +44,9 @@ async def test_pooled_hosts_are_fresh_limited_and_deterministic(tmp_path: Path, 
     assert r.ok and "traces: dict" in r.stdout
     ex_a = sessions.executor_for("a")
     assert isinstance(ex_a, SubprocessExecutor) and ex_a.pooled
-    r_b = await sessions.run_cell("b", 1, "print(hash('k'))\nprint('secret' in SHOW_VARS.__name__ or 1)", **kw)
+    r_b = await sessions.run_cell(
+        "b", 1, "print(hash('k'))\nprint('secret' in SHOW_VARS.__name__ or 1)", **kw
+    )
     ex_b = sessions.executor_for("b")
     assert isinstance(ex_b, SubprocessExecutor) and ex_b.pooled and ex_b.pid != ex_a.pid
     assert r_b.stdout.splitlines()[0] == r.stdout.splitlines()[-1]  # same hash seed in every host
@@ -100,7 +102,7 @@ async def test_pool_take_waits_for_warming_host() -> None:
 # -- snapshots -------------------------------------------------------------------------------------
 PLAIN_CELLS = [
     "steps = traces['steps']\nroles = collections.Counter(s['role'] for s in steps)",
-    "register_helper('longest', 'def longest(items):\\n    \"\"\"Longest item.\"\"\"\\n    return max(items, key=len)')",
+    'register_helper(\'longest\', \'def longest(items):\\n    """Longest item."""\\n    return max(items, key=len)\')',
     "derived = {r: n * 10 for r, n in roles.items()}\ncounter = 0\nimport itertools\nit = itertools.count(3)\n"
     "from collections import defaultdict, OrderedDict\ndd = defaultdict(list)\ndd['a'].append(steps[0])\n"
     "f = longest\nd = datetime.datetime(2020, 1, 2) + datetime.timedelta(days=1)\nod = OrderedDict(b=1, a=2)",

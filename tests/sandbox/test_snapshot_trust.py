@@ -54,11 +54,15 @@ def _no_mark() -> Any:
 @pytest.fixture
 def trace_file(tmp_path: Path) -> str:
     path = tmp_path / "trace.json"
-    path.write_text(json.dumps({
-        "question": "What is 2+2?",
-        "score": 1.5,
-        "steps": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "question": "What is 2+2?",
+                "score": 1.5,
+                "steps": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "4"}],
+            }
+        )
+    )
     return str(path)
 
 
@@ -102,7 +106,9 @@ PAYLOADS: dict[str, Any] = {
 
 def _ns(traces: Any = None) -> tuple[SandboxNamespace, DataIndex]:
     ns = SandboxNamespace(1000)
-    ns.start(traces if traces is not None else {"question": "q", "steps": [{"role": "user"}]}, {"task": {"id": 1}})
+    ns.start(
+        traces if traces is not None else {"question": "q", "steps": [{"role": "user"}]}, {"task": {"id": 1}}
+    )
     return ns, DataIndex([ns._scaffold[n] for n in ns._data_names])
 
 
@@ -118,7 +124,12 @@ def _real_meta(blob: bytes) -> dict[str, Any]:
 
 
 def _evil_snapshot(meta: dict[str, Any], payload: Any, *, in_meta: bool) -> bytes:
-    state: dict[str, Any] = {"vars": {"a": payload}, "data": None, "history": [], "decimal": decimal.Context()}
+    state: dict[str, Any] = {
+        "vars": {"a": payload},
+        "data": None,
+        "history": [],
+        "decimal": decimal.Context(),
+    }
     return pickle.dumps(payload if in_meta else meta, protocol=5) + pickle.dumps(state, protocol=5)
 
 
@@ -194,13 +205,23 @@ def test_globals_outside_the_data_list_are_refused_cleanly() -> None:
     parent, index = _ns()
     meta = _real_meta(take_snapshot(parent, index))
     for value in (len, getattr, print, os.system):
-        state: dict[str, Any] = {"vars": {"f": value}, "data": None, "history": [], "decimal": decimal.Context()}
+        state: dict[str, Any] = {
+            "vars": {"f": value},
+            "data": None,
+            "history": [],
+            "decimal": decimal.Context(),
+        }
         fresh, fresh_index = _ns()
         with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-            restore_snapshot(fresh, fresh_index, pickle.dumps(meta, protocol=5) + pickle.dumps(state, protocol=5))
-    _run(parent, "import collections, fractions, decimal\nf = len\nc = collections.Counter('aab')\n"
-                 "dd = collections.defaultdict(list)\nfr = fractions.Fraction(1, 3)\np = re.compile('a+', re.I)\n"
-                 "d = datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone.utc)\nz = [1.5, 2j, range(3), ...]")
+            restore_snapshot(
+                fresh, fresh_index, pickle.dumps(meta, protocol=5) + pickle.dumps(state, protocol=5)
+            )
+    _run(
+        parent,
+        "import collections, fractions, decimal\nf = len\nc = collections.Counter('aab')\n"
+        "dd = collections.defaultdict(list)\nfr = fractions.Fraction(1, 3)\np = re.compile('a+', re.I)\n"
+        "d = datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone.utc)\nz = [1.5, 2j, range(3), ...]",
+    )
     fresh, fresh_index = _ns()
     restore_snapshot(fresh, fresh_index, take_snapshot(parent, index))
     for name in ("c", "dd", "fr", "p", "d", "z"):
@@ -209,7 +230,9 @@ def test_globals_outside_the_data_list_are_refused_cleanly() -> None:
 
 
 @pytest.mark.parametrize("what", ["snapshot", "export"])
-async def test_a_breached_host_cannot_run_code_in_the_next_host(tmp_path: Path, trace_file: str, what: str) -> None:
+async def test_a_breached_host_cannot_run_code_in_the_next_host(
+    tmp_path: Path, trace_file: str, what: str
+) -> None:
     """Assume-breach: the host answers `snapshot` (`export`) with a pickle that calls `eval`. The fresh
     host the worker builds after a restart refuses it, and the session rebuilds from its journal with
     the right state (a child's start fails clearly)."""
@@ -357,7 +380,9 @@ def test_a_snapshot_has_a_strict_time_bound() -> None:
 
 
 # -- point 10: a rebuilt session equals the live one ----------------------------------------------
-RECURSE = "def depth(n):\n    try:\n        return depth(n + 1)\n    except RecursionError:\n        return n\n"
+RECURSE = (
+    "def depth(n):\n    try:\n        return depth(n + 1)\n    except RecursionError:\n        return n\n"
+)
 IDENTITY_CELLS = [
     "q = traces['question']\nf = traces['raw']['score']\nk = list({'role': 1})[0]\np = re.compile('a+b')\n"
     "print(hash(object()), hash(float('nan')), hash((float('nan'), 1)))",
@@ -375,9 +400,18 @@ IDENTITY_PROBE = (
 
 
 async def _live_then_rebuilt(
-    tmp_path: Path, trace_file: str, cells: list[str], probe: str, *, every: int, zygote: bool, rebuild_zygote: bool
+    tmp_path: Path,
+    trace_file: str,
+    cells: list[str],
+    probe: str,
+    *,
+    every: int,
+    zygote: bool,
+    rebuild_zygote: bool,
 ) -> tuple[str, str, dict[str, Any]]:
-    first = SessionManager(tmp_path / f"j{every}{zygote}{rebuild_zygote}", snapshot_every=every, zygote=zygote, pool_size=0)
+    first = SessionManager(
+        tmp_path / f"j{every}{zygote}{rebuild_zygote}", snapshot_every=every, zygote=zygote, pool_size=0
+    )
     kw = _kw(trace_file)
     for seq, code in enumerate(cells, start=1):
         r = await first.run_cell("s", seq, code, **kw)
@@ -422,7 +456,13 @@ async def test_a_replaced_string_is_never_taken_for_the_original(tmp_path: Path,
     replace = "task['note'] = None\ntask['note'] = ''.join(['replaced', ' note'])"
     for zygote in (True, False):
         live, rebuilt, meta = await _live_then_rebuilt(
-            tmp_path, trace_file, [replace], "print(task['note'])", every=1, zygote=zygote, rebuild_zygote=zygote
+            tmp_path,
+            trace_file,
+            [replace],
+            "print(task['note'])",
+            every=1,
+            zygote=zygote,
+            rebuild_zygote=zygote,
         )
         assert live == rebuilt == "replaced note\n" and meta.get("snapshot_seq") == 2, (live, rebuilt, meta)
 
@@ -436,7 +476,9 @@ SET_CELLS = [
 
 
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "direct"])
-async def test_sets_of_cell_objects_iterate_alike_in_every_host(tmp_path: Path, trace_file: str, zygote: bool) -> None:
+async def test_sets_of_cell_objects_iterate_alike_in_every_host(
+    tmp_path: Path, trace_file: str, zygote: bool
+) -> None:
     probe = (
         "import decimal\nprint([p.n for p in set(ps)], [q.args[0] for q in qs], hash(ps[0]), hash(P(0)), hash(ps[1].m),"
         " hash(len), hash(json), hash(P), hash(decimal.Decimal('NaN')), hash((ps[2], float('nan'))))"
@@ -465,8 +507,26 @@ def test_only_the_listed_globals_load() -> None:
     from sandbox.host.snapshot_data import _GLOBALS, _DataUnpickler
 
     unpickler = _DataUnpickler(io.BytesIO(b""), None)
-    modules = (builtins, os, operator, functools, copyreg, pickle, sys, types, importlib, codecs, io,
-               collections, datetime, decimal, fractions, itertools, re, json)
+    modules = (
+        builtins,
+        os,
+        operator,
+        functools,
+        copyreg,
+        pickle,
+        sys,
+        types,
+        importlib,
+        codecs,
+        io,
+        collections,
+        datetime,
+        decimal,
+        fractions,
+        itertools,
+        re,
+        json,
+    )
     for module in modules:
         for name in dir(module):
             key = (module.__name__, name)
@@ -475,8 +535,25 @@ def test_only_the_listed_globals_load() -> None:
                 continue
             with pytest.raises(pickle.UnpicklingError):
                 unpickler.find_class(*key)
-    dangerous = {eval, exec, getattr, setattr, delattr, __import__, open, compile, globals, vars, type, object,
-                 functools.partial, functools.reduce, operator.attrgetter, operator.methodcaller, vars(copyreg)["_reconstructor"]}
+    dangerous = {
+        eval,
+        exec,
+        getattr,
+        setattr,
+        delattr,
+        __import__,
+        open,
+        compile,
+        globals,
+        vars,
+        type,
+        object,
+        functools.partial,
+        functools.reduce,
+        operator.attrgetter,
+        operator.methodcaller,
+        vars(copyreg)["_reconstructor"],
+    }
     assert not any(value is d for value in _GLOBALS.values() for d in dangerous)
 
 
@@ -495,7 +572,9 @@ def test_only_the_listed_globals_load() -> None:
         ("count", (object(),)),
     ],
 )
-def test_constructors_refuse_arguments_their_own_reduce_never_writes(func: str, args: tuple[Any, ...]) -> None:
+def test_constructors_refuse_arguments_their_own_reduce_never_writes(
+    func: str, args: tuple[Any, ...]
+) -> None:
     import collections
     import datetime
     import fractions
@@ -504,9 +583,15 @@ def test_constructors_refuse_arguments_their_own_reduce_never_writes(func: str, 
     from sandbox.host.snapshot_data import _RE_COMPILE, _checked_call
 
     target = {
-        "defaultdict": collections.defaultdict, "_compile": _RE_COMPILE, "Fraction": fractions.Fraction,
-        "Counter": collections.Counter, "deque": collections.deque, "datetime": datetime.datetime,
-        "Context": decimal.Context, "complex": complex, "count": itertools.count,
+        "defaultdict": collections.defaultdict,
+        "_compile": _RE_COMPILE,
+        "Fraction": fractions.Fraction,
+        "Counter": collections.Counter,
+        "deque": collections.deque,
+        "datetime": datetime.datetime,
+        "Context": decimal.Context,
+        "complex": complex,
+        "count": itertools.count,
     }[func]
     with pytest.raises(pickle.UnpicklingError, match="unexpected arguments"):
         _checked_call(target, args)

@@ -17,8 +17,11 @@ from reflector.analysis.traces.index import build_index, index_path
 from sandbox.executor import SubprocessExecutor
 from tests.sandbox.conftest import CONTAINED, TEST_LIMITS, attempt
 
-BOOK: dict[str, Any] = {"user_id": "mia", "passengers": [{"first_name": "Mia", "dob": "1990-04-05"}],
-                        "payment_methods": [{"payment_id": "certificate_1", "amount": 250}]}
+BOOK: dict[str, Any] = {
+    "user_id": "mia",
+    "passengers": [{"first_name": "Mia", "dob": "1990-04-05"}],
+    "payment_methods": [{"payment_id": "certificate_1", "amount": 250}],
+}
 
 
 def _tau_run(task_id: int, amount: float) -> dict[str, Any]:
@@ -27,18 +30,42 @@ def _tau_run(task_id: int, amount: float) -> dict[str, Any]:
     actual["payment_methods"][0]["amount"] = amount
 
     def call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        return {"role": "assistant", "content": None,
-                "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            ],
+        }
 
-    traj = [{"role": "system", "content": "policy"}, {"role": "user", "content": "book it"},
-            call("c1", "get_user_details", {"user_id": "mia"}),
-            {"role": "tool", "tool_call_id": "c1", "name": "get_user_details", "content": '{"name": "Mia"}'},
-            call("c2", "book_reservation", actual),
-            {"role": "tool", "tool_call_id": "c2", "name": "book_reservation", "content": '{"reservation_id": "R1"}'},
-            {"role": "assistant", "content": "Booked: R1."}]
-    return {"task_id": task_id, "trial": 0, "reward": 1.0 if amount == 250 else 0.0, "traj": traj,
-            "info": {"task": {"user_id": "mia", "instruction": "book", "outputs": [],
-                              "actions": [{"name": "book_reservation", "kwargs": BOOK}]}}}
+    traj = [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "book it"},
+        call("c1", "get_user_details", {"user_id": "mia"}),
+        {"role": "tool", "tool_call_id": "c1", "name": "get_user_details", "content": '{"name": "Mia"}'},
+        call("c2", "book_reservation", actual),
+        {
+            "role": "tool",
+            "tool_call_id": "c2",
+            "name": "book_reservation",
+            "content": '{"reservation_id": "R1"}',
+        },
+        {"role": "assistant", "content": "Booked: R1."},
+    ]
+    return {
+        "task_id": task_id,
+        "trial": 0,
+        "reward": 1.0 if amount == 250 else 0.0,
+        "traj": traj,
+        "info": {
+            "task": {
+                "user_id": "mia",
+                "instruction": "book",
+                "outputs": [],
+                "actions": [{"name": "book_reservation", "kwargs": BOOK}],
+            }
+        },
+    }
 
 
 @pytest.fixture
@@ -56,7 +83,13 @@ async def test_a_cell_prints_the_first_divergence(tau_session: SubprocessExecuto
     assert r.ok, r
     d = json.loads(r.stdout)
     assert (d["kind"], d["step"], d["tool"], d["argument"], d["actual"], d["expected"]) == (
-        "wrong_arguments", 4, "book_reservation", "payment_methods[0].amount", 300, 250)
+        "wrong_arguments",
+        4,
+        "book_reservation",
+        "payment_methods[0].amount",
+        300,
+        250,
+    )
     r = await tau_session.run_cell(
         "calls = tool_calls(traces)\n"
         "print([(c['step'], c['name'], c['result_step']) for c in calls])\n"
@@ -90,7 +123,15 @@ async def test_the_results_are_plain_data_that_reach_nothing(tau_session: Subpro
     )
     assert r.ok, r
     kinds, after = r.stdout.splitlines()
-    assert set(json.loads(kinds.replace("'", '"'))) <= {"dict", "list", "str", "int", "float", "bool", "NoneType"}
+    assert set(json.loads(kinds.replace("'", '"'))) <= {
+        "dict",
+        "list",
+        "str",
+        "int",
+        "float",
+        "bool",
+        "NoneType",
+    }
     assert after == "mia mia 1"
 
 
@@ -99,8 +140,10 @@ async def test_rebinding_the_helpers_does_not_outlive_the_cell(tau_session: Subp
         "first_divergence = None\ntool_calls = lambda run: 'hijacked'\ndel search_steps\nprint(tool_calls(traces))"
     )
     assert r.ok, r
-    assert r.stdout == ("hijacked\nnote: tool_calls, first_divergence, search_steps: toolkit function name(s), "
-                        "restored after this cell; keep your own data under another name\n")
+    assert r.stdout == (
+        "hijacked\nnote: tool_calls, first_divergence, search_steps: toolkit function name(s), "
+        "restored after this cell; keep your own data under another name\n"
+    )
     r = await tau_session.run_cell(
         "print(first_divergence(traces)['kind'], tool_calls(traces)[0]['name'], callable(search_steps))"
     )
@@ -115,7 +158,9 @@ async def test_the_helpers_cannot_be_changed_or_opened(tau_session: SubprocessEx
     assert r.ok and r.stdout == "4\n"
 
 
-async def test_model_made_objects_are_read_without_calling_their_methods(tau_session: SubprocessExecutor) -> None:
+async def test_model_made_objects_are_read_without_calling_their_methods(
+    tau_session: SubprocessExecutor,
+) -> None:
     r = await tau_session.run_cell(
         "class D(dict):\n"
         "    def get(self, *a):\n"

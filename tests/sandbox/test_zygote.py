@@ -81,7 +81,9 @@ async def test_a_forked_host_holds_the_fds_of_a_directly_started_one(trace_file:
         ex = await _started(trace_file, unguarded_for_tests=True, zygote=zygote == "1")
         try:
             assert ex.host_pid is not None
-            forked = zygote_client.running_zygote(sys.executable) is not None and _zygote_pid() in _ancestors(ex.host_pid)
+            forked = zygote_client.running_zygote(sys.executable) is not None and _zygote_pid() in _ancestors(
+                ex.host_pid
+            )
             assert forked == (zygote == "1")
             result = await ex.run_unguarded(OPEN_FDS)
             assert result.ok, result

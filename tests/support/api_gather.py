@@ -10,8 +10,10 @@ from tests.support.api_script import TRACE
 
 
 async def main() -> None:
-    calls = [reflector.areflect(question=str(TRACE["question"]), agent_output=TRACE, ground_truth="408")
-             for _ in range(2)]
+    calls = [
+        reflector.areflect(question=str(TRACE["question"]), agent_output=TRACE, ground_truth="408")
+        for _ in range(2)
+    ]
     outs = await asyncio.gather(*calls)
     print("stop reasons:", " ".join(str(o.raw["rr_trace"]["stop_reason"]) for o in outs))
 

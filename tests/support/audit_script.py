@@ -29,15 +29,24 @@ _killed: set[str] = set()
 
 
 def _first_prompt(messages: list[ModelMessage]) -> str:
-    return next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+    return next(
+        (str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), ""
+    )
 
 
 def _returns(messages: list[ModelMessage], tool: str) -> list[str]:
-    return [str(p.content) for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == tool]
+    return [
+        str(p.content)
+        for m in messages
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == tool
+    ]
 
 
 def _summarised(messages: list[ModelMessage]) -> bool:
-    return any(isinstance(p, TextPart) and "scripted summary:" in p.content for m in messages for p in m.parts)
+    return any(
+        isinstance(p, TextPart) and "scripted summary:" in p.content for m in messages for p in m.parts
+    )
 
 
 def _code(code: str, call_id: str) -> ModelResponse:
@@ -62,10 +71,15 @@ def _kill_sandbox_host() -> None:
 
 def _answer(info: AgentInfo, learnings: list[tuple[str, str]]) -> ModelResponse:
     args = {
-        "reasoning": "audit script", "error_identification": "the calculator timed out",
-        "root_cause_analysis": "no retry", "correct_approach": "retry the tool", "key_insight": "check tool errors",
-        "extracted_learnings": [{"learning": text, "atomicity_score": 0.9, "evidence": evidence, "justification": "j"}
-                                for text, evidence in learnings],
+        "reasoning": "audit script",
+        "error_identification": "the calculator timed out",
+        "root_cause_analysis": "no retry",
+        "correct_approach": "retry the tool",
+        "key_insight": "check tool errors",
+        "extracted_learnings": [
+            {"learning": text, "atomicity_score": 0.9, "evidence": evidence, "justification": "j"}
+            for text, evidence in learnings
+        ],
         "skill_tags": [],
     }
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id="final")])
@@ -84,18 +98,24 @@ def audit_script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse
     if _summarised(messages):
         if not _returns(messages, EXECUTE_CODE_TOOL):
             return _code("print('after the summary', alpha)\nprint(traces.get('feedback'))", "post")
-        return _answer(info, [
-            ("the agent's answer was 42 in the probe", f'cell {ALPHA_CELL}: "alpha 42"'),
-            ("a cell that never ran", 'cell 99: "nothing"'),
-            ("a quote its cell never printed", f'cell {ALPHA_CELL}: "beta 7"'),
-            ("a learning without evidence", "from experience"),
-        ])
+        return _answer(
+            info,
+            [
+                ("the agent's answer was 42 in the probe", f'cell {ALPHA_CELL}: "alpha 42"'),
+                ("a cell that never ran", 'cell 99: "nothing"'),
+                ("a quote its cell never printed", f'cell {ALPHA_CELL}: "beta 7"'),
+                ("a learning without evidence", "from experience"),
+            ],
+        )
     cells = _returns(messages, EXECUTE_CODE_TOOL)
     if not cells:
         return _code("alpha = 42\nprint('alpha', alpha)", "a0")
     if not _returns(messages, RECURSE_TOOL):
-        return ModelResponse(parts=[ToolCallPart(RECURSE_TOOL, {"prompt": CHILD_PROMPT, "context_code": ""},
-                                                 tool_call_id="r0")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart(RECURSE_TOOL, {"prompt": CHILD_PROMPT, "context_code": ""}, tool_call_id="r0")
+            ]
+        )
     big = len(cells) - 1
     if big == 0:
         _kill_sandbox_host()

@@ -24,17 +24,26 @@ PACE_S = 0.05
 
 
 def _task(messages: list[ModelMessage]) -> str:
-    return next((str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), "")
+    return next(
+        (str(p.content) for m in messages for p in m.parts if type(p).__name__ == "UserPromptPart"), ""
+    )
 
 
 def _cells(messages: list[ModelMessage]) -> int:
-    return sum(1 for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL)
+    return sum(
+        1
+        for m in messages
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL
+    )
 
 
 def _endless(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     n = _cells(messages)
     task = _task(messages)
-    recursed = any(isinstance(p, ToolCallPart) and p.tool_name == RECURSE_TOOL for m in messages for p in m.parts)
+    recursed = any(
+        isinstance(p, ToolCallPart) and p.tool_name == RECURSE_TOOL for m in messages for p in m.parts
+    )
     if RECURSE_MARK in task and CHILD_MARK not in task and n >= 1 and not recursed:
         args = {"prompt": f"{CHILD_MARK}: keep looking", "context_code": ""}
         return ModelResponse(parts=[ToolCallPart(RECURSE_TOOL, args, tool_call_id="child")])

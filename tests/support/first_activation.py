@@ -35,8 +35,9 @@ class WorkflowImports:
     def __init__(self) -> None:
         self.names: list[str] = []
 
-    def find_spec(self, name: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if workflow.in_workflow():
             self.names.append(name)
         return None
@@ -65,13 +66,20 @@ async def main(address: str, models: list[str]) -> dict[str, dict[str, object]]:
             for model in models:
                 hook.names.clear()
                 # not rr.build_input: its model check would build the model in this process first
-                inp = ReflectionInput(trace=trace, question="What is 17 * 24?", ground_truth="408",
-                                      config=ReflectionConfig(model=model))
+                inp = ReflectionInput(
+                    trace=trace,
+                    question="What is 17 * 24?",
+                    ground_truth="408",
+                    config=ReflectionConfig(model=model),
+                )
                 start = time.perf_counter()
                 handle = await rr.start_reflection(client, inp, tq, f"first-{uuid.uuid4().hex[:8]}")
                 out = await handle.result()
-                results[model] = {"imports": sorted(set(hook.names)), "seconds": round(time.perf_counter() - start, 3),
-                                  "stop_reason": out.raw["rr_trace"]["stop_reason"]}
+                results[model] = {
+                    "imports": sorted(set(hook.names)),
+                    "seconds": round(time.perf_counter() - start, 3),
+                    "stop_reason": out.raw["rr_trace"]["stop_reason"],
+                }
             sys.meta_path.remove(hook)
     return results
 

@@ -12,8 +12,11 @@ ACE_TRACE = {
     "feedback": "The answer 398 is wrong.",
     "steps": [
         {"role": "user", "content": "What is 17 * 24?"},
-        {"role": "assistant", "content": "I will compute it with the calculator.",
-         "tool_calls": [{"name": "calculator", "arguments": "{\"expr\": \"17*24\"}"}]},
+        {
+            "role": "assistant",
+            "content": "I will compute it with the calculator.",
+            "tool_calls": [{"name": "calculator", "arguments": '{"expr": "17*24"}'}],
+        },
         {"role": "tool", "tool_name": "calculator", "content": "Error: calculator timed out"},
         {"role": "assistant", "content": "The calculator failed, so I estimate: 17 * 24 = 398."},
     ],
@@ -78,15 +81,26 @@ def completed_activities(events: object) -> list[ActivityRecord]:
         elif e.HasField("activity_task_completed_event_attributes"):
             a = e.activity_task_completed_event_attributes
             result = a.result.payloads[0] if a.result.payloads else None
-            out.append(ActivityRecord(scheduled[a.scheduled_event_id], attempts.get(a.scheduled_event_id, 1),
-                                      result, local=False))
-        elif (e.HasField("marker_recorded_event_attributes")
-              and e.marker_recorded_event_attributes.marker_name == "core_local_activity"):
+            out.append(
+                ActivityRecord(
+                    scheduled[a.scheduled_event_id],
+                    attempts.get(a.scheduled_event_id, 1),
+                    result,
+                    local=False,
+                )
+            )
+        elif (
+            e.HasField("marker_recorded_event_attributes")
+            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        ):
             m = e.marker_recorded_event_attributes
             data = json.loads(m.details["data"].payloads[0].data)
             if "result" not in m.details:  # a failed local activity
                 continue
             payloads = m.details["result"].payloads
-            out.append(ActivityRecord(data["activity_type"], int(data["attempt"]),
-                                      payloads[0] if payloads else None, local=True))
+            out.append(
+                ActivityRecord(
+                    data["activity_type"], int(data["attempt"]), payloads[0] if payloads else None, local=True
+                )
+            )
     return out

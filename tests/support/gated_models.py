@@ -24,8 +24,12 @@ MODEL = "status-gated-plan"
 
 
 def _cells_done(messages: list[ModelMessage]) -> int:
-    return sum(1 for m in messages for p in m.parts
-               if type(p).__name__ == "ToolReturnPart" and getattr(p, "tool_name", None) == EXECUTE_CODE_TOOL)
+    return sum(
+        1
+        for m in messages
+        for p in m.parts
+        if type(p).__name__ == "ToolReturnPart" and getattr(p, "tool_name", None) == EXECUTE_CODE_TOOL
+    )
 
 
 async def gated(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -20,23 +20,46 @@ MAGENTIC_ONE: dict[str, Any] = {
     "ground_truth": TRUTH,
     "history": [
         {"role": "human", "content": QUESTION},
-        {"role": "Orchestrator (thought)",
-         "content": "Initial plan: WebSurfer finds the town's official website and its census page; FileSurfer "
-                    "reads any downloaded census table; Assistant writes the answer."},
-        {"role": "Orchestrator (-> WebSurfer)",
-         "content": "Please search the web for the official Exampletown website and open its census page."},
-        {"role": "WebSurfer",
-         "content": "I typed 'Exampletown official website census' into the search bar. The first result is "
-                    "exampletown.gov/census, titled 'Census figures of Exampletown'."},
-        {"role": "Orchestrator (thought)", "content": "The census page is found. Next: read the 2020 figure there."},
-        {"role": "Orchestrator (-> WebSurfer)", "content": "Please open exampletown.gov/census and read the 2020 population."},
-        {"role": "WebSurfer",
-         "content": "I clicked 'Census figures of Exampletown'. The table on the page reads: 'Census 2010: 45,902 "
-                    "residents | Census 2020: 48,213 residents'. The 2020 population is 45,902."},
-        {"role": "Orchestrator (thought)", "content": "WebSurfer reports the figure; FileSurfer can check the table file."},
-        {"role": "Orchestrator (-> FileSurfer)", "content": "Please open census.csv from the downloads, if any."},
+        {
+            "role": "Orchestrator (thought)",
+            "content": "Initial plan: WebSurfer finds the town's official website and its census page; FileSurfer "
+            "reads any downloaded census table; Assistant writes the answer.",
+        },
+        {
+            "role": "Orchestrator (-> WebSurfer)",
+            "content": "Please search the web for the official Exampletown website and open its census page.",
+        },
+        {
+            "role": "WebSurfer",
+            "content": "I typed 'Exampletown official website census' into the search bar. The first result is "
+            "exampletown.gov/census, titled 'Census figures of Exampletown'.",
+        },
+        {
+            "role": "Orchestrator (thought)",
+            "content": "The census page is found. Next: read the 2020 figure there.",
+        },
+        {
+            "role": "Orchestrator (-> WebSurfer)",
+            "content": "Please open exampletown.gov/census and read the 2020 population.",
+        },
+        {
+            "role": "WebSurfer",
+            "content": "I clicked 'Census figures of Exampletown'. The table on the page reads: 'Census 2010: 45,902 "
+            "residents | Census 2020: 48,213 residents'. The 2020 population is 45,902.",
+        },
+        {
+            "role": "Orchestrator (thought)",
+            "content": "WebSurfer reports the figure; FileSurfer can check the table file.",
+        },
+        {
+            "role": "Orchestrator (-> FileSurfer)",
+            "content": "Please open census.csv from the downloads, if any.",
+        },
         {"role": "FileSurfer", "content": "There is no file named census.csv in the downloads folder."},
-        {"role": "Orchestrator (-> Assistant)", "content": "Please write the final answer from WebSurfer's report."},
+        {
+            "role": "Orchestrator (-> Assistant)",
+            "content": "Please write the final answer from WebSurfer's report.",
+        },
         {"role": "Assistant", "content": "FINAL ANSWER: 45,902"},
     ],
 }
@@ -60,9 +83,16 @@ def swapped_reports(trace: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(trace)
     h = out["history"]
     h[5], h[6], h[8], h[9] = (
-        {"role": "Orchestrator (-> FileSurfer)", "content": "Please open census.csv from the downloads and read 2020."},
-        {"role": "FileSurfer", "content": h[6]["content"].replace("I clicked 'Census figures of Exampletown'.",
-                                                                  "I opened census.csv.")},
+        {
+            "role": "Orchestrator (-> FileSurfer)",
+            "content": "Please open census.csv from the downloads and read 2020.",
+        },
+        {
+            "role": "FileSurfer",
+            "content": h[6]["content"].replace(
+                "I clicked 'Census figures of Exampletown'.", "I opened census.csv."
+            ),
+        },
         {"role": "Orchestrator (-> WebSurfer)", "content": "Please check the census page again."},
         {"role": "WebSurfer", "content": "The page did not load this time."},
     )

@@ -63,7 +63,9 @@ def read_model_log(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def assert_no_completed_request_ran_twice(log: list[dict[str, object]], history: Any, killed_pid: int) -> None:
+def assert_no_completed_request_ran_twice(
+    log: list[dict[str, object]], history: Any, killed_pid: int
+) -> None:
     """At most the model request in flight at the kill ran again; the reflection completed."""
     counts = collections.Counter(e["key"] for e in log)
     twice = [k for k, c in counts.items() if c > 1]

@@ -45,7 +45,9 @@ class AnyOfStores(BlobStore):
         for store in self.stores:
             if store.exists(sha256):
                 return store.get_bytes(sha256)
-        raise BlobNotFound(f"blob sha256:{sha256} is in none of the stores {[str(s.root) for s in self.stores]}")
+        raise BlobNotFound(
+            f"blob sha256:{sha256} is in none of the stores {[str(s.root) for s in self.stores]}"
+        )
 
     def exists(self, sha256: str) -> bool:
         return any(store.exists(sha256) for store in self.stores)
@@ -63,8 +65,11 @@ def _replayer_over(dirs: Sequence[Path]) -> Replayer:
     driver = ReadOnlyBlobStorageDriver(dirs[0])
     driver.blobs = AnyOfStores(dirs)
     limit = payload_threshold()
-    storage = ExternalStorage(drivers=[driver], payload_size_threshold=limit,
-                              driver_selector=driver.select if limit > 0 else lambda _c, _p: None)
+    storage = ExternalStorage(
+        drivers=[driver],
+        payload_size_threshold=limit,
+        driver_selector=driver.select if limit > 0 else lambda _c, _p: None,
+    )
     config = base.config()
     config["data_converter"] = DataConverter(external_storage=storage)
     return Replayer(**config, plugins=base.plugins)
@@ -84,8 +89,11 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
     # no store registered (e.g. only unit and CLI tests ran): histories with inline payloads still replay
     dirs = list(dict.fromkeys(blob_dirs)) or [Settings.from_env().blob_dir]
     query = f"WorkflowType = '{WORKFLOW_NAME}' OR WorkflowType = '{BATCH_WORKFLOW_NAME}'"
-    runs = [(wf.id, wf.run_id) async for wf in client.list_workflows(query)
-            if wf.status != WorkflowExecutionStatus.RUNNING]
+    runs = [
+        (wf.id, wf.run_id)
+        async for wf in client.list_workflows(query)
+        if wf.status != WorkflowExecutionStatus.RUNNING
+    ]
     if not runs:
         return 0, []
 
@@ -112,7 +120,9 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
                 done += 1
     except BlobNotFound:
         # a payload no store holds: name every history of the rest that cannot be replayed, one by one
-        rest = [(f"{wid}/{run_id}", await f) for (wid, run_id), f in zip(runs[done:], fetches[done:], strict=True)]
+        rest = [
+            (f"{wid}/{run_id}", await f) for (wid, run_id), f in zip(runs[done:], fetches[done:], strict=True)
+        ]
         failures += await _one_by_one(rest, dirs)
     finally:
         for f in fetches:

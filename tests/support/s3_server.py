@@ -37,12 +37,19 @@ class S3Server:
     def client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="rr-test",
-                            aws_secret_access_key="rr-test-secret", region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="rr-test",
+            aws_secret_access_key="rr-test-secret",
+            region_name="us-east-1",
+        )
 
     def keys(self, prefix: str = "") -> list[str]:
         out: list[str] = []
-        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+        for page in (
+            self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        ):
             out += [str(o["Key"]) for o in page.get("Contents") or ()]
         return out
 
@@ -52,8 +59,12 @@ def s3_server(log: Path) -> Iterator[S3Server]:
     """moto's server in a subprocess on 127.0.0.1, with one new bucket."""
     port = free_port()
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         endpoint = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30

@@ -25,13 +25,29 @@ from reflector.runtime.models import check_model_name
 from reflector.runtime.settings import Settings
 
 # ACE's RRStep._build_traces_dict (ace/steps/rr_step.py, 0.13.0) and EvaluateStep's trace (ace/steps/evaluate.py)
-ACE_RR_TRACE = {"question": "What is 15 x 24?", "ground_truth": "360", "feedback": "Incorrect. The answer is 360.",
-                "injected_skill_ids": ["math-001", "math-002"],
-                "steps": [{"role": "agent", "reasoning": "15 x 24 = 15 x 20 + 15 x 4 = 310 + 60 = 370",
-                           "answer": "370", "skill_ids": ["math-001"]}]}
-ACE_EVALUATE_TRACE = {"question": "What is 2+2?", "context": "arithmetic", "ground_truth": "4",
-                      "reasoning": "2 and 2 make 5", "answer": "5", "skill_ids": ["math-002"],
-                      "feedback": "Incorrect. Expected: 4"}
+ACE_RR_TRACE = {
+    "question": "What is 15 x 24?",
+    "ground_truth": "360",
+    "feedback": "Incorrect. The answer is 360.",
+    "injected_skill_ids": ["math-001", "math-002"],
+    "steps": [
+        {
+            "role": "agent",
+            "reasoning": "15 x 24 = 15 x 20 + 15 x 4 = 310 + 60 = 370",
+            "answer": "370",
+            "skill_ids": ["math-001"],
+        }
+    ],
+}
+ACE_EVALUATE_TRACE = {
+    "question": "What is 2+2?",
+    "context": "arithmetic",
+    "ground_truth": "4",
+    "reasoning": "2 and 2 make 5",
+    "answer": "5",
+    "skill_ids": ["math-002"],
+    "feedback": "Incorrect. Expected: 4",
+}
 
 
 def test_aces_own_step_shape_is_not_read_as_chat_messages() -> None:
@@ -55,24 +71,30 @@ def test_evaluate_steps_trace_keeps_its_answer() -> None:
     assert any("2 and 2 make 5" in s["content"] for s in view["steps"])
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("gpt-4o-mini", "openai:gpt-4o-mini"),
-    ("o3-mini", "openai:o3-mini"),
-    ("claude-3-5-sonnet-20241022", "anthropic:claude-3-5-sonnet-20241022"),
-    ("gemini-2.0-flash", "google:gemini-2.0-flash"),
-    ("openai/gpt-4o", "openai:gpt-4o"),
-    ("anthropic/claude-3-5-haiku-latest", "anthropic:claude-3-5-haiku-latest"),
-    ("bedrock/us.anthropic.claude-3-5-haiku-20241022-v1:0", "bedrock:us.anthropic.claude-3-5-haiku-20241022-v1:0"),
-    ("openrouter/openai/gpt-4o", "openrouter:openai/gpt-4o"),
-    ("gemini/gemini-1.5-pro", "google:gemini-1.5-pro"),
-    ("vertex_ai/gemini-1.5-pro", "google-cloud:gemini-1.5-pro"),
-    ("groq/llama-3.1-70b", "groq:llama-3.1-70b"),
-    ("together_ai/meta-llama/Llama-3-70b", "together:meta-llama/Llama-3-70b"),
-    ("ollama/llama3", "ollama:llama3"),
-    ("openai:gpt-4o", "openai:gpt-4o"),  # pydantic-ai's form: unchanged
-    ("bedrock:us.anthropic.claude-3-5-haiku-v1:0", "bedrock:us.anthropic.claude-3-5-haiku-v1:0"),
-    ("heuristic", "heuristic"),  # no LiteLLM shape: left to the registry
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("gpt-4o-mini", "openai:gpt-4o-mini"),
+        ("o3-mini", "openai:o3-mini"),
+        ("claude-3-5-sonnet-20241022", "anthropic:claude-3-5-sonnet-20241022"),
+        ("gemini-2.0-flash", "google:gemini-2.0-flash"),
+        ("openai/gpt-4o", "openai:gpt-4o"),
+        ("anthropic/claude-3-5-haiku-latest", "anthropic:claude-3-5-haiku-latest"),
+        (
+            "bedrock/us.anthropic.claude-3-5-haiku-20241022-v1:0",
+            "bedrock:us.anthropic.claude-3-5-haiku-20241022-v1:0",
+        ),
+        ("openrouter/openai/gpt-4o", "openrouter:openai/gpt-4o"),
+        ("gemini/gemini-1.5-pro", "google:gemini-1.5-pro"),
+        ("vertex_ai/gemini-1.5-pro", "google-cloud:gemini-1.5-pro"),
+        ("groq/llama-3.1-70b", "groq:llama-3.1-70b"),
+        ("together_ai/meta-llama/Llama-3-70b", "together:meta-llama/Llama-3-70b"),
+        ("ollama/llama3", "ollama:llama3"),
+        ("openai:gpt-4o", "openai:gpt-4o"),  # pydantic-ai's form: unchanged
+        ("bedrock:us.anthropic.claude-3-5-haiku-v1:0", "bedrock:us.anthropic.claude-3-5-haiku-v1:0"),
+        ("heuristic", "heuristic"),  # no LiteLLM shape: left to the registry
+    ],
+)
 def test_litellm_spellings_map_onto_pydantic_ai_providers(given: str, expected: str) -> None:
     assert from_litellm(given) == expected
     assert RRConfig(model=given).to_reflection_config().model == expected
@@ -136,34 +158,61 @@ def test_rrconfig_has_aces_fields_and_methods() -> None:
     assert cfg.build_usage_limits(remaining_tokens=1000).total_tokens_limit == 1000
     cfg.max_requests = 9  # mutable
     assert cfg.build_usage_limits().request_limit == 9
-    assert RRConfig(model="heuristic").to_reflection_config().model_settings is None  # no cache setting: a no-op
+    assert (
+        RRConfig(model="heuristic").to_reflection_config().model_settings is None
+    )  # no cache setting: a no-op
     one_hour = RRConfig(model="anthropic:claude-3-5-haiku-latest", cache_ttl="1h").to_reflection_config()
     assert one_hour.model_settings == {"temperature": 0.0, "cache": "1h"}
     theirs = RRConfig(model="openai:gpt-4o", model_settings={"cache": False}).to_reflection_config()
     assert theirs.model_settings == {"cache": False}  # the caller's own `cache` wins
     from_ace = RRStep("heuristic", config=RecursiveConfig(max_requests=11, timeout=5.0, cache_ttl="1h"))
-    assert (from_ace.config.max_requests, from_ace.config.timeout, from_ace.config.cache_ttl) == (11, 5.0, "1h")
+    assert (from_ace.config.max_requests, from_ace.config.timeout, from_ace.config.cache_ttl) == (
+        11,
+        5.0,
+        "1h",
+    )
 
 
 def test_the_output_has_aces_defaults_and_raw_keys() -> None:
     out = ReflectorOutput(reasoning="r", correct_approach="c", key_insight="k")
     assert (out.error_identification, out.root_cause_analysis) == ("", "")
-    raw = {"rr_trace": {"total_iterations": 3, "compactions": 1, "depth": 0, "timed_out": False,
-                        "stop_reason": "request_budget"}}
+    raw = {
+        "rr_trace": {
+            "total_iterations": 3,
+            "compactions": 1,
+            "depth": 0,
+            "timed_out": False,
+            "stop_reason": "request_budget",
+        }
+    }
     ace = _with_ace_raw(out.model_copy(update={"raw": raw})).raw
-    assert (ace["iterations"], ace["compactions"], ace["depth"], ace["timed_out"], ace["timeout"]) == (3, 1, 0, True, True)
+    assert (ace["iterations"], ace["compactions"], ace["depth"], ace["timed_out"], ace["timeout"]) == (
+        3,
+        1,
+        0,
+        True,
+        True,
+    )
     done = _with_ace_raw(out.model_copy(update={"raw": {"rr_trace": {"stop_reason": "completed"}}})).raw
     assert done["timed_out"] is False and "timeout" not in done
 
 
 def test_the_handoff_puts_tags_and_learnings_where_aces_skill_manager_reads() -> None:
-    out = ReflectorOutput(reasoning="checked cell 2", correct_approach="c", key_insight="k",
-                          skill_tags=[SkillTag(id="math-001", tag="harmful"), SkillTag(id="math-002", tag="helpful")],
-                          extracted_learnings=[ExtractedLearning(learning="Multiply exactly", atomicity_score=0.9,
-                                                                 evidence='cell 2: "370"')])
+    out = ReflectorOutput(
+        reasoning="checked cell 2",
+        correct_approach="c",
+        key_insight="k",
+        skill_tags=[SkillTag(id="math-001", tag="harmful"), SkillTag(id="math-002", tag="helpful")],
+        extracted_learnings=[
+            ExtractedLearning(learning="Multiply exactly", atomicity_score=0.9, evidence='cell 2: "370"')
+        ],
+    )
     handed = _handed_off(out)
     assert handed.reasoning.startswith("checked cell 2\n\n")
-    assert "Skill tags (rr, from the trace's evidence): [math-001] harmful; [math-002] helpful" in handed.reasoning
+    assert (
+        "Skill tags (rr, from the trace's evidence): [math-001] harmful; [math-002] helpful"
+        in handed.reasoning
+    )
     assert 'Learning 1: Multiply exactly (evidence: cell 2: "370")' in handed.reasoning
     assert handed.skill_tags == out.skill_tags and _handed_off(handed).reasoning == handed.reasoning
     assert _handed_off(ReflectorOutput(reasoning="r", correct_approach="c", key_insight="k")).reasoning == "r"
@@ -203,38 +252,56 @@ class Slotted:
         self.answer = "a"
 
 
-@pytest.mark.parametrize(("trace", "check"), [
-    (AgentRun("2+2?", "5", ["add"]), lambda d: d == {"question": "2+2?", "answer": "5", "steps": ["add"]}),
-    (Opaque(), lambda d: d == {"question": "q", "history": [{"role": "assistant", "content": "done"}]}),
-    (Slotted(), lambda d: d == {"question": "q", "answer": "a"}),
-    ("The agent answered 5 and the user said that is wrong.",
-     lambda d: d["steps"][0]["content"].startswith("The agent answered 5")),
-    (42, lambda d: d["steps"][0]["content"] == "42"),
-    ((1, 2), lambda d: d == [1, 2]),
-    ({"question": "q", "nested": AgentRun("a", "b", [])}, lambda d: d["nested"]["answer"] == "b"),
-])
-def test_any_trace_object_becomes_json_data(trace: Any, check: Any, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("trace", "check"),
+    [
+        (
+            AgentRun("2+2?", "5", ["add"]),
+            lambda d: d == {"question": "2+2?", "answer": "5", "steps": ["add"]},
+        ),
+        (Opaque(), lambda d: d == {"question": "q", "history": [{"role": "assistant", "content": "done"}]}),
+        (Slotted(), lambda d: d == {"question": "q", "answer": "a"}),
+        (
+            "The agent answered 5 and the user said that is wrong.",
+            lambda d: d["steps"][0]["content"].startswith("The agent answered 5"),
+        ),
+        (42, lambda d: d["steps"][0]["content"] == "42"),
+        ((1, 2), lambda d: d == [1, 2]),
+        ({"question": "q", "nested": AgentRun("a", "b", [])}, lambda d: d["nested"]["answer"] == "b"),
+    ],
+)
+def test_any_trace_object_becomes_json_data(
+    trace: Any, check: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RR_HOME", str(tmp_path))
     with _trace_file(trace, None, "", None, None, Settings.from_env()) as (path, _name):
         assert check(json.loads(path.read_text())), path.read_text()
 
 
-@pytest.mark.parametrize(("trace", "needle"), [
-    (object(), "traces must be a path, a dict, a list, JSON or plain text"),
-    (print, "traces must be a path"),
-    ("traces/run-7.json", "trace file not found: traces/run-7.json"),
-    (f"no-such-dir{os.sep}x", "trace file not found"),
-])
-def test_what_cannot_be_a_trace_is_a_one_line_error(trace: Any, needle: str, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("trace", "needle"),
+    [
+        (object(), "traces must be a path, a dict, a list, JSON or plain text"),
+        (print, "traces must be a path"),
+        ("traces/run-7.json", "trace file not found: traces/run-7.json"),
+        (f"no-such-dir{os.sep}x", "trace file not found"),
+    ],
+)
+def test_what_cannot_be_a_trace_is_a_one_line_error(
+    trace: Any, needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RR_HOME", str(tmp_path))
-    with pytest.raises((ValueError, TraceError)) as e, _trace_file(trace, None, "", None, None, Settings.from_env()):
+    with (
+        pytest.raises((ValueError, TraceError)) as e,
+        _trace_file(trace, None, "", None, None, Settings.from_env()),
+    ):
         pass
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ACE's `TraceSandbox` API (inject, execute -> ExecutionResult) on rr's guarded host."""
     from reflector import ExecutionResult, ExecutionTimeoutError, TraceSandbox
 
@@ -242,19 +309,24 @@ def test_trace_sandbox_runs_cells_on_rrs_sandbox_host(tmp_path: Path, monkeypatc
     with TraceSandbox(trace={"question": "2+2?", "steps": [{"role": "agent", "answer": "5"}]}) as sandbox:
         sandbox.inject("skillbook", "[s-1] add carefully")
         first = sandbox.execute("print(traces['final_answer'], skillbook); x = 3", timeout=5)
-        assert isinstance(first, ExecutionResult) and first.success and first.stdout == "5 [s-1] add carefully\n"
+        assert (
+            isinstance(first, ExecutionResult) and first.success and first.stdout == "5 [s-1] add carefully\n"
+        )
         sandbox.inject("extra", {"a": [1, 2]})  # after the start: set by a cell
         assert sandbox.execute("print(x + extra['a'][1])").stdout == "5\n"
         refused = sandbox.execute("import os")
-        assert isinstance(refused.exception, RuntimeError) and "not available in the sandbox" in str(refused.exception)
+        assert isinstance(refused.exception, RuntimeError) and "not available in the sandbox" in str(
+            refused.exception
+        )
         slow = sandbox.execute("while True: pass")
         assert isinstance(slow.exception, ExecutionTimeoutError) and not slow.success
     with pytest.raises(TypeError, match="llm_query_fn"):
         TraceSandbox(trace={}, llm_query_fn=print)
 
 
-def test_a_name_that_is_not_provider_model_says_which_forms_are_accepted(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_name_that_is_not_provider_model_says_which_forms_are_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from reflector import reflect
     from reflector.runtime.models import UnknownModelError
 
@@ -262,5 +334,9 @@ def test_a_name_that_is_not_provider_model_says_which_forms_are_accepted(tmp_pat
     with pytest.raises(UnknownModelError) as e:
         reflect(traces={"question": "q"}, config=RRConfig(model="my-finetune"))
     message = str(e.value)
-    assert "Unknown model: my-finetune" in message and "accepted: a registered name" in message and "\n" not in message
+    assert (
+        "Unknown model: my-finetune" in message
+        and "accepted: a registered name" in message
+        and "\n" not in message
+    )
     assert not list(tmp_path.rglob("api-*.json"))  # refused before anything is stored

@@ -22,10 +22,16 @@ from reflector.analysis.traces import load_normalized, normalize
 from reflector.contract import DIAGNOSIS_KINDS
 
 TASK = "How many clients get the sunset design?"
-OPEN = {"role": "assistant", "name": "Planner", "content": f"You are given a task.\n# General Task\n{TASK}\n## Plan\n1. read"}
+OPEN = {
+    "role": "assistant",
+    "name": "Planner",
+    "content": f"You are given a task.\n# General Task\n{TASK}\n## Plan\n1. read",
+}
 OK = "exitcode: 0 (execution succeeded)\nCode output: 4"
 FAIL = "exitcode: 1 (execution failed)\nCode output: Traceback (most recent call last):\nKeyError: 'Street'"
-NOTHING = "There is no code from the last 1 message for me to execute. Group chat manager should let others speak."
+NOTHING = (
+    "There is no code from the last 1 message for me to execute. Group chat manager should let others speak."
+)
 
 
 def msg(name: str, content: str, role: str = "user") -> dict[str, Any]:
@@ -42,20 +48,61 @@ def run(*history: dict[str, Any], truth: str | None = "8") -> dict[str, Any]:
 
 # -- actors / timeline -------------------------------------------------------------------------------
 def test_actors_in_order_of_first_appearance_with_their_steps_and_roles() -> None:
-    r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", OK), msg("Coder", "It is 4."),
-            msg("Checker", "Agreed."))
+    r = run(
+        OPEN,
+        msg("Coder", code()),
+        msg("Computer_terminal", OK),
+        msg("Coder", "It is 4."),
+        msg("Checker", "Agreed."),
+    )
     assert actors(r) == [
-        {"actor": "Planner", "n_steps": 1, "first_step": 0, "last_step": 0, "roles": {"assistant": 1}, "addressees": {}},
-        {"actor": "Coder", "n_steps": 2, "first_step": 1, "last_step": 3, "roles": {"user": 2}, "addressees": {}},
-        {"actor": "Computer_terminal", "n_steps": 1, "first_step": 2, "last_step": 2, "roles": {"user": 1}, "addressees": {}},
-        {"actor": "Checker", "n_steps": 1, "first_step": 4, "last_step": 4, "roles": {"user": 1}, "addressees": {}},
+        {
+            "actor": "Planner",
+            "n_steps": 1,
+            "first_step": 0,
+            "last_step": 0,
+            "roles": {"assistant": 1},
+            "addressees": {},
+        },
+        {
+            "actor": "Coder",
+            "n_steps": 2,
+            "first_step": 1,
+            "last_step": 3,
+            "roles": {"user": 2},
+            "addressees": {},
+        },
+        {
+            "actor": "Computer_terminal",
+            "n_steps": 1,
+            "first_step": 2,
+            "last_step": 2,
+            "roles": {"user": 1},
+            "addressees": {},
+        },
+        {
+            "actor": "Checker",
+            "n_steps": 1,
+            "first_step": 4,
+            "last_step": 4,
+            "roles": {"user": 1},
+            "addressees": {},
+        },
     ]
 
 
 def test_actors_of_a_trace_that_names_no_one_is_one_none_group() -> None:
     r = normalize([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
-    assert actors(r) == [{"actor": None, "n_steps": 2, "first_step": 0, "last_step": 1,
-                          "roles": {"user": 1, "assistant": 1}, "addressees": {}}]
+    assert actors(r) == [
+        {
+            "actor": None,
+            "n_steps": 2,
+            "first_step": 0,
+            "last_step": 1,
+            "roles": {"user": 1, "assistant": 1},
+            "addressees": {},
+        }
+    ]
 
 
 def test_timeline_previews_collapse_whitespace_and_cut_at_chars() -> None:
@@ -76,11 +123,17 @@ def test_timeline_filters_by_actor_and_stops_at_limit() -> None:
 
 
 def test_timeline_names_the_tool_of_calls_and_results() -> None:
-    r = normalize([
-        {"role": "user", "content": "list"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "Error: denied"},
-    ])
+    r = normalize(
+        [
+            {"role": "user", "content": "list"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "Error: denied"},
+        ]
+    )
     rows = timeline(r)
     assert "tool" not in rows[0]
     assert rows[1]["tool"] == "ls" and rows[2]["tool"] == "ls" and rows[2]["error"] is True
@@ -110,16 +163,29 @@ def test_results_are_plain_copies() -> None:
 
 # -- the rules -----------------------------------------------------------------------------------------
 def test_first_action_is_the_first_agent_step_that_writes_code() -> None:
-    r = run(OPEN, msg("Lead", "We should read the file first."), msg("Coder", code()), msg("Computer_terminal", OK),
-            msg("Checker", code("print(2)")))
+    r = run(
+        OPEN,
+        msg("Lead", "We should read the file first."),
+        msg("Coder", code()),
+        msg("Computer_terminal", OK),
+        msg("Checker", code("print(2)")),
+    )
     g = suspect_mistake(r, "first_action")
-    assert g is not None and (g["step"], g["actor"], g["kind"], g["rule"]) == (2, "Coder", "reasoning_error", "first_action")
+    assert g is not None and (g["step"], g["actor"], g["kind"], g["rule"]) == (
+        2,
+        "Coder",
+        "reasoning_error",
+        "first_action",
+    )
     assert '"import pandas as pd"' in g["reason"]
 
 
 def test_first_action_does_not_fire_without_code_and_ignores_the_executor() -> None:
-    r = run(OPEN, msg("Computer_terminal", "exitcode: 0 (execution succeeded)\nCode output: ```x```"),
-            msg("Lead", "It is 4."))
+    r = run(
+        OPEN,
+        msg("Computer_terminal", "exitcode: 0 (execution succeeded)\nCode output: ```x```"),
+        msg("Lead", "It is 4."),
+    )
     assert suspect_mistake(r, "first_action") is None
 
 
@@ -127,14 +193,24 @@ def test_first_action_whose_run_failed_and_was_never_fixed_is_a_mishandled_tool_
     r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", FAIL), msg("Coder", "Probably 4 then."))
     g = suspect_mistake(r, "first_action")
     assert g is not None and g["kind"] == "tool_error_mishandled" and g["step"] == 1
-    fixed = run(OPEN, msg("Coder", code()), msg("Computer_terminal", FAIL), msg("Coder", code("print(8)")),
-                msg("Computer_terminal", OK))
+    fixed = run(
+        OPEN,
+        msg("Coder", code()),
+        msg("Computer_terminal", FAIL),
+        msg("Coder", code("print(8)")),
+        msg("Computer_terminal", OK),
+    )
     g = suspect_mistake(fixed, "first_action")
     assert g is not None and g["kind"] == "reasoning_error" and g["step"] == 1
 
 
 def test_first_claim_skips_the_opening_task_message() -> None:
-    r = run(OPEN, msg("Computer_terminal", NOTHING), msg("Historian", "The team won in 2019."), msg("Checker", "Yes."))
+    r = run(
+        OPEN,
+        msg("Computer_terminal", NOTHING),
+        msg("Historian", "The team won in 2019."),
+        msg("Checker", "Yes."),
+    )
     g = suspect_mistake(r, "first_claim")
     assert g is not None and (g["step"], g["actor"], g["kind"]) == (2, "Historian", "wrong_information")
     assert '"The team won in 2019."' in g["reason"]
@@ -158,40 +234,70 @@ def test_wrong_answer_needs_a_ground_truth_and_compares_numbers_as_numbers() -> 
     r = run(OPEN, msg("Lead", "Let us think."), msg("Checker", "So the final answer is 4 clients."))
     g = suspect_mistake(r, "wrong_answer")
     assert g is not None and (g["step"], g["actor"], g["kind"]) == (2, "Checker", "wrong_information")
-    assert suspect_mistake(run(OPEN, msg("Checker", "So the final answer is 8.0 clients.")), "wrong_answer") is None
+    assert (
+        suspect_mistake(run(OPEN, msg("Checker", "So the final answer is 8.0 clients.")), "wrong_answer")
+        is None
+    )
     assert suspect_mistake(run(OPEN, msg("Checker", "the answer is 4"), truth=None), "wrong_answer") is None
 
 
 def test_wrong_answer_ignores_verdicts_code_and_the_task() -> None:
-    r = run(msg("Planner", f"{TASK}\nThe answer is what we must find."),
-            msg("Checker", "The result is correct."), msg("Coder", code("result = 4\nprint('answer: 4')")))
+    r = run(
+        msg("Planner", f"{TASK}\nThe answer is what we must find."),
+        msg("Checker", "The result is correct."),
+        msg("Coder", code("result = 4\nprint('answer: 4')")),
+    )
     assert suspect_mistake(r, "wrong_answer") is None
 
 
 def test_wrong_answer_printed_by_code_belongs_to_the_code_author() -> None:
-    r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", "exitcode: 0 (execution succeeded)\nCode output: Result: 4"))
+    r = run(
+        OPEN,
+        msg("Coder", code()),
+        msg("Computer_terminal", "exitcode: 0 (execution succeeded)\nCode output: Result: 4"),
+    )
     g = suspect_mistake(r, "wrong_answer")
     assert g is not None and (g["step"], g["actor"], g["kind"]) == (1, "Coder", "reasoning_error")
 
 
 def test_fabricated_data_fires_on_invented_input_not_on_real_work() -> None:
-    r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", FAIL),
-            msg("Analyst", "Since the file is missing, let's create a sample dataset and proceed."))
+    r = run(
+        OPEN,
+        msg("Coder", code()),
+        msg("Computer_terminal", FAIL),
+        msg("Analyst", "Since the file is missing, let's create a sample dataset and proceed."),
+    )
     g = suspect_mistake(r, "fabricated_data")
     assert g is not None and (g["step"], g["actor"], g["kind"]) == (3, "Analyst", "wrong_information")
     assert "let's create a sample dataset" in g["reason"]
     assert suspect_mistake(run(OPEN, msg("Coder", code())), "fabricated_data") is None
     # the opening task message may say "assume": it is the task's, not an agent's invention
-    assert suspect_mistake(run(msg("Planner", f"{TASK} Let's assume nothing."), msg("A", "ok")), "fabricated_data") is None
+    assert (
+        suspect_mistake(
+            run(msg("Planner", f"{TASK} Let's assume nothing."), msg("A", "ok")), "fabricated_data"
+        )
+        is None
+    )
 
 
 def test_unfixed_failure_is_the_code_author_of_a_failure_never_followed_by_a_success() -> None:
-    r = run(OPEN, msg("Coder", code()), msg("Computer_terminal", OK), msg("Fixer", code("x")),
-            msg("Computer_terminal", FAIL), msg("Fixer", "I give up."))
+    r = run(
+        OPEN,
+        msg("Coder", code()),
+        msg("Computer_terminal", OK),
+        msg("Fixer", code("x")),
+        msg("Computer_terminal", FAIL),
+        msg("Fixer", "I give up."),
+    )
     g = suspect_mistake(r, "unfixed_failure")
     assert g is not None and (g["step"], g["actor"], g["kind"]) == (3, "Fixer", "tool_error_mishandled")
-    fixed = run(OPEN, msg("Fixer", code("x")), msg("Computer_terminal", FAIL), msg("Fixer", code("y")),
-                msg("Computer_terminal", OK))
+    fixed = run(
+        OPEN,
+        msg("Fixer", code("x")),
+        msg("Computer_terminal", FAIL),
+        msg("Fixer", code("y")),
+        msg("Computer_terminal", OK),
+    )
     assert suspect_mistake(fixed, "unfixed_failure") is None
 
 
@@ -205,20 +311,42 @@ def test_the_combination_is_evidence_only_and_takes_the_earliest_step_it_places(
     # nothing in the evidence: no guess, though a first code step and a first claim exist
     assert suspect_mistake(run(OPEN, msg("Lead", "Plan: read it."), msg("Coder", code()))) is None
     # the wrong final answer's value traced to the agent that first stated it, not the one that repeated it
-    traced = suspect_mistake(run(OPEN, msg("Lead", "I count 27 clients."), msg("Checker", "Agreed: 27."),
-                                 msg("Checker", "The final answer is 27.")))
-    assert traced is not None and (traced["rule"], traced["step"], traced["actor"]) == ("answer_origin", 1, "Lead")
+    traced = suspect_mistake(
+        run(
+            OPEN,
+            msg("Lead", "I count 27 clients."),
+            msg("Checker", "Agreed: 27."),
+            msg("Checker", "The final answer is 27."),
+        )
+    )
+    assert traced is not None and (traced["rule"], traced["step"], traced["actor"]) == (
+        "answer_origin",
+        1,
+        "Lead",
+    )
     # ... and an executor's output to the agent whose code printed it
-    ran = suspect_mistake(run(OPEN, msg("Coder", code()), msg("Computer_terminal", "exitcode: 0\nCode output: 27"),
-                              msg("Checker", "The answer is 27.")))
+    ran = suspect_mistake(
+        run(
+            OPEN,
+            msg("Coder", code()),
+            msg("Computer_terminal", "exitcode: 0\nCode output: 27"),
+            msg("Checker", "The answer is 27."),
+        )
+    )
     assert ran is not None and (ran["rule"], ran["step"], ran["actor"]) == ("answer_origin", 1, "Coder")
 
 
 def test_no_guess_for_traces_with_tool_call_structure_or_no_agent_step() -> None:
-    tau_like = normalize([
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"name": "ls", "arguments": "{}"}}]},
-    ])
+    tau_like = normalize(
+        [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c", "function": {"name": "ls", "arguments": "{}"}}],
+            },
+        ]
+    )
     assert suspect_mistake(tau_like) is None
     assert suspect_mistake(run(msg("Computer_terminal", NOTHING))) is None
     assert suspect_mistake(run()) is None

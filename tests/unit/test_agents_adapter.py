@@ -19,49 +19,83 @@ from tests.support.lazy import lazy_view
 from tests.support.magentic import AGENTS, MAGENTIC_ONE, MISTAKE, renamed, swapped_reports
 
 
-@pytest.mark.parametrize(("value", "want"), [
-    ("Orchestrator (thought)", ("Orchestrator", None)),
-    ("Orchestrator (-> WebSurfer)", ("Orchestrator", "WebSurfer")),
-    ("Orchestrator (→ FileSurfer)", ("Orchestrator", "FileSurfer")),
-    ("Orchestrator -> Assistant", ("Orchestrator", "Assistant")),
-    ("Lead (to Coder)", ("Lead", "Coder")),
-    ("Orchestrator (final answer)", ("Orchestrator", None)),
-    ("  WebSurfer  ", ("WebSurfer", None)),
-    ("", (None, None)),
-    (None, (None, None)),
-])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("Orchestrator (thought)", ("Orchestrator", None)),
+        ("Orchestrator (-> WebSurfer)", ("Orchestrator", "WebSurfer")),
+        ("Orchestrator (→ FileSurfer)", ("Orchestrator", "FileSurfer")),
+        ("Orchestrator -> Assistant", ("Orchestrator", "Assistant")),
+        ("Lead (to Coder)", ("Lead", "Coder")),
+        ("Orchestrator (final answer)", ("Orchestrator", None)),
+        ("  WebSurfer  ", ("WebSurfer", None)),
+        ("", (None, None)),
+        (None, (None, None)),
+    ],
+)
 def test_agent_names_are_normalised(value: Any, want: tuple[str | None, str | None]) -> None:
     assert normalise_agent(value) == want
 
 
-@pytest.mark.parametrize(("record", "want"), [
-    ({"role": "user", "name": "Coder", "content": "x"}, "Coder"),  # AutoGen / AG2 group chat, Who&When
-    ({"role": "WebSurfer", "content": "x"}, "WebSurfer"),  # Magentic-One
-    ({"role": "assistant", "content": "x"}, None),  # a chat role names no one
-    ({"role": "developer", "content": "x"}, None),
-    ({"sender": "planner", "content": "x"}, "planner"),  # AutoGen messages
-    ({"sender": "user", "content": "x"}, None),
-    ({"source": "writer_agent", "content": "x", "type": "TextMessage"}, "writer_agent"),  # AutoGen AgentChat
-    ({"agent": {"name": "Triage"}, "type": "message_output_item"}, "Triage"),  # OpenAI Agents SDK
-    ({"agent": "Senior Researcher", "raw": "x"}, "Senior Researcher"),  # CrewAI task output
-    ({"agent_role": "Writer", "raw": "x"}, "Writer"),  # CrewAI step
-    ({"role": "assistant", "metadata": {"langgraph_node": "supervisor"}}, "supervisor"),  # LangGraph
-    ({"name": "Orchestrator (thought)", "role": "assistant"}, "Orchestrator"),
-])
+@pytest.mark.parametrize(
+    ("record", "want"),
+    [
+        ({"role": "user", "name": "Coder", "content": "x"}, "Coder"),  # AutoGen / AG2 group chat, Who&When
+        ({"role": "WebSurfer", "content": "x"}, "WebSurfer"),  # Magentic-One
+        ({"role": "assistant", "content": "x"}, None),  # a chat role names no one
+        ({"role": "developer", "content": "x"}, None),
+        ({"sender": "planner", "content": "x"}, "planner"),  # AutoGen messages
+        ({"sender": "user", "content": "x"}, None),
+        (
+            {"source": "writer_agent", "content": "x", "type": "TextMessage"},
+            "writer_agent",
+        ),  # AutoGen AgentChat
+        ({"agent": {"name": "Triage"}, "type": "message_output_item"}, "Triage"),  # OpenAI Agents SDK
+        ({"agent": "Senior Researcher", "raw": "x"}, "Senior Researcher"),  # CrewAI task output
+        ({"agent_role": "Writer", "raw": "x"}, "Writer"),  # CrewAI step
+        ({"role": "assistant", "metadata": {"langgraph_node": "supervisor"}}, "supervisor"),  # LangGraph
+        ({"name": "Orchestrator (thought)", "role": "assistant"}, "Orchestrator"),
+    ],
+)
 def test_the_rule_finds_the_most_specific_identity(record: dict[str, Any], want: str | None) -> None:
     assert agent_of(record)[0] == want
 
 
 def test_every_adapter_applies_the_rule() -> None:
-    msgs = normalize([{"role": "user", "content": "q"}, {"role": "Planner (-> Coder)", "content": "do it"},
-                      {"role": "assistant", "name": "Coder", "content": "done",
-                       "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]},
-                      {"role": "tool", "tool_call_id": "c1", "name": "ls", "content": "a b"}])
+    msgs = normalize(
+        [
+            {"role": "user", "content": "q"},
+            {"role": "Planner (-> Coder)", "content": "do it"},
+            {
+                "role": "assistant",
+                "name": "Coder",
+                "content": "done",
+                "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "name": "ls", "content": "a b"},
+        ]
+    )
     assert [(s["role"], s["actor"], s["addressee"]) for s in msgs["steps"]] == [
-        ("user", None, None), ("assistant", "Planner", "Coder"), ("assistant", "Coder", None), ("tool", None, None)]
-    spans = normalize([{"name": "plan", "trace_id": "t", "span_id": "1", "start_time": "1",
-                        "attributes": {"openinference.span.kind": "AGENT", "gen_ai.agent.name": "Planner",
-                                       "input.value": "q"}}])
+        ("user", None, None),
+        ("assistant", "Planner", "Coder"),
+        ("assistant", "Coder", None),
+        ("tool", None, None),
+    ]
+    spans = normalize(
+        [
+            {
+                "name": "plan",
+                "trace_id": "t",
+                "span_id": "1",
+                "start_time": "1",
+                "attributes": {
+                    "openinference.span.kind": "AGENT",
+                    "gen_ai.agent.name": "Planner",
+                    "input.value": "q",
+                },
+            }
+        ]
+    )
     assert spans["format"] == "otel" and spans["steps"][0]["actor"] == "Planner"
     ace = normalize({"question": "q", "steps": [{"thought": "x", "agent_name": "Critic"}]})
     assert ace["steps"][0]["actor"] == "Critic"
@@ -73,7 +107,12 @@ def test_magentic_one_roles_name_the_agents() -> None:
     assert v["steps"][0]["role"] == "user" and v["steps"][0]["actor"] is None  # the human's task
     found = actors(v)
     assert [(a["actor"], a["n_steps"]) for a in found] == [
-        (None, 1), ("Orchestrator", 7), ("WebSurfer", 2), ("FileSurfer", 1), ("Assistant", 1)]
+        (None, 1),
+        ("Orchestrator", 7),
+        ("WebSurfer", 2),
+        ("FileSurfer", 1),
+        ("Assistant", 1),
+    ]
     assert found[1]["addressees"] == {"WebSurfer": 2, "FileSurfer": 1, "Assistant": 1}
     assert {s["actor"] for s in v["steps"][1:]} == set(AGENTS)
     assert all(s["role"] == "assistant" for s in v["steps"][1:])  # an agent's turn, whatever the role said
@@ -90,7 +129,12 @@ def test_magentic_one_root_cause_is_the_misread_report_and_the_symptom_the_answe
 RENAMES = [
     {"Orchestrator": "Lead", "WebSurfer": "Navigator", "FileSurfer": "Reader", "Assistant": "Writer"},
     # names swapped among the agents: the name that was innocent is now the one that misreads
-    {"Orchestrator": "WebSurfer", "WebSurfer": "Assistant", "FileSurfer": "Orchestrator", "Assistant": "FileSurfer"},
+    {
+        "Orchestrator": "WebSurfer",
+        "WebSurfer": "Assistant",
+        "FileSurfer": "Orchestrator",
+        "Assistant": "FileSurfer",
+    },
 ]
 
 
@@ -132,25 +176,45 @@ def test_role_named_agents_read_lazily_are_the_same(tmp_path: Path) -> None:
     for view in _lazy(path):
         assert type(view["steps"]) is Steps
         assert actors(view) == actors(whole)
-        assert [view["steps"][i]["addressee"] for i in range(len(view["steps"]))] == \
-            [s["addressee"] for s in whole["steps"]]
+        assert [view["steps"][i]["addressee"] for i in range(len(view["steps"]))] == [
+            s["addressee"] for s in whole["steps"]
+        ]
 
 
 # -- the contract -------------------------------------------------------------------------------------
 def test_old_persisted_diagnoses_still_load() -> None:
-    old = {"kind": "wrong_arguments", "step": 28, "actor": None, "tool": "book_reservation",
-           "argument": "payment_methods[1].amount", "actual": "55", "expected": "5", "evidence": [3],
-           "confidence": 0.9, "summary": "s"}
+    old = {
+        "kind": "wrong_arguments",
+        "step": 28,
+        "actor": None,
+        "tool": "book_reservation",
+        "argument": "payment_methods[1].amount",
+        "actual": "55",
+        "expected": "5",
+        "evidence": [3],
+        "confidence": 0.9,
+        "summary": "s",
+    }
     d = Diagnosis.model_validate(old)
     assert d.step == 28 and d.symptom_step is None
-    draft = ReflectionDraft.model_validate({"reasoning": "r", "error_identification": "e", "root_cause_analysis": "c",
-                                            "correct_approach": "a", "key_insight": "k", "diagnosis": old})
+    draft = ReflectionDraft.model_validate(
+        {
+            "reasoning": "r",
+            "error_identification": "e",
+            "root_cause_analysis": "c",
+            "correct_approach": "a",
+            "key_insight": "k",
+            "diagnosis": old,
+        }
+    )
     assert draft.diagnosis == d and "symptom_step" in draft.model_dump(mode="json")["diagnosis"]
 
 
 def test_a_closing_message_after_the_final_answer_is_not_the_answer() -> None:
     trace = json.loads(json.dumps(MAGENTIC_ONE))
-    trace["history"].append({"role": "Orchestrator (termination condition)", "content": "The request is satisfied."})
+    trace["history"].append(
+        {"role": "Orchestrator (termination condition)", "content": "The request is satisfied."}
+    )
     v = normalize(trace)
     assert v["steps"][-1]["actor"] == "Orchestrator"
     r = root_cause(v)

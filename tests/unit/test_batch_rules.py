@@ -54,8 +54,12 @@ def test_a_json_array_splits_into_runs_stored_byte_for_byte(tmp_path: Path) -> N
 def test_jsonl_lines_are_runs_and_a_non_run_record_is_broken(tmp_path: Path) -> None:
     store = BlobStore(tmp_path / "blobs")
     path = tmp_path / "runs.jsonl"
-    path.write_text(json.dumps({"id": "r-a", "steps": [{"role": "user", "content": "hi"}]}) + "\n42\n"
-                    + json.dumps({"run_id": "r-c", "messages": [{"role": "user", "content": "x"}]}) + "\n")
+    path.write_text(
+        json.dumps({"id": "r-a", "steps": [{"role": "user", "content": "hi"}]})
+        + "\n42\n"
+        + json.dumps({"run_id": "r-c", "messages": [{"role": "user", "content": "x"}]})
+        + "\n"
+    )
     sources = list(iter_sources([path], store, upload=_no_upload, split=True, max_bytes=None))
     assert [s.run_id for s in sources] == ["r-a", f"{path}#1", "r-c"]
     assert sources[1].trace is None and "is not a run" in (sources[1].error or "")
@@ -67,7 +71,12 @@ def test_jsonl_lines_are_runs_and_a_non_run_record_is_broken(tmp_path: Path) -> 
 def test_a_broken_jsonl_line_is_one_broken_run(tmp_path: Path) -> None:
     store = BlobStore(tmp_path / "blobs")
     path = tmp_path / "runs.jsonl"
-    path.write_text(json.dumps({"id": "r-a", "steps": []}) + "\n{\"id\": \n" + json.dumps({"id": "r-c", "steps": [1]}) + "\n")
+    path.write_text(
+        json.dumps({"id": "r-a", "steps": []})
+        + '\n{"id": \n'
+        + json.dumps({"id": "r-c", "steps": [1]})
+        + "\n"
+    )
     sources = list(split_file(path, store))
     assert [s.run_id for s in sources] == ["r-a", f"{path}#1", "r-c"]
     assert sources[1].trace is None and "line 2 is not valid JSON" in (sources[1].error or "")
@@ -99,28 +108,40 @@ def test_directories_expand_to_their_trace_files(tmp_path: Path) -> None:
 
 def _output(learning: str, tags: list[SkillTag] | None = None) -> ReflectorOutput:
     return ReflectorOutput(
-        reasoning="r", error_identification="step 3 failed", root_cause_analysis="rc", correct_approach="c",
-        key_insight="k", extracted_learnings=[{"learning": learning, "atomicity_score": 0.8}],
-        skill_tags=tags or [], raw={"rr_trace": {"stop_reason": "completed"}},
+        reasoning="r",
+        error_identification="step 3 failed",
+        root_cause_analysis="rc",
+        correct_approach="c",
+        key_insight="k",
+        extracted_learnings=[{"learning": learning, "atomicity_score": 0.8}],
+        skill_tags=tags or [],
+        raw={"rr_trace": {"stop_reason": "completed"}},
     )
 
 
-def _record(index: int, run: dict[str, object], out: ReflectorOutput | None, error: str | None = None) -> RunRecord:
+def _record(
+    index: int, run: dict[str, object], out: ReflectorOutput | None, error: str | None = None
+) -> RunRecord:
     raw = json.dumps(run).encode()
     sha = hashlib.sha256(raw).hexdigest()
     trace = TraceRef(uri=f"blob:sha256:{sha}", sha256=sha, size=len(raw), format="tau-bench")
     batch_run = BatchRun(index=index, run_id=f"task{index}-trial0", trace=trace)
-    return build_record(RecordRunInput(batch_id="b", run=batch_run, workflow_id=f"b.run{index}", output=out,
-                                       error=error), raw)
+    return build_record(
+        RecordRunInput(batch_id="b", run=batch_run, workflow_id=f"b.run{index}", output=out, error=error), raw
+    )
 
 
 def test_the_synthesis_counts_runs_not_errors() -> None:
     harmful = [SkillTag(id="air-00001", tag="harmful")]
     records = [_record(0, tau_run(0, errors={"get_flight_status": 6}), _output("retry less", harmful))]
-    records += [_record(i, tau_run(i, errors={"get_user_details": 1}, book=False), _output("Read the error.  "))
-                for i in range(1, 6)]
-    records += [_record(6, tau_run(6), _output("keep going")),
-                _record(7, tau_run(7), None, error="the reflection failed: boom")]
+    records += [
+        _record(i, tau_run(i, errors={"get_user_details": 1}, book=False), _output("Read the error.  "))
+        for i in range(1, 6)
+    ]
+    records += [
+        _record(6, tau_run(6), _output("keep going")),
+        _record(7, tau_run(7), None, error="the reflection failed: boom"),
+    ]
     assert records[0].failing_tools == {"get_flight_status": 6} and records[0].outcome == "success"
     s = synthesise(records, n_runs=8)
     assert (s.reflected, s.failed) == (7, 1)
@@ -129,18 +150,24 @@ def test_the_synthesis_counts_runs_not_errors() -> None:
         ("tool_error:get_user_details", 5, 5),
         ("tool_error:get_flight_status", 1, 0),
     ]
-    assert s.failure_modes[1].run_ids == [f"task{i}-trial0" for i in range(1, 6)] and s.failure_modes[1].share == round(5 / 7, 4)
+    assert s.failure_modes[1].run_ids == [f"task{i}-trial0" for i in range(1, 6)] and s.failure_modes[
+        1
+    ].share == round(5 / 7, 4)
     assert s.single_run_modes == 1
     assert [(t.text, t.runs) for t in s.recurring_learnings] == [("Read the error.", 5)]
     assert [(t.text, t.runs, t.run_ids) for t in s.harmful_skills] == [("air-00001", 1, ["task0-trial0"])]
     assert [f.run_id for f in s.failed_runs] == ["task7-trial0"] and records[7].failure_modes == []
     assert s.mean_reward == round(2 / 7, 4)
     assert "5 of 7 runs (71%)" in s.summary and "task1-trial0, task2-trial0" in s.summary
-    assert synthesise(list(reversed(records)), 8).failure_modes[1].run_ids[0] == "task5-trial0"  # in record order
+    assert (
+        synthesise(list(reversed(records)), 8).failure_modes[1].run_ids[0] == "task5-trial0"
+    )  # in record order
 
 
 def test_a_record_without_readable_facts_keeps_its_reflection() -> None:
-    run = BatchRun(index=0, run_id="x", trace=TraceRef(uri="blob:sha256:" + "1" * 64, sha256="1" * 64, size=3))
+    run = BatchRun(
+        index=0, run_id="x", trace=TraceRef(uri="blob:sha256:" + "1" * 64, sha256="1" * 64, size=3)
+    )
     rec = build_record(RecordRunInput(batch_id="b", run=run, output=_output("l")), b"[[[")
     assert rec.status == "reflected" and rec.facts_error and rec.outcome == "unknown"
     assert rec.learnings == ["l"] and rec.what_went_wrong == "step 3 failed"
@@ -158,7 +185,10 @@ def test_iter_sources_turns_an_unreadable_file_into_a_broken_run(tmp_path: Path)
         return ref
 
     got = list(iter_sources([good, bad], BlobStore(tmp_path / "b"), upload=upload))
-    assert got == [RunSource(str(good), str(good), trace=ref), RunSource(str(bad), str(bad), error=f"invalid JSON in {bad}")]
+    assert got == [
+        RunSource(str(good), str(good), trace=ref),
+        RunSource(str(bad), str(bad), error=f"invalid JSON in {bad}"),
+    ]
 
 
 def test_the_reward_is_the_label_when_the_trace_has_one() -> None:

@@ -29,10 +29,14 @@ def test_references_in_several_spellings() -> None:
 
 def test_quotes_are_attributed_to_the_cells_of_their_clause() -> None:
     assert _check('cell 3: "steps 12"; cell 5 printed "answer was 42"') == [
-        (3, True, "steps 12", True), (5, True, "answer was 42", True)]
+        (3, True, "steps 12", True),
+        (5, True, "answer was 42", True),
+    ]
     # quote before its reference, and a second clause with its own cell
     assert _check('"steps 12" (cell 3); "answer was 43" (cell 5)') == [
-        (3, True, "steps 12", True), (5, True, "answer was 43", False)]
+        (3, True, "steps 12", True),
+        (5, True, "answer was 43", False),
+    ]
 
 
 def test_a_quote_of_several_cells_goes_to_the_one_that_printed_it() -> None:
@@ -62,12 +66,23 @@ def test_rendered_reflection_shows_one_checked_entry_per_cited_cell() -> None:
     from reflector.client.render import render_reflection
     from reflector.contract import ReflectorOutput
 
-    learnings = [ExtractedLearning(learning="a", atomicity_score=0.5, evidence='cell 3: "steps 12"; cell 3 "tool"'),
-                 ExtractedLearning(learning="b", atomicity_score=0.5, evidence='cell 5: "answer was 43"; cell 9'),
-                 ExtractedLearning(learning="c", atomicity_score=0.5, evidence="no citation")]
-    out = ReflectorOutput(reasoning="r", error_identification="e", root_cause_analysis="c", correct_approach="a",
-                          key_insight="k", extracted_learnings=learnings, citations=check_citations(learnings, OUTPUTS))
+    learnings = [
+        ExtractedLearning(learning="a", atomicity_score=0.5, evidence='cell 3: "steps 12"; cell 3 "tool"'),
+        ExtractedLearning(learning="b", atomicity_score=0.5, evidence='cell 5: "answer was 43"; cell 9'),
+        ExtractedLearning(learning="c", atomicity_score=0.5, evidence="no citation"),
+    ]
+    out = ReflectorOutput(
+        reasoning="r",
+        error_identification="e",
+        root_cause_analysis="c",
+        correct_approach="a",
+        key_insight="k",
+        extracted_learnings=learnings,
+        citations=check_citations(learnings, OUTPUTS),
+    )
     text = render_reflection(out)
     assert "cells: cell 3 ok (2 quotes)" in text
-    assert 'cells: cell 5 UNSUPPORTED (not printed: "answer was 43"), cell 9 UNSUPPORTED (no such cell)' in text
+    assert (
+        'cells: cell 5 UNSUPPORTED (not printed: "answer was 43"), cell 9 UNSUPPORTED (no such cell)' in text
+    )
     assert "cells: none cited" in text

@@ -41,7 +41,12 @@ PROVIDER_SECRETS = (
 PROVIDER_VARS = (*PROVIDER_SECRETS, "RR_MODEL", "RR_PROVIDER_TIMEOUT_S", "RR_WORKER_MODELS")
 # What workers and client must agree on to use the same blob store
 BLOB_VARS = (
-    "RR_BLOB_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"
+    "RR_BLOB_URL",
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
 )
 TEMPORAL_VARS = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "RR_TASK_QUEUE")
 
@@ -143,7 +148,9 @@ def _named_volume(compose: dict[str, Any], service: dict[str, Any], target: str)
 # -- Temporal on PostgreSQL ------------------------------------------------------------------------------
 
 
-def test_postgresql_persists_to_a_named_volume(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+def test_postgresql_persists_to_a_named_volume(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
     pg = services["postgresql"]
     assert _image_name(pg) == "postgres"
     _named_volume(compose, pg, "/var/lib/postgresql/data")
@@ -158,7 +165,9 @@ def test_temporal_uses_postgres_driver_on_postgresql_service(services: dict[str,
     assert env["POSTGRES_SEEDS"] == "postgresql"
     # The server must wait for its database (directly or via the schema job that does).
     deps = _depends_on(temporal)
-    assert "postgresql" in deps or any("postgresql" in _depends_on(services[d]) for d in deps if d in services)
+    assert "postgresql" in deps or any(
+        "postgresql" in _depends_on(services[d]) for d in deps if d in services
+    )
     assert temporal.get("healthcheck", {}).get("test"), "workers and client wait for a healthy server"
 
 
@@ -234,8 +243,9 @@ def test_minio_serves_s3_from_a_named_volume_with_a_healthcheck(
     assert "9000" in published
 
 
-@pytest.mark.parametrize("host_env", [{}, {"RR_S3_BUCKET": "team-blobs", "RR_S3_PREFIX": "prod"}],
-                         ids=["defaults", "overridden"])
+@pytest.mark.parametrize(
+    "host_env", [{}, {"RR_S3_BUCKET": "team-blobs", "RR_S3_PREFIX": "prod"}], ids=["defaults", "overridden"]
+)
 def test_bucket_job_creates_the_bucket_named_in_rr_blob_url(
     services: dict[str, dict[str, Any]], host_env: dict[str, str]
 ) -> None:
@@ -253,13 +263,19 @@ def test_bucket_job_creates_the_bucket_named_in_rr_blob_url(
     assert command.index(alias[0]) < command.index(made[0])
 
 
-@pytest.mark.parametrize("host_env", [{}, {"MINIO_ROOT_USER": "alice", "MINIO_ROOT_PASSWORD": "s3cret-s3cret"}],
-                         ids=["defaults", "overridden"])
+@pytest.mark.parametrize(
+    "host_env",
+    [{}, {"MINIO_ROOT_USER": "alice", "MINIO_ROOT_PASSWORD": "s3cret-s3cret"}],
+    ids=["defaults", "overridden"],
+)
 def test_s3_credentials_are_the_minio_credentials(
     services: dict[str, dict[str, Any]], host_env: dict[str, str]
 ) -> None:
     minio, job, worker = (_env(services[name]) for name in ("minio", "minio-setup", "worker"))
-    for ours, theirs in (("AWS_ACCESS_KEY_ID", "MINIO_ROOT_USER"), ("AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD")):
+    for ours, theirs in (
+        ("AWS_ACCESS_KEY_ID", "MINIO_ROOT_USER"),
+        ("AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD"),
+    ):
         expected = _interpolate(minio[theirs], host_env)
         assert _interpolate(worker[ours], host_env) == expected, f"worker {ours} != minio {theirs}"
         assert _interpolate(job[theirs], host_env) == expected, f"minio-setup {theirs} != minio {theirs}"
@@ -269,7 +285,9 @@ def test_s3_credentials_are_the_minio_credentials(
 def test_workers_and_client_wait_for_the_bucket(services: dict[str, dict[str, Any]]) -> None:
     for name in ("worker", "client"):
         deps = _depends_on(services[name])
-        assert deps.get("minio-setup") == "service_completed_successfully", f"{name} starts before the bucket exists"
+        assert deps.get("minio-setup") == "service_completed_successfully", (
+            f"{name} starts before the bucket exists"
+        )
 
 
 # -- the client service ----------------------------------------------------------------------------------
@@ -302,14 +320,19 @@ def test_client_gets_no_provider_keys(services: dict[str, dict[str, Any]]) -> No
 # -- provider settings -----------------------------------------------------------------------------------
 
 
-def test_workers_get_every_provider_variable(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+def test_workers_get_every_provider_variable(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
     assert set(compose["x-provider-env"]) == set(PROVIDER_VARS), "the provider settings are written once"
     env = _env(services["worker"])
     missing = [name for name in PROVIDER_VARS if name not in env]
     assert not missing, f"workers do not get {missing}"
     others = [
-        (name, var) for name, svc in services.items() if name != "worker"
-        for var in PROVIDER_SECRETS if var in _env(svc)
+        (name, var)
+        for name, svc in services.items()
+        if name != "worker"
+        for var in PROVIDER_SECRETS
+        if var in _env(svc)
     ]
     assert not others, f"only workers get provider keys: {others}"
 
@@ -357,8 +380,10 @@ def test_published_ports_bind_loopback(services: dict[str, dict[str, Any]]) -> N
 def test_every_variable_has_a_default_or_is_documented() -> None:
     text = COMPOSE.read_text()
     header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
-    undocumented = sorted({name for name, has_default in _references(text) if not has_default} - set(
-        re.findall(r"[A-Z][A-Z0-9_]+", header)))
+    undocumented = sorted(
+        {name for name, has_default in _references(text) if not has_default}
+        - set(re.findall(r"[A-Z][A-Z0-9_]+", header))
+    )
     assert not undocumented, f"these have no default and the header does not name them: {undocumented}"
     # and the header's own commands use services that exist
     data = yaml.safe_load(text)
@@ -388,7 +413,9 @@ def test_dockerfile_installs_the_s3_extra_non_editable_and_runs_an_unprivileged_
     assert any(re.fullmatch(r"""["']?\.\[s3\]["']?""", arg.strip()) for arg in installs), (
         f"install the project with its S3 extra: pip install '.[s3]' (got {installs})"
     )
-    assert not any(re.search(r"(^|\s)(-e|--editable)(\s|$)", arg) for arg in installs), "a regular install, not -e"
+    assert not any(re.search(r"(^|\s)(-e|--editable)(\s|$)", arg) for arg in installs), (
+        "a regular install, not -e"
+    )
     users = [line for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in {"USER root", "USER 0"}, "the worker must not run as root"
     cmd = [line for line in lines if line.startswith("CMD ")]
@@ -408,8 +435,11 @@ def test_the_rr_commands_compose_runs_exist_in_the_cli(
 ) -> None:
     from reflector import cli
 
-    used = {svc["command"][1] for svc in services.values()
-            if isinstance(svc.get("command"), list) and svc["command"][:1] == ["rr"]}
+    used = {
+        svc["command"][1]
+        for svc in services.values()
+        if isinstance(svc.get("command"), list) and svc["command"][:1] == ["rr"]
+    }
     header = "\n".join(line for line in COMPOSE.read_text().splitlines() if line.startswith("#"))
     used |= set(re.findall(r"client rr ([a-z]+)", header))
     assert {"worker", "setup", "reflect", "list"} <= used
@@ -463,11 +493,13 @@ def test_aws_variables_are_the_ones_boto3_reads(services: dict[str, dict[str, An
 
 
 def test_provider_variables_are_the_ones_the_provider_sdks_read() -> None:
-    source = "\n".join((
-        _package_sources("pydantic_ai", "providers/*.py"),
-        _package_sources("openai", "_client.py"),
-        _package_sources("anthropic", "_client.py"),
-    ))
+    source = "\n".join(
+        (
+            _package_sources("pydantic_ai", "providers/*.py"),
+            _package_sources("openai", "_client.py"),
+            _package_sources("anthropic", "_client.py"),
+        )
+    )
     unread = [n for n in PROVIDER_SECRETS if f"'{n}'" not in source and f'"{n}"' not in source]
     assert not unread, f"no provider SDK reads {unread}"
 
@@ -477,7 +509,10 @@ def test_provider_variables_are_the_ones_the_provider_sdks_read() -> None:
 
 def _compose_cli() -> list[str] | None:
     docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0
+    ):
         return [docker, "compose"]
     standalone = shutil.which("docker-compose")
     return [standalone] if standalone else None

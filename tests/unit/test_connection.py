@@ -46,9 +46,16 @@ def pems(tmp_path: Path) -> dict[str, Path]:
 
 def _settings(env: Mapping[str, str]) -> Settings:
     address, namespace, temporal = load_temporal(env)
-    return Settings(home=Path("/nonexistent-rr-home"), address=address or DEFAULT_ADDRESS,
-                    address_explicit=bool(address), namespace=namespace or "default", task_queue_setting="q",
-                    model=None, max_trace_bytes=1, temporal=temporal)
+    return Settings(
+        home=Path("/nonexistent-rr-home"),
+        address=address or DEFAULT_ADDRESS,
+        address_explicit=bool(address),
+        namespace=namespace or "default",
+        task_queue_setting="q",
+        model=None,
+        max_trace_bytes=1,
+        temporal=temporal,
+    )
 
 
 def _sdk(env: Mapping[str, str]) -> dict[str, Any]:
@@ -79,7 +86,11 @@ def test_address_and_namespace_from_the_variables() -> None:
     env = {"TEMPORAL_ADDRESS": "temporal.internal:7233", "TEMPORAL_NAMESPACE": "team-a"}
     s = _settings(env)
     assert s.address_explicit and s.temporal.address_source == "TEMPORAL_ADDRESS"
-    assert _ours(env) == {"target_host": "temporal.internal:7233", "namespace": "team-a", "tls": False} == _sdk(env)
+    assert (
+        _ours(env)
+        == {"target_host": "temporal.internal:7233", "namespace": "team-a", "tls": False}
+        == _sdk(env)
+    )
     assert describe_target(s) == "TEMPORAL_ADDRESS=temporal.internal:7233"
 
 
@@ -89,11 +100,23 @@ def test_an_empty_address_is_not_configured() -> None:
 
 
 def test_api_key_implies_tls_and_never_shows() -> None:
-    env = {"TEMPORAL_ADDRESS": "ns.acct.tmprl.cloud:7233", "TEMPORAL_NAMESPACE": "ns.acct", "TEMPORAL_API_KEY": API_KEY}
+    env = {
+        "TEMPORAL_ADDRESS": "ns.acct.tmprl.cloud:7233",
+        "TEMPORAL_NAMESPACE": "ns.acct",
+        "TEMPORAL_API_KEY": API_KEY,
+    }
     s = _settings(env)
     cfg = _ours(env)
-    assert cfg == {"target_host": "ns.acct.tmprl.cloud:7233", "namespace": "ns.acct", "tls": True,
-                   "api_key": API_KEY} == _sdk(env)
+    assert (
+        cfg
+        == {
+            "target_host": "ns.acct.tmprl.cloud:7233",
+            "namespace": "ns.acct",
+            "tls": True,
+            "api_key": API_KEY,
+        }
+        == _sdk(env)
+    )
     assert API_KEY not in repr(s) and API_KEY not in str(s)
     assert describe_target(s) == "TEMPORAL_ADDRESS=ns.acct.tmprl.cloud:7233 (TLS, API key)"
     # an API key over plain gRPC only when TLS is switched off explicitly (e.g. a proxy on localhost)
@@ -110,8 +133,9 @@ def test_mtls_files_are_read_into_the_tls_config(pems: dict[str, Path]) -> None:
         "TEMPORAL_TLS_SERVER_NAME": "temporal.internal",
     }
     tls = _ours(env)["tls"]
-    assert tls == TLSConfig(server_root_ca_cert=CA, domain="temporal.internal", client_cert=CERT,
-                            client_private_key=KEY)
+    assert tls == TLSConfig(
+        server_root_ca_cert=CA, domain="temporal.internal", client_cert=CERT, client_private_key=KEY
+    )
     assert _ours(env) == _sdk(env)
     s = _settings(env)
     assert KEY not in repr(s).encode() and describe_target(s) == "TEMPORAL_ADDRESS=10.0.0.5:7233 (TLS)"
@@ -121,8 +145,12 @@ def test_mtls_files_are_read_into_the_tls_config(pems: dict[str, Path]) -> None:
 
 
 def test_inline_pem_data_and_grpc_metadata() -> None:
-    env = {"TEMPORAL_ADDRESS": "h:1", "TEMPORAL_TLS_SERVER_CA_CERT_DATA": CA.decode(),
-           "TEMPORAL_GRPC_META_X_TENANT_ID": "blue", "TEMPORAL_GRPC_META_AUTHORIZATION": "Bearer abc"}
+    env = {
+        "TEMPORAL_ADDRESS": "h:1",
+        "TEMPORAL_TLS_SERVER_CA_CERT_DATA": CA.decode(),
+        "TEMPORAL_GRPC_META_X_TENANT_ID": "blue",
+        "TEMPORAL_GRPC_META_AUTHORIZATION": "Bearer abc",
+    }
     cfg = _ours(env)
     assert cfg["tls"] == TLSConfig(server_root_ca_cert=CA)
     assert cfg["rpc_metadata"] == {"x-tenant-id": "blue", "authorization": "Bearer abc"}
@@ -141,9 +169,9 @@ namespace = "prod-ns"
 api_key = "{API_KEY}"
 
 [profile.prod.tls]
-server_ca_cert_path = "{pems['ca']}"
-client_cert_path = "{pems['cert']}"
-client_key_path = "{pems['key']}"
+server_ca_cert_path = "{pems["ca"]}"
+client_cert_path = "{pems["cert"]}"
+client_key_path = "{pems["key"]}"
 server_name = "prod.temporal.example"
 
 [profile.prod.grpc_meta]
@@ -160,9 +188,12 @@ def test_a_profile_of_the_config_file(tmp_path: Path, pems: dict[str, Path]) -> 
     assert s.temporal.address_source == f"profile 'prod' in {toml}" and s.temporal.config_file == toml
     cfg = _ours(env)
     assert cfg == {
-        "target_host": "prod.temporal.example:7233", "namespace": "prod-ns", "api_key": API_KEY,
-        "tls": TLSConfig(server_root_ca_cert=CA, domain="prod.temporal.example", client_cert=CERT,
-                         client_private_key=KEY),
+        "target_host": "prod.temporal.example:7233",
+        "namespace": "prod-ns",
+        "api_key": API_KEY,
+        "tls": TLSConfig(
+            server_root_ca_cert=CA, domain="prod.temporal.example", client_cert=CERT, client_private_key=KEY
+        ),
         "rpc_metadata": {"x-team": "reflector"},
     }
     assert cfg == _sdk(env)
@@ -174,8 +205,11 @@ def test_a_profile_of_the_config_file(tmp_path: Path, pems: dict[str, Path]) -> 
     assert _settings(over).temporal.address_source == "TEMPORAL_ADDRESS"
     assert _ours(over) == _sdk(over)
     # no TEMPORAL_PROFILE: the profile called "default"
-    assert _ours({"TEMPORAL_CONFIG_FILE": str(toml)}) == {"target_host": "localhost:7999", "namespace": "default",
-                                                          "tls": False}
+    assert _ours({"TEMPORAL_CONFIG_FILE": str(toml)}) == {
+        "target_host": "localhost:7999",
+        "namespace": "default",
+        "tls": False,
+    }
 
 
 def test_the_default_config_file_is_read(no_user_config: Path, pems: dict[str, Path]) -> None:
@@ -186,7 +220,9 @@ def test_the_default_config_file_is_read(no_user_config: Path, pems: dict[str, P
     assert _settings({"TEMPORAL_PROFILE": "prod"}).namespace == "prod-ns"
 
 
-def test_settings_from_env_resolve_through_envconfig(monkeypatch: pytest.MonkeyPatch, pems: dict[str, Path]) -> None:
+def test_settings_from_env_resolve_through_envconfig(
+    monkeypatch: pytest.MonkeyPatch, pems: dict[str, Path]
+) -> None:
     monkeypatch.setenv("TEMPORAL_ADDRESS", "h.example:7233")
     monkeypatch.setenv("TEMPORAL_NAMESPACE", "n1")
     monkeypatch.setenv("TEMPORAL_API_KEY", API_KEY)
@@ -199,11 +235,19 @@ def test_settings_from_env_resolve_through_envconfig(monkeypatch: pytest.MonkeyP
 
 
 def test_the_embedded_server_gets_no_credentials(pems: dict[str, Path]) -> None:
-    s = _settings({"TEMPORAL_API_KEY": API_KEY, "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(pems["ca"]),
-                   "TEMPORAL_GRPC_META_X_A": "b"})
+    s = _settings(
+        {
+            "TEMPORAL_API_KEY": API_KEY,
+            "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(pems["ca"]),
+            "TEMPORAL_GRPC_META_X_A": "b",
+        }
+    )
     assert not s.address_explicit  # credentials without an address: the default address
     assert dict(connect_config(s, address="127.0.0.1:40001", embedded=True)) == {
-        "target_host": "127.0.0.1:40001", "namespace": "default", "tls": False}
+        "target_host": "127.0.0.1:40001",
+        "namespace": "default",
+        "tls": False,
+    }
     assert describe_target(s, "127.0.0.1:40001") == "127.0.0.1:40001"
 
 
@@ -220,29 +264,48 @@ def _refused(env: Mapping[str, str], *needles: str) -> str:
 
 def test_a_missing_certificate_file_names_the_variable(tmp_path: Path, pems: dict[str, Path]) -> None:
     missing = tmp_path / "nope.pem"
-    _refused({"TEMPORAL_TLS_CLIENT_CERT_PATH": str(missing), "TEMPORAL_TLS_CLIENT_KEY_PATH": str(pems["key"])},
-             "TEMPORAL_TLS_CLIENT_CERT_PATH", str(missing), "No such file")
-    _refused({"TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(tmp_path)}, "TEMPORAL_TLS_SERVER_CA_CERT_PATH", str(tmp_path))
+    _refused(
+        {"TEMPORAL_TLS_CLIENT_CERT_PATH": str(missing), "TEMPORAL_TLS_CLIENT_KEY_PATH": str(pems["key"])},
+        "TEMPORAL_TLS_CLIENT_CERT_PATH",
+        str(missing),
+        "No such file",
+    )
+    _refused(
+        {"TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(tmp_path)}, "TEMPORAL_TLS_SERVER_CA_CERT_PATH", str(tmp_path)
+    )
     empty = tmp_path / "empty.pem"
     empty.write_bytes(b"")
     _refused({"TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(empty)}, "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "empty")
 
 
-def test_a_missing_certificate_file_of_a_profile_names_the_profile(tmp_path: Path, pems: dict[str, Path]) -> None:
+def test_a_missing_certificate_file_of_a_profile_names_the_profile(
+    tmp_path: Path, pems: dict[str, Path]
+) -> None:
     toml = _write_toml(tmp_path / "t.toml", pems)
     pems["ca"].unlink()
-    _refused({"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "prod"},
-             "tls.server_ca_cert_path", "profile 'prod'", str(toml), str(pems["ca"]))
+    _refused(
+        {"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "prod"},
+        "tls.server_ca_cert_path",
+        "profile 'prod'",
+        str(toml),
+        str(pems["ca"]),
+    )
 
 
 def test_a_client_certificate_needs_its_key(pems: dict[str, Path]) -> None:
-    _refused({"TEMPORAL_TLS_CLIENT_CERT_PATH": str(pems["cert"])}, "private key", "TEMPORAL_TLS_CLIENT_KEY_PATH")
+    _refused(
+        {"TEMPORAL_TLS_CLIENT_CERT_PATH": str(pems["cert"])}, "private key", "TEMPORAL_TLS_CLIENT_KEY_PATH"
+    )
 
 
 def test_unknown_profile(tmp_path: Path, pems: dict[str, Path]) -> None:
     toml = _write_toml(tmp_path / "t.toml", pems)
-    _refused({"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "staging"},
-             "TEMPORAL_PROFILE", "'staging'", str(toml))
+    _refused(
+        {"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "staging"},
+        "TEMPORAL_PROFILE",
+        "'staging'",
+        str(toml),
+    )
     _refused({"TEMPORAL_PROFILE": "staging"}, "TEMPORAL_PROFILE", "'staging'", "no config file")
 
 
@@ -261,11 +324,17 @@ def test_malformed_default_config_file_names_it(no_user_config: Path) -> None:
 
 
 def test_conflicting_or_unsupported_variables(pems: dict[str, Path]) -> None:
-    _refused({"TEMPORAL_TLS_CLIENT_CERT_PATH": str(pems["cert"]), "TEMPORAL_TLS_CLIENT_CERT_DATA": "x"},
-             "TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_DATA")
+    _refused(
+        {"TEMPORAL_TLS_CLIENT_CERT_PATH": str(pems["cert"]), "TEMPORAL_TLS_CLIENT_CERT_DATA": "x"},
+        "TEMPORAL_TLS_CLIENT_CERT_PATH",
+        "TEMPORAL_TLS_CLIENT_CERT_DATA",
+    )
     _refused({"TEMPORAL_TLS": "maybe"}, "TEMPORAL_TLS must be true/false")
-    _refused({"TEMPORAL_TLS_DISABLE_HOST_VERIFICATION": "true"}, "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
-             "not supported")
+    _refused(
+        {"TEMPORAL_TLS_DISABLE_HOST_VERIFICATION": "true"},
+        "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
+        "not supported",
+    )
     # as in the SDK, any TEMPORAL_TLS* variable (even this one, false) turns TLS on
     harmless = {"TEMPORAL_TLS_DISABLE_HOST_VERIFICATION": "false"}
     assert _ours(harmless)["tls"] is True and _sdk(harmless)["tls"] is True

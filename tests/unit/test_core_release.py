@@ -22,7 +22,9 @@ def test_the_installed_bridge_can_be_entered_to_apply_queued_drops() -> None:
     assert api._apply_deferred_core_drops() is True
 
 
-def test_every_look_for_left_core_threads_first_applies_the_queued_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_look_for_left_core_threads_first_applies_the_queued_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[str] = []
 
     def enter_pyo3() -> bool:

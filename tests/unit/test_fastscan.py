@@ -31,7 +31,9 @@ from reflector.analysis.traces.scan import Scanner
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
-def _run(cls: type[Scanner], data: bytes, name: str, chunk: int, split: bool, broken: bool) -> tuple[str, str]:
+def _run(
+    cls: type[Scanner], data: bytes, name: str, chunk: int, split: bool, broken: bool
+) -> tuple[str, str]:
     sc = cls(io.BytesIO(data), name, chunk=chunk, split_object=split, yield_broken=broken)
     got: list[Any] = []
     try:
@@ -62,8 +64,11 @@ def containers(records: list[bytes]) -> dict[str, bytes]:
 HOSTILE: dict[str, list[bytes]] = {
     "nan-inf": [b'{"a": NaN}', b'{"b": [Infinity, -Infinity]}', b'{"c": 1}'],
     "beyond-double": [b'{"x": 1e400, "y": -1e400, "z": 1e-400}', b'{"c": 2}'],
-    "big-ints": [b'{"n": 123456789012345678901234567890}', b'{"m": -9223372036854775809}',
-                 b'{"u": 18446744073709551616}'],
+    "big-ints": [
+        b'{"n": 123456789012345678901234567890}',
+        b'{"m": -9223372036854775809}',
+        b'{"u": 18446744073709551616}',
+    ],
     "int-over-4300-digits": [b'{"ok": 1}', b'{"n": ' + b"7" * 5000 + b"}"],
     "duplicate-keys": [b'{"a": 1, "b": 2, "a": 3}', b'{"role": "user", "role": "assistant", "content": "x"}'],
     "lone-surrogate": [b'{"s": "\\ud800 x"}', b'{"s": "\\udc00"}', b'{"ok": "\\ud83d\\ude00"}'],
@@ -113,8 +118,11 @@ def test_hostile_files_scan_alike(data: bytes) -> None:
 
 
 _SCALARS = (
-    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30)
 )
 _VALUES = st.recursive(
     _SCALARS,
@@ -129,18 +137,23 @@ _VALUES = st.recursive(
     ascii_only=st.booleans(),
     indent=st.sampled_from([None, 1, 2]),
 )
-def test_generated_traces_scan_alike(records: list[dict[str, Any]], ascii_only: bool, indent: int | None) -> None:
+def test_generated_traces_scan_alike(
+    records: list[dict[str, Any]], ascii_only: bool, indent: int | None
+) -> None:
     lines = [json.dumps(r, ensure_ascii=ascii_only).encode("utf-8", errors="surrogatepass") for r in records]
     for name, data in containers(lines).items():
         assert_same(data, name)
-    pretty = json.dumps(records, ensure_ascii=ascii_only, indent=indent).encode("utf-8", errors="surrogatepass")
+    pretty = json.dumps(records, ensure_ascii=ascii_only, indent=indent).encode(
+        "utf-8", errors="surrogatepass"
+    )
     assert_same(pretty, "p.json")
 
 
 @settings(max_examples=100, deadline=None)
 @given(
     records=st.lists(st.dictionaries(st.text(max_size=5), _SCALARS, max_size=3), min_size=2, max_size=8),
-    at=st.integers(min_value=0), junk=st.binary(min_size=1, max_size=3),
+    at=st.integers(min_value=0),
+    junk=st.binary(min_size=1, max_size=3),
 )
 def test_damaged_traces_scan_alike(records: list[dict[str, Any]], at: int, junk: bytes) -> None:
     lines = [json.dumps(r).encode() for r in records]
@@ -150,17 +163,37 @@ def test_damaged_traces_scan_alike(records: list[dict[str, Any]], at: int, junk:
 
 
 # -- message columns ------------------------------------------------------------------------------
-_ROLES = st.sampled_from(["system", "user", "assistant", "tool", "developer", "function", "human", "ai",
-                          "Assistant", "Orchestrator (-> WebSurfer)", "toolResult", ""])
+_ROLES = st.sampled_from(
+    [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "developer",
+        "function",
+        "human",
+        "ai",
+        "Assistant",
+        "Orchestrator (-> WebSurfer)",
+        "toolResult",
+        "",
+    ]
+)
 _IDS = st.sampled_from(["c1", "c2", "", None, 7])
 _CALL = st.fixed_dictionaries(
     {},
     optional={
         "id": _IDS,
         "type": st.just("function"),
-        "function": st.none() | st.just({}) | st.fixed_dictionaries(
-            {}, optional={"name": st.sampled_from(["sql", "read", "", 3]),
-                          "arguments": st.none() | st.just('{"q": 1}') | st.just({"q": 1})}),
+        "function": st.none()
+        | st.just({})
+        | st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.sampled_from(["sql", "read", "", 3]),
+                "arguments": st.none() | st.just('{"q": 1}') | st.just({"q": 1}),
+            },
+        ),
         "name": st.sampled_from(["sql", "grep"]),
         "arguments": st.just("{}"),
     },
@@ -169,8 +202,18 @@ _MESSAGE = st.fixed_dictionaries(
     {},
     optional={
         "role": _ROLES,
-        "content": st.none() | st.sampled_from(["", "  ", "ok", "Error: boom", "[thinking] x [/thinking] y",
-                                                "no such file here", "fine, no errors"])
+        "content": st.none()
+        | st.sampled_from(
+            [
+                "",
+                "  ",
+                "ok",
+                "Error: boom",
+                "[thinking] x [/thinking] y",
+                "no such file here",
+                "fine, no errors",
+            ]
+        )
         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.just("hi")}), max_size=2),
         "tool_calls": st.none() | st.just([]) | st.lists(_CALL, max_size=3) | _CALL | st.just(["x"]),
         "tool_call_id": _IDS,
@@ -184,11 +227,19 @@ _MESSAGE = st.fixed_dictionaries(
 
 @settings(max_examples=400, deadline=None)
 @given(messages=st.lists(_MESSAGE | st.text(max_size=3), min_size=1, max_size=6))
-@example(messages=[{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {}, "name": "grep"}]},
-                   {"role": "tool", "content": "Error: x", "tool_call_id": "c1"}])
-@example(messages=[{"role": "assistant", "content": "a", "tool_calls": [{"id": "c1", "name": "grep"}]},
-                   {"role": "tool", "content": "ok", "tool_call_id": "c1", "name": "sql"},
-                   {"role": "tool", "content": "ok", "tool_call_id": "c2"}])
+@example(
+    messages=[
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {}, "name": "grep"}]},
+        {"role": "tool", "content": "Error: x", "tool_call_id": "c1"},
+    ]
+)
+@example(
+    messages=[
+        {"role": "assistant", "content": "a", "tool_calls": [{"id": "c1", "name": "grep"}]},
+        {"role": "tool", "content": "ok", "tool_call_id": "c1", "name": "sql"},
+        {"role": "tool", "content": "ok", "tool_call_id": "c2"},
+    ]
+)
 def test_message_columns_are_the_adapters(messages: list[Any]) -> None:
     fast_names: dict[str, str] = {}
     slow_names: dict[str, str] = {}
@@ -203,20 +254,38 @@ def test_message_columns_are_the_adapters(messages: list[Any]) -> None:
         assert len(steps) == 1
         step = steps[0]
         role, content, err, tool, names = cols
-        assert (role, content, err, tool) == (step["role"], step["content"], step["is_error"], step["tool_name"])
+        assert (role, content, err, tool) == (
+            step["role"],
+            step["content"],
+            step["is_error"],
+            step["tool_name"],
+        )
         assert names == [str(c.get("name")) for c in step["tool_calls"]]
         assert fast_names == slow_names
 
 
 def _plain_trace(n: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": "be exact"}, {"role": "user", "content": "how many?"}]
+    out: list[dict[str, Any]] = [
+        {"role": "system", "content": "be exact"},
+        {"role": "user", "content": "how many?"},
+    ]
     for i in range(n):
-        out.append({"role": "assistant", "content": f"step {i}" if i % 3 else "",
-                    "tool_calls": [{"id": f"c{i}", "type": "function",
-                                    "function": {"name": "sql", "arguments": '{"q": 1}'}}]})
-        out.append({"role": "tool", "tool_call_id": f"c{i}", "content": "Error: no table" if i % 7 == 0 else "rows"})
+        out.append(
+            {
+                "role": "assistant",
+                "content": f"step {i}" if i % 3 else "",
+                "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": "sql", "arguments": '{"q": 1}'}}
+                ],
+            }
+        )
+        out.append(
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "Error: no table" if i % 7 == 0 else "rows"}
+        )
         if i % 11 == 0:  # not plain: the adapter reads these
-            out.append({"role": "assistant", "content": [{"type": "text", "text": "parts"}], "name": "Planner"})
+            out.append(
+                {"role": "assistant", "content": [{"type": "text", "text": "parts"}], "name": "Planner"}
+            )
     out.append({"role": "assistant", "content": "  FINAL: 3  "})
     return out
 
@@ -230,19 +299,25 @@ def test_index_bytes_equal_the_stdlib_pass(shape: str, monkeypatch: pytest.Monke
         data, name = json.dumps({"question": "q", "steps": msgs}).encode(), "t.json"
     fast_out, slow_out = io.BytesIO(), io.BytesIO()
     fast = index_mod.write_index(io.BytesIO(data), name, fast_out, scanner=FastScanner)
-    monkeypatch.setattr(index_mod, "message_columns", lambda msg, names: None)  # every record through the adapter
+    monkeypatch.setattr(
+        index_mod, "message_columns", lambda msg, names: None
+    )  # every record through the adapter
     slow = index_mod.write_index(io.BytesIO(data), name, slow_out, scanner=Scanner)
     assert fast == slow and fast[1] is not None
     assert fast_out.getvalue() == slow_out.getvalue()
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent (only a checkout beside the shared folder has it)")
+@pytest.mark.skipif(
+    not SHARED.is_dir(), reason="../shared/traces is absent (only a checkout beside the shared folder has it)"
+)
 def test_shared_traces_index_alike() -> None:
     for path in sorted(SHARED.rglob("*.json*")):  # the Who&When runs too
         data = path.read_bytes()
         assert_same(data, path.name)
-        assert build_index(io.BytesIO(data), path.name, scanner=FastScanner)[1] == \
-            build_index(io.BytesIO(data), path.name)[1]
+        assert (
+            build_index(io.BytesIO(data), path.name, scanner=FastScanner)[1]
+            == build_index(io.BytesIO(data), path.name)[1]
+        )
 
 
 def test_nan_records_keep_the_stdlib_values() -> None:

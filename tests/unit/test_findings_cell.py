@@ -25,7 +25,11 @@ def test_loaded_cell_is_the_recorded_program() -> None:
 
 
 def test_stand_in_line_is_replaced() -> None:
-    text = resources.files("reflector.analysis.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
+    text = (
+        resources.files("reflector.analysis.heuristic")
+        .joinpath("findings_cell.py")
+        .read_text(encoding="utf-8")
+    )
     first, _, rest = text.partition("\n")
     assert first.startswith("from SANDBOX_VARIABLES import ")
     code_lines = [ln for ln in rest.splitlines(keepends=True) if not ln.lstrip().startswith("#")]
@@ -36,7 +40,11 @@ def test_stand_in_line_is_replaced() -> None:
 
 def test_the_cell_uses_only_names_the_sandbox_preloads() -> None:
     # every name the stand-in line imports is a sandbox variable or a toolkit helper
-    text = resources.files("reflector.analysis.heuristic").joinpath("findings_cell.py").read_text(encoding="utf-8")
+    text = (
+        resources.files("reflector.analysis.heuristic")
+        .joinpath("findings_cell.py")
+        .read_text(encoding="utf-8")
+    )
     names = text.partition(" import ")[2].partition("  #")[0].split(", ")
     assert set(names) <= {"task", "traces", *SANDBOX_HELPERS}
 

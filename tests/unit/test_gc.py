@@ -65,23 +65,43 @@ def test_referenced_young_and_unknown_items_are_kept_the_rest_removed() -> None:
     kept, young, orphan = blob("kept"), blob("young", mtime=NOW - 60), blob("orphan")
     unknown = item("notes.txt", "unknown")
     temp_old, temp_young = item(".incoming-a", "temp"), item(".incoming-b", "temp", mtime=NOW - 5)
-    plan = gc.decide([kept, young, orphan, unknown, temp_old, temp_young], refs({kept.key}),
-                     now=NOW, min_age_s=HOUR, names_in=reader({}))
+    plan = gc.decide(
+        [kept, young, orphan, unknown, temp_old, temp_young],
+        refs({kept.key}),
+        now=NOW,
+        min_age_s=HOUR,
+        names_in=reader({}),
+    )
     assert removed(plan) == {orphan.path, temp_old.path}
     reasons = {v.item.path: v.reason for v in plan.kept}
-    assert reasons == {kept.path: gc.REFERENCED, young.path: gc.YOUNG, unknown.path: gc.UNKNOWN,
-                       temp_young.path: gc.YOUNG}
+    assert reasons == {
+        kept.path: gc.REFERENCED,
+        young.path: gc.YOUNG,
+        unknown.path: gc.UNKNOWN,
+        temp_young.path: gc.YOUNG,
+    }
     # with no grace period only references protect
     plan0 = gc.decide([kept, young, orphan], refs({kept.key}), now=NOW, min_age_s=0, names_in=reader({}))
     assert removed(plan0) == {young.path, orphan.path}
 
 
 def test_names_inside_kept_blobs_keep_blobs_transitively_but_traces_are_not_read() -> None:
-    manifest, trace, record, deeper, orphan = blob("manifest"), blob("trace"), blob("record"), blob("deeper"), blob("o")
+    manifest, trace, record, deeper, orphan = (
+        blob("manifest"),
+        blob("trace"),
+        blob("record"),
+        blob("deeper"),
+        blob("o"),
+    )
     calls: list[str] = []
     contents = {manifest.path: {trace.key, record.key}, record.path: {deeper.key}, trace.path: {orphan.key}}
-    plan = gc.decide([manifest, trace, record, deeper, orphan], refs({manifest.key}, traces={trace.key}),
-                     now=NOW, min_age_s=HOUR, names_in=reader(contents, calls))
+    plan = gc.decide(
+        [manifest, trace, record, deeper, orphan],
+        refs({manifest.key}, traces={trace.key}),
+        now=NOW,
+        min_age_s=HOUR,
+        names_in=reader(contents, calls),
+    )
     assert removed(plan) == {orphan.path}  # named only inside a trace: a trace is the agent's data
     assert trace.path not in calls and set(calls) == {manifest.path, record.path, deeper.path}
     assert {v.item.path: v.reason for v in plan.kept}[deeper.path] == gc.NAMED
@@ -91,8 +111,13 @@ def test_names_inside_kept_blobs_keep_blobs_transitively_but_traces_are_not_read
 def test_a_young_blob_keeps_what_it_names() -> None:
     # a batch manifest uploaded a moment ago names traces uploaded long ago: the workflow has not started yet
     manifest, old_trace = blob("manifest", mtime=NOW - 10), blob("old trace")
-    plan = gc.decide([manifest, old_trace], refs(), now=NOW, min_age_s=HOUR,
-                     names_in=reader({manifest.path: {old_trace.key}}))
+    plan = gc.decide(
+        [manifest, old_trace],
+        refs(),
+        now=NOW,
+        min_age_s=HOUR,
+        names_in=reader({manifest.path: {old_trace.key}}),
+    )
     assert removed(plan) == set()
 
 
@@ -101,7 +126,9 @@ def test_derived_files_live_and_die_with_their_source() -> None:
     index = inv.Item(f"{src.path}.index", "derived", "derived:index", 3, OLD, src.key)
     dead_index = inv.Item(f"{dead.path}.index", "derived", "derived:index", 3, OLD, dead.key)
     gone_src = sha("gone")
-    named_index = inv.Item(f"sha256/{gone_src[:2]}/{gone_src}.index", "derived", "derived:index", 3, OLD, gone_src)
+    named_index = inv.Item(
+        f"sha256/{gone_src[:2]}/{gone_src}.index", "derived", "derived:index", 3, OLD, gone_src
+    )
     items = [src, dead, index, dead_index, named_index]
     plan = gc.decide(items, refs({src.key, gone_src}), now=NOW, min_age_s=HOUR, names_in=reader({}))
     assert removed(plan) == {dead.path, dead_index.path}
@@ -116,9 +143,17 @@ def test_derived_files_live_and_die_with_their_source() -> None:
 def test_sessions_of_retained_workflows_are_kept_and_read_for_names() -> None:
     archive = blob("archive")
     mine, ghost = item("sessions/wf-1", "journal", "wf-1"), item("sessions/ghost", "journal", "ghost")
-    cache, ghost_cache = item("responses/wf-1", "responses", "wf-1"), item("responses/ghost", "responses", "ghost")
-    plan = gc.decide([archive, mine, ghost, cache, ghost_cache], refs(sessions={session_key("wf-1")}),
-                     now=NOW, min_age_s=HOUR, names_in=reader({mine.path: {archive.key}}))
+    cache, ghost_cache = (
+        item("responses/wf-1", "responses", "wf-1"),
+        item("responses/ghost", "responses", "ghost"),
+    )
+    plan = gc.decide(
+        [archive, mine, ghost, cache, ghost_cache],
+        refs(sessions={session_key("wf-1")}),
+        now=NOW,
+        min_age_s=HOUR,
+        names_in=reader({mine.path: {archive.key}}),
+    )
     assert removed(plan) == {ghost.path, ghost_cache.path}  # an ARCHIVE cell in a kept journal keeps its blob
 
 
@@ -128,8 +163,10 @@ def test_sessions_of_retained_workflows_are_kept_and_read_for_names() -> None:
 def test_names_in_bytes_finds_every_form_of_a_name() -> None:
     a, b, c, d = sha("a"), sha("b"), sha("c"), sha("d")
     known = {a, b, c, d}
-    text = (f'{{"uri":"{blob_uri(a)}","sha256":"{a}"}} init_ref={b} ARCHIVE("{c.upper()}") '
-            f'x{d}{"f" * 10} {sha("unknown")}').encode()
+    text = (
+        f'{{"uri":"{blob_uri(a)}","sha256":"{a}"}} init_ref={b} ARCHIVE("{c.upper()}") '
+        f"x{d}{'f' * 10} {sha('unknown')}"
+    ).encode()
     found = inv.names_in_bytes(text, known)
     assert found.blobs == {a, b, c, d} and found.traces == {a}
     assert inv.names_in_bytes(b"0" * 63 + b" " + a[:63].encode(), known).blobs == frozenset()
@@ -145,7 +182,9 @@ def test_names_across_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_blob_kinds_from_their_first_bytes() -> None:
-    payload = Payload(metadata={"encoding": b"json/plain"}, data=b'{"x": 1}').SerializeToString(deterministic=True)
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=b'{"x": 1}').SerializeToString(
+        deterministic=True
+    )
     transcript = transcript_json([ModelRequest(parts=[UserPromptPart("hi")])]).encode()
     init = json.dumps({"task": {"question": "q"}, "skillbook": ""}, sort_keys=True).encode()
     assert inv.blob_kind(payload) == inv.KIND_PAYLOAD
@@ -244,9 +283,12 @@ def _reference(digest: str, driver: str = PAYLOAD_DRIVER_NAME) -> Payload:
 def test_stored_digest_reads_references() -> None:
     digest = sha("p")
     assert stored_digest(_reference(digest)) == digest
-    legacy = Payload(metadata={"encoding": b"json/external-storage-reference"},
-                     data=json.dumps({"driver_name": PAYLOAD_DRIVER_NAME,
-                                      "driver_claim": {"claim_data": {"sha256": digest}}}).encode())
+    legacy = Payload(
+        metadata={"encoding": b"json/external-storage-reference"},
+        data=json.dumps(
+            {"driver_name": PAYLOAD_DRIVER_NAME, "driver_claim": {"claim_data": {"sha256": digest}}}
+        ).encode(),
+    )
     assert stored_digest(legacy) == digest
     assert stored_digest(Payload(metadata={"encoding": b"json/plain"}, data=b"{}")) is None
     with pytest.raises(ForeignReference):
@@ -259,8 +301,9 @@ def test_stored_digest_reads_references() -> None:
 class FakeSource:
     """Executions and histories in memory; `fail_on` makes reading that workflow's history fail."""
 
-    def __init__(self, histories: dict[str, list[HistoryEvent]], fail_on: str | None = None,
-                 list_fails: bool = False) -> None:
+    def __init__(
+        self, histories: dict[str, list[HistoryEvent]], fail_on: str | None = None, list_fails: bool = False
+    ) -> None:
         self.namespace = "test"
         self.histories, self.fail_on, self.list_fails = histories, fail_on, list_fails
         self.listed = 0
@@ -282,7 +325,8 @@ class FakeSource:
 def _started(text: str) -> HistoryEvent:
     event = HistoryEvent(event_id=1)
     event.workflow_execution_started_event_attributes.input.CopyFrom(
-        Payloads(payloads=[Payload(metadata={"encoding": b"json/plain"}, data=text.encode())]))
+        Payloads(payloads=[Payload(metadata={"encoding": b"json/plain"}, data=text.encode())])
+    )
     return event
 
 
@@ -295,10 +339,15 @@ def _marker(payload: Payload) -> HistoryEvent:
 def store(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A store with a trace, an offloaded payload naming an init blob, and two orphans, all old."""
     bs = BlobStore(tmp_path)
-    names = {"trace": bs.put_bytes(b'{"steps": ["' + b"x" * 100 + b'"]}'),
-             "init": bs.put_bytes(json.dumps({"skillbook": "", "task": {}}, sort_keys=True).encode()),
-             "orphan": bs.put_bytes(b"nobody names me"), "orphan2": bs.put_bytes(b"nor me")}
-    inner = Payload(metadata={"encoding": b"json/plain"}, data=json.dumps({"init_ref": names["init"]}).encode())
+    names = {
+        "trace": bs.put_bytes(b'{"steps": ["' + b"x" * 100 + b'"]}'),
+        "init": bs.put_bytes(json.dumps({"skillbook": "", "task": {}}, sort_keys=True).encode()),
+        "orphan": bs.put_bytes(b"nobody names me"),
+        "orphan2": bs.put_bytes(b"nor me"),
+    }
+    inner = Payload(
+        metadata={"encoding": b"json/plain"}, data=json.dumps({"init_ref": names["init"]}).encode()
+    )
     names["payload"] = bs.put_bytes(inner.SerializeToString(deterministic=True))
     (tmp_path / "sessions" / "wf-1").mkdir(parents=True)
     (tmp_path / "sessions" / "wf-1" / "00000001.json").write_text("{}")
@@ -326,7 +375,9 @@ async def test_run_gc_removes_only_what_no_history_names(store: tuple[Path, dict
     assert BlobStore(root).exists(names["orphan"])  # a dry run removes nothing
     assert dry.removed == {inv.KIND_OTHER: gc.Tally(2, len(b"nobody names me") + len(b"nor me"))}
     assert dry.kept[inv.KIND_PAYLOAD].count == 1 and dry.kept[inv.KIND_TRACE].count == 1
-    assert dry.kept[inv.KIND_JOURNAL].count == 1 and dry.kept[inv.KIND_INIT].count == 1  # named inside the payload
+    assert (
+        dry.kept[inv.KIND_JOURNAL].count == 1 and dry.kept[inv.KIND_INIT].count == 1
+    )  # named inside the payload
     report = await gc.run_gc(source, root, clock=_later)
     assert report.removed_paths == dry.removed_paths and source.listed == 4  # each run lists twice
     bs = BlobStore(root)
@@ -339,7 +390,9 @@ async def test_run_gc_removes_only_what_no_history_names(store: tuple[Path, dict
 async def test_run_gc_fails_closed(store: tuple[Path, dict[str, str]], failure: str) -> None:
     root, names = store
     histories = {"wf-1": _history(names), "wf-2": [_started("{}")]}
-    source = FakeSource(histories, list_fails=failure == "listing", fail_on="wf-2" if failure == "history" else None)
+    source = FakeSource(
+        histories, list_fails=failure == "listing", fail_on="wf-2" if failure == "history" else None
+    )
     if failure == "missing payload":
         histories["wf-2"].append(_marker(_reference(sha("lost"))))
     if failure == "foreign payload":
@@ -348,8 +401,12 @@ async def test_run_gc_fails_closed(store: tuple[Path, dict[str, str]], failure: 
     with pytest.raises(gc.GCRefused) as e:
         await gc.run_gc(source, root, min_age_s=0)
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
-    expected = {"listing": "could not list", "history": "could not read the history of workflow 'wf-2'",
-                "missing payload": "not in the store", "foreign payload": "driver 's3'"}[failure]
+    expected = {
+        "listing": "could not list",
+        "history": "could not read the history of workflow 'wf-2'",
+        "missing payload": "not in the store",
+        "foreign payload": "driver 's3'",
+    }[failure]
     assert expected in str(e.value)
 
 
@@ -365,19 +422,24 @@ async def test_an_execution_listed_only_the_second_time_is_read(store: tuple[Pat
                 yield e
 
     report = await gc.run_gc(Growing(histories), root, clock=_later)
-    assert report.executions == 2 and report.removed_paths == [f"sha256/{names['orphan2'][:2]}/{names['orphan2']}"]
+    assert report.executions == 2 and report.removed_paths == [
+        f"sha256/{names['orphan2'][:2]}/{names['orphan2']}"
+    ]
 
 
 # ----------------------------------------------------------------------------------- the CLI
 
 
-def test_cli_refuses_to_guess_without_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_to_guess_without_a_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from reflector import cli
     from reflector import client as rr_client
     from reflector.runtime import devserver
 
-    monkeypatch.setattr(rr_client, "configure_core_logging", lambda **_kw: None)  # the process's Runtime stays
+    monkeypatch.setattr(
+        rr_client, "configure_core_logging", lambda **_kw: None
+    )  # the process's Runtime stays
     monkeypatch.setenv("RR_HOME", str(tmp_path))
     monkeypatch.delenv("TEMPORAL_ADDRESS", raising=False)
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
@@ -391,6 +453,13 @@ def test_cli_refuses_to_guess_without_a_server(tmp_path: Path, monkeypatch: pyte
 
 def test_parse_duration() -> None:
     assert [gc.parse_duration(t) for t in ("30", "90s", "15m", "1h", "2d", "0", "1.5h")] == [
-        30, 90, 900, 3600, 172800, 0, 5400]
+        30,
+        90,
+        900,
+        3600,
+        172800,
+        0,
+        5400,
+    ]
     with pytest.raises(ValueError):
         gc.parse_duration("-1h")

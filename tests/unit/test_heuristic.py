@@ -126,10 +126,11 @@ def test_failed_math_mismatch() -> None:
     draft, h, _ = reflect(view)
     f = findings_of(h)
     assert h.cells == [FINDINGS_CELL]
+    assert f["answer_matches"] is False and f["ground_truth"] == "408" and f["ground_truth_source"] == "trace"
     assert (
-        f["answer_matches"] is False and f["ground_truth"] == "408" and f["ground_truth_source"] == "trace"
+        "does not match the ground truth" in draft.error_identification
+        and "408" in draft.error_identification
     )
-    assert "does not match the ground truth" in draft.error_identification and "408" in draft.error_identification
     d = draft.diagnosis
     # the root cause is where the wrong value was introduced, the symptom the final answer (issue 28)
     assert d is not None and (d.kind, d.step, d.expected) == ("wrong_information", 1, "408")
@@ -272,7 +273,10 @@ def test_batch_of_runs_counts_runs() -> None:
             "question": "b",
             "ground_truth": "2",
             "final_answer": "3",
-            "steps": [{"tool": "calc", "observation": "Error: x"}, {"tool": "calc", "observation": "Error: y"}],
+            "steps": [
+                {"tool": "calc", "observation": "Error: x"},
+                {"tool": "calc", "observation": "Error: y"},
+            ],
         },
     ]
     draft, h, _ = reflect(normalize(runs))
@@ -360,36 +364,76 @@ def test_real_tau_bench_batch_line_is_bounded() -> None:
 # ---- tau-bench: actions against actions, the agent's words verbatim ------------------------
 
 
-def _tau(actions: list[dict[str, Any]], final: str, reward: float, expected: list[dict[str, Any]] | None = None,
-         outputs: list[str] | None = None) -> dict[str, Any]:
+def _tau(
+    actions: list[dict[str, Any]],
+    final: str,
+    reward: float,
+    expected: list[dict[str, Any]] | None = None,
+    outputs: list[str] | None = None,
+) -> dict[str, Any]:
     """A tau-bench-shaped run: the agent's calls (name, arguments as the JSON string the API sent, result)."""
-    traj: list[dict[str, Any]] = [{"role": "system", "content": "policy"},
-                                  {"role": "user", "content": "Please cancel Z7GOZK, it costs $250."}]
+    traj: list[dict[str, Any]] = [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "Please cancel Z7GOZK, it costs $250."},
+    ]
     for i, (name, args, result) in enumerate((a["name"], a["arguments"], a["result"]) for a in actions):
-        traj.append({"role": "assistant", "content": None,
-                     "tool_calls": [{"id": f"c{i}", "function": {"name": name, "arguments": args}}]})
+        traj.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{i}", "function": {"name": name, "arguments": args}}],
+            }
+        )
         traj.append({"role": "tool", "tool_call_id": f"c{i}", "name": name, "content": result})
     traj += [{"role": "assistant", "content": final}, {"role": "user", "content": "ok ###STOP###"}]
-    expected = expected if expected is not None else [
-        {"name": "get_reservation_details", "kwargs": {"reservation_id": "Z7GOZK"}},
-        {"name": "cancel_reservation", "kwargs": {"reservation_id": "Z7GOZK", "refund": 250}},
-    ]
-    return {"task_id": 7, "trial": 0, "reward": reward, "traj": traj,
-            "info": {"task": {"user_id": "u7", "instruction": "Cancel Z7GOZK", "actions": expected,
-                              "outputs": outputs or []},
-                     "reward_info": {"reward": reward, "info": {"r_actions": reward}}}}
+    expected = (
+        expected
+        if expected is not None
+        else [
+            {"name": "get_reservation_details", "kwargs": {"reservation_id": "Z7GOZK"}},
+            {"name": "cancel_reservation", "kwargs": {"reservation_id": "Z7GOZK", "refund": 250}},
+        ]
+    )
+    return {
+        "task_id": 7,
+        "trial": 0,
+        "reward": reward,
+        "traj": traj,
+        "info": {
+            "task": {
+                "user_id": "u7",
+                "instruction": "Cancel Z7GOZK",
+                "actions": expected,
+                "outputs": outputs or [],
+            },
+            "reward_info": {"reward": reward, "info": {"r_actions": reward}},
+        },
+    }
 
 
 def test_tau_bench_saying_the_action_is_not_taking_it() -> None:
     # the agent writes the expected call as text but never makes it: its words must not count as the action
     final = "Done: cancel_reservation(refund=250, reservation_id=Z7GOZK)"
-    run = _tau([{"name": "get_reservation_details", "arguments": '{"reservation_id": "Z7GOZK"}',
-                 "result": '{"status": "active"}'}], final, 0.0)
+    run = _tau(
+        [
+            {
+                "name": "get_reservation_details",
+                "arguments": '{"reservation_id": "Z7GOZK"}',
+                "result": '{"status": "active"}',
+            }
+        ],
+        final,
+        0.0,
+    )
     view = normalize(run)
     draft, h, _ = reflect(view)
     f = findings_of(h)
     div = f["divergence"]
-    assert div["kind"] == "missing_action" and div["tool"] == "cancel_reservation" and f["answer_matches"] is None
+    assert (
+        div["kind"] == "missing_action"
+        and div["tool"] == "cancel_reservation"
+        and f["answer_matches"] is None
+    )
     assert draft.diagnosis is not None and draft.diagnosis.kind == "missing_action"
     assert "never made the expected cancel_reservation call" in draft.error_identification
     assert "The final answer" not in draft.error_identification  # nothing to quote: no text ground truth
@@ -399,10 +443,16 @@ def test_tau_bench_saying_the_action_is_not_taking_it() -> None:
 def test_tau_bench_right_action_in_other_words_matches() -> None:
     # same action: other key order, 250.0 for 250, a failed attempt first; the final text mentions none of it
     actions = [
-        {"name": "cancel_reservation", "arguments": '{"reservation_id": "Z7G0ZK", "refund": 250}',
-         "result": "Error: reservation not found"},
-        {"name": "cancel_reservation", "arguments": '{"refund": 250.0, "reservation_id": "Z7GOZK"}',
-         "result": '{"status": "cancelled"}'},
+        {
+            "name": "cancel_reservation",
+            "arguments": '{"reservation_id": "Z7G0ZK", "refund": 250}',
+            "result": "Error: reservation not found",
+        },
+        {
+            "name": "cancel_reservation",
+            "arguments": '{"refund": 250.0, "reservation_id": "Z7GOZK"}',
+            "result": '{"status": "cancelled"}',
+        },
     ]
     draft, h, _ = reflect(normalize(_tau(actions, "All set, have a nice day!", 1.0)))
     f = findings_of(h)
@@ -412,15 +462,26 @@ def test_tau_bench_right_action_in_other_words_matches() -> None:
 
 
 def test_tau_bench_wrong_arguments_are_named_with_both_values() -> None:
-    actions = [{"name": "cancel_reservation", "arguments": '{"reservation_id": "Z7GOZK", "refund": 25}',
-                "result": '{"status": "cancelled"}'}]
+    actions = [
+        {
+            "name": "cancel_reservation",
+            "arguments": '{"reservation_id": "Z7GOZK", "refund": 25}',
+            "result": '{"status": "cancelled"}',
+        }
+    ]
     draft, h, _ = reflect(normalize(_tau(actions, "Cancelled with a $25 refund.", 0.0)))
     f = findings_of(h)
     assert f["divergence"]["kind"] == "wrong_arguments"
     assert f["divergence"]["differences"] == [{"path": "refund", "expected": 250, "actual": 25}]
     d = draft.diagnosis
     assert d is not None and (d.kind, d.step, d.tool, d.argument, d.actual, d.expected) == (
-        "wrong_arguments", 2, "cancel_reservation", "refund", "25", "250")
+        "wrong_arguments",
+        2,
+        "cancel_reservation",
+        "refund",
+        "25",
+        "250",
+    )
     assert "refund was 25 (expected 250)" in draft.error_identification
     assert "No cancel_reservation call failed before this one" in draft.root_cause_analysis
     assert any("`refund`" in x.learning and "25" in x.learning for x in draft.extracted_learnings)
@@ -432,9 +493,16 @@ def test_tau_bench_nested_argument_differences_are_found_past_the_first_characte
     pax = [{"first_name": f"P{i}", "last_name": "L" * 40, "dob": f"1990-01-{i + 10}"} for i in range(4)]
     wrong = [dict(p) for p in pax]
     wrong[3]["dob"] = "1999-09-09"
-    expected = [{"name": "update_reservation_passengers", "kwargs": {"reservation_id": "R1", "passengers": pax}}]
-    actions = [{"name": "update_reservation_passengers",
-                "arguments": json.dumps({"reservation_id": "R1", "passengers": wrong}), "result": "{}"}]
+    expected = [
+        {"name": "update_reservation_passengers", "kwargs": {"reservation_id": "R1", "passengers": pax}}
+    ]
+    actions = [
+        {
+            "name": "update_reservation_passengers",
+            "arguments": json.dumps({"reservation_id": "R1", "passengers": wrong}),
+            "result": "{}",
+        }
+    ]
     draft, h, _ = reflect(normalize(_tau(actions, "Updated.", 0.0, expected=expected)))
     d = draft.diagnosis
     assert d is not None and d.argument == "passengers[3].dob" and d.actual == "1999-09-09"
@@ -442,10 +510,18 @@ def test_tau_bench_nested_argument_differences_are_found_past_the_first_characte
 
 
 def test_tau_bench_extra_write_is_the_divergence_when_all_expected_were_made() -> None:
-    actions = [{"name": "cancel_reservation", "arguments": '{"reservation_id": "Z7GOZK", "refund": 250}',
-                "result": "{}"},
-               {"name": "cancel_reservation", "arguments": '{"reservation_id": "OTHER1", "refund": 0}',
-                "result": "{}"}]
+    actions = [
+        {
+            "name": "cancel_reservation",
+            "arguments": '{"reservation_id": "Z7GOZK", "refund": 250}',
+            "result": "{}",
+        },
+        {
+            "name": "cancel_reservation",
+            "arguments": '{"reservation_id": "OTHER1", "refund": 0}',
+            "result": "{}",
+        },
+    ]
     draft, h, _ = reflect(normalize(_tau(actions, "Both cancelled.", 0.0)))
     d = draft.diagnosis
     assert d is not None and (d.kind, d.step, d.tool) == ("extra_action", 4, "cancel_reservation")
@@ -463,15 +539,19 @@ def test_tau_bench_expected_outputs_are_looked_for_in_what_the_agent_said() -> N
 def test_answer_rules_compare_actions_by_name_and_arguments() -> None:
     from reflector.analysis.answers import compare_actions, missing_outputs
 
-    expected = [{"name": "get_user_details", "arguments": {"user_id": "u"}},
-                {"name": "book", "arguments": {"x": 1, "y": [1.0, {"b": 2, "a": 1}]}},
-                {"name": "book", "arguments": {"x": 1, "y": [1, {"a": 1, "b": 2}]}}]
+    expected = [
+        {"name": "get_user_details", "arguments": {"user_id": "u"}},
+        {"name": "book", "arguments": {"x": 1, "y": [1.0, {"b": 2, "a": 1}]}},
+        {"name": "book", "arguments": {"x": 1, "y": [1, {"a": 1, "b": 2}]}},
+    ]
     same = {"name": "book", "arguments": '{"y": [1, {"a": 1, "b": 2}], "x": 1.0}', "is_error": False}
     assert compare_actions([same, same], expected) == (True, [], [])
     # a multiset: one booking is not two; a failed call changed nothing; read-only calls do not count
     failed = {**same, "is_error": True}
     ok, missing, unexpected = compare_actions([same, failed], expected)
     assert ok is False and missing == ['book(x=1, y=[1,{"a":1,"b":2}])'] and unexpected == []
-    assert compare_actions([same, same, {"name": "book", "arguments": {"x": 2}}], expected)[2] == ["book(x=2)"]
+    assert compare_actions([same, same, {"name": "book", "arguments": {"x": 2}}], expected)[2] == [
+        "book(x=2)"
+    ]
     assert compare_actions([same], None) == (None, [], [])
     assert missing_outputs(["1000", "Mia"], ["It is 1,000.", "hello mia!"]) == []

@@ -79,7 +79,9 @@ def _under(rel: str, prefix: str) -> bool:
     return rel == prefix or rel.startswith(prefix.rstrip("/") + "/")
 
 
-def _offending(prefix: str, allowed: tuple[str, ...] = (), banned: tuple[str, ...] = ()) -> dict[str, list[str]]:
+def _offending(
+    prefix: str, allowed: tuple[str, ...] = (), banned: tuple[str, ...] = ()
+) -> dict[str, list[str]]:
     bad: dict[str, list[str]] = {}
     for rel, tree in MODULES.items():
         if not _under(rel, prefix):
@@ -94,8 +96,17 @@ def _offending(prefix: str, allowed: tuple[str, ...] = (), banned: tuple[str, ..
 
 def test_the_rules_see_every_layer() -> None:
     # a guard for the guards: if the walk found nothing, every rule below would pass vacuously
-    assert {"worker.py", "reflector/contract/names.py", "workflows/reflection.py", "sandbox/executor.py"} <= set(MODULES)
-    assert {"reflector/analysis/traces/view.py", "reflector/runtime/settings.py", "reflector/cli/__init__.py"} <= set(MODULES)
+    assert {
+        "worker.py",
+        "reflector/contract/names.py",
+        "workflows/reflection.py",
+        "sandbox/executor.py",
+    } <= set(MODULES)
+    assert {
+        "reflector/analysis/traces/view.py",
+        "reflector/runtime/settings.py",
+        "reflector/cli/__init__.py",
+    } <= set(MODULES)
     assert "workflows.reflection" in _project_imports(MODULES["worker.py"])
 
 
@@ -105,7 +116,8 @@ def test_reflector_never_imports_workflows_or_activities() -> None:
     entry = _offending("reflector", banned=("worker",))
     # the entry points: the CLI, and the Python API (`reflect` runs an in-process worker as `rr reflect` does)
     assert all(_under(rel, "reflector/cli") or rel == "reflector/client/api.py" for rel in entry), (
-        f"only entry points may reach the composition root: {entry}")
+        f"only entry points may reach the composition root: {entry}"
+    )
 
 
 def test_sandbox_imports_only_the_trace_reader_and_the_toolkit() -> None:
@@ -130,7 +142,11 @@ def test_trace_reader_is_stdlib_only() -> None:
     bad = {}
     for rel, tree in MODULES.items():
         if _under(rel, "reflector/analysis/traces"):
-            others = [m for m in _imports(tree) if m.split(".")[0] not in stdlib and not m.startswith("reflector.analysis.traces")]
+            others = [
+                m
+                for m in _imports(tree)
+                if m.split(".")[0] not in stdlib and not m.startswith("reflector.analysis.traces")
+            ]
             if others:
                 bad[rel] = sorted(others)
     assert bad == {}
@@ -163,7 +179,9 @@ def _durable_values() -> dict[str, str]:
     body = [node for rel, tree in MODULES.items() if _under(rel, "reflector/contract") for node in tree.body]
     assert any(isinstance(n, ast.Assign) for n in body)
     for node in body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        if not (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
             continue
         name = node.targets[0].id
         if not name.isupper() or name.startswith("_"):
@@ -183,7 +201,9 @@ def _string_constants(tree: ast.Module) -> Iterator[tuple[int, str]]:
         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
     }
     for n in ast.walk(tree):  # `__all__` lists name Python objects, which may be spelled like a durable name
-        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets):
+        if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets
+        ):
             docstrings.update(id(c) for c in ast.walk(n.value))
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
@@ -192,13 +212,21 @@ def _string_constants(tree: ast.Module) -> Iterator[tuple[int, str]]:
 
 # Literals spelled like a durable name that name something else (checked one by one, with the reason).
 COINCIDENTAL = {
-    ("reflector/analysis/toolkit/calls.py", "think"): "tau-bench's own `think` tool (NO_EFFECT_TOOLS), not rr's think tool",
+    (
+        "reflector/analysis/toolkit/calls.py",
+        "think",
+    ): "tau-bench's own `think` tool (NO_EFFECT_TOOLS), not rr's think tool",
 }
 
 
 def test_every_durable_name_is_defined_once() -> None:
     durable = _durable_values()
-    assert {"ReflectionWorkflow", "execute_code", "rr.sandbox.run_cell", "rr-provider-model-activities"} <= set(durable)
+    assert {
+        "ReflectionWorkflow",
+        "execute_code",
+        "rr.sandbox.run_cell",
+        "rr-provider-model-activities",
+    } <= set(durable)
     bad = [
         f"{rel}:{line}: {value!r} (use reflector.contract.{durable[value]})"
         for rel, tree in MODULES.items()
@@ -229,7 +257,9 @@ ROOM_NEVER_IMPORTS = {
 
 
 def test_reflector_is_in_rooms() -> None:
-    here = {p.name for p in (ROOT / "reflector").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    here = {
+        p.name for p in (ROOT / "reflector").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
     assert here == {"__init__.py", "testing", *(r.split("/")[1] for r in ROOMS)}, sorted(here)
     for room in ROOMS:
         assert any(_under(rel, room) for rel in MODULES), room  # the rules below see every room
@@ -260,7 +290,9 @@ def test_no_module_is_over_500_lines() -> None:
     lines = {rel: len((ROOT / rel).read_text().splitlines()) for rel in MODULES}
     over = {rel: n for rel, n in lines.items() if n > MAX_LINES and not _under(rel, TEST_DOUBLES)}
     assert {rel: n for rel, n in over.items() if n > OVER_THE_CAP.get(rel, MAX_LINES)} == {}
-    assert set(OVER_THE_CAP) <= set(over), f"split already, drop from OVER_THE_CAP: {sorted(set(OVER_THE_CAP) - set(over))}"
+    assert set(OVER_THE_CAP) <= set(over), (
+        f"split already, drop from OVER_THE_CAP: {sorted(set(OVER_THE_CAP) - set(over))}"
+    )
 
 
 # -- import circles ---------------------------------------------------------------------------------
@@ -301,7 +333,10 @@ def _import_nodes(body: list[ast.stmt], deferred: bool) -> Iterator[ast.Import |
         else:  # if/try/with/for/while/match/class bodies run on import
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 for child in getattr(node, field, []):
-                    yield from _import_nodes(child.body if isinstance(child, ast.excepthandler | ast.match_case) else [child], deferred)
+                    yield from _import_nodes(
+                        child.body if isinstance(child, ast.excepthandler | ast.match_case) else [child],
+                        deferred,
+                    )
 
 
 def _graph(deferred: bool) -> dict[str, set[str]]:
@@ -356,8 +391,13 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 # Circles of deferred imports (in functions), each inside one room, left as they are; no new ones.
 DEFERRED_CIRCLES = {
-    frozenset({"reflector.runtime.settings", "reflector.runtime.storage.identity", "reflector.runtime.storage.stores"}):
-        "a store's settings, and the task queue named after the store",
+    frozenset(
+        {
+            "reflector.runtime.settings",
+            "reflector.runtime.storage.identity",
+            "reflector.runtime.storage.stores",
+        }
+    ): "a store's settings, and the task queue named after the store",
     frozenset({"workflows.rerun", "workflows.state"}): "a rerun's state is the reflection's",
 }
 
@@ -375,4 +415,6 @@ def test_no_import_circle_when_modules_are_imported() -> None:
 def test_no_new_import_circle_through_deferred_imports() -> None:
     found = {frozenset(c) for c in _circles(_graph(deferred=True))}
     assert found <= set(DEFERRED_CIRCLES), sorted(sorted(c) for c in found - set(DEFERRED_CIRCLES))
-    assert set(DEFERRED_CIRCLES) <= found, f"broken already, drop from DEFERRED_CIRCLES: {set(DEFERRED_CIRCLES) - found}"
+    assert set(DEFERRED_CIRCLES) <= found, (
+        f"broken already, drop from DEFERRED_CIRCLES: {set(DEFERRED_CIRCLES) - found}"
+    )

@@ -20,9 +20,20 @@ from reflector.contract import ReflectionConfig, TraceRef
 from reflector.runtime import models
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROVIDER_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY",
-                "OLLAMA_BASE_URL", "AZURE_OPENAI_ENDPOINT", "AZURE_OPENAI_API_KEY", "OPENAI_API_VERSION",
-                "AWS_REGION", "AWS_DEFAULT_REGION", "RR_PLUGINS")
+PROVIDER_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "OLLAMA_BASE_URL",
+    "AZURE_OPENAI_ENDPOINT",
+    "AZURE_OPENAI_API_KEY",
+    "OPENAI_API_VERSION",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "RR_PLUGINS",
+)
 TRACE = TraceRef(uri="blob:sha256:" + "0" * 64, sha256="0" * 64, size=1, format="ace")
 
 
@@ -35,8 +46,16 @@ def no_provider_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models, "_factories", dict(models._factories))
 
 
-@pytest.mark.parametrize("name", ["openai:gpt-4o", "openai-chat:gpt-4o-mini", "anthropic:claude-sonnet-4-0",
-                                  "google:gemini-2.5-flash", "openrouter:openai/gpt-4o"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openai:gpt-4o",
+        "openai-chat:gpt-4o-mini",
+        "anthropic:claude-sonnet-4-0",
+        "google:gemini-2.5-flash",
+        "openrouter:openai/gpt-4o",
+    ],
+)
 def test_a_provider_model_passes_without_its_key(name: str) -> None:
     models.check_model_name(name)
     assert build_input(TRACE, config=ReflectionConfig(model=name)).config.model == name
@@ -90,12 +109,23 @@ def test_registered_names_are_checked_by_name_only() -> None:
 
 
 def test_cli_refuses_a_malformed_name_before_anything_starts(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_")) and k not in PROVIDER_ENV}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RR_", "TEMPORAL_")) and k not in PROVIDER_ENV
+    }
     env.update(RR_HOME=str(tmp_path / "home"), TEMPORAL_ADDRESS="127.0.0.1:1")  # nothing to connect to
     exe = Path(sys.executable).parent / "rr"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "reflector.cli"]
-    p = subprocess.run([*cmd, "reflect", str(REPO_ROOT / "reflector/examples/failed_math.json"), "--model", "openai:"],
-                       env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [*cmd, "reflect", str(REPO_ROOT / "reflector/examples/failed_math.json"), "--model", "openai:"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines() == ["rr: error: model 'openai:': expected provider:model with both parts, "
-                                             "e.g. openai:gpt-4o"]
+    assert p.stderr.strip().splitlines() == [
+        "rr: error: model 'openai:': expected provider:model with both parts, e.g. openai:gpt-4o"
+    ]

@@ -25,8 +25,15 @@ def _cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _env(workflow_id: str = "wf-1", run_id: str = "run-1", activity_id: str = "7") -> ActivityEnvironment:
     env = ActivityEnvironment()
-    env.info = activity.Info(**{**env.info.__dict__, "workflow_id": workflow_id, "workflow_run_id": run_id,
-                                "activity_id": activity_id, "is_local": True})
+    env.info = activity.Info(
+        **{
+            **env.info.__dict__,
+            "workflow_id": workflow_id,
+            "workflow_run_id": run_id,
+            "activity_id": activity_id,
+            "is_local": True,
+        }
+    )
     return env
 
 
@@ -95,7 +102,9 @@ async def test_the_request_reaches_the_model_as_handed_over_and_a_missing_one_is
     params = {"messages": ["the very objects"]}
     await _run(act, params)
     assert calls == [params] and calls[0] is params  # not a decoded copy
-    assert all(p is not params for p, _ in model_requests._handed.values())  # released when the workflow has its result
+    assert all(
+        p is not params for p, _ in model_requests._handed.values()
+    )  # released when the workflow has its result
     with pytest.raises(ApplicationError, match="no model request was handed over") as e:
         await _env(activity_id="9").run(act, "gone")
     assert e.value.non_retryable and e.value.type == model_requests.NOT_HANDED_OVER_ERROR

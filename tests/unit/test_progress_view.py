@@ -18,15 +18,42 @@ from reflector.client.render import clock, render_progress
 from reflector.contract import BatchProgress, ChildProgress, Progress
 
 ROOT = Progress(
-    phase="waiting for child", iterations=3, cells=2, failed_cells=1, requests=3, total_tokens=1_234,
-    model="scripted-plan", depth=0, max_depth=2, max_requests=50, max_tokens=500_000, last_cell=4,
-    last_tool="recurse", compactions=1, children_started=2, children_done=1, child_running="rr-x.r2",
-    children=[ChildProgress(workflow_id="rr-x.r1", done=True, requests=2, total_tokens=300, stop_reason="completed"),
-              ChildProgress(workflow_id="rr-x.r2")],
+    phase="waiting for child",
+    iterations=3,
+    cells=2,
+    failed_cells=1,
+    requests=3,
+    total_tokens=1_234,
+    model="scripted-plan",
+    depth=0,
+    max_depth=2,
+    max_requests=50,
+    max_tokens=500_000,
+    last_cell=4,
+    last_tool="recurse",
+    compactions=1,
+    children_started=2,
+    children_done=1,
+    child_running="rr-x.r2",
+    children=[
+        ChildProgress(
+            workflow_id="rr-x.r1", done=True, requests=2, total_tokens=300, stop_reason="completed"
+        ),
+        ChildProgress(workflow_id="rr-x.r2"),
+    ],
 )
 CHILD = Progress(
-    phase="waiting for the model", iterations=1, cells=1, requests=2, total_tokens=766, depth=1, max_depth=2,
-    max_requests=23, max_tokens=249_000, last_cell=2, last_tool="execute_code",
+    phase="waiting for the model",
+    iterations=1,
+    cells=1,
+    requests=2,
+    total_tokens=766,
+    depth=1,
+    max_depth=2,
+    max_requests=23,
+    max_tokens=249_000,
+    last_cell=2,
+    last_tool="execute_code",
 )
 
 
@@ -53,14 +80,18 @@ def test_the_rich_view_shows_phase_budget_cells_children_and_the_running_child()
 
 
 def test_the_rich_view_of_a_session_without_children_or_known_limits() -> None:
-    old_worker = Progress(phase="thinking", cells=1, requests=4, total_tokens=99)  # no max_*: a worker before them
+    old_worker = Progress(
+        phase="thinking", cells=1, requests=4, total_tokens=99
+    )  # no max_*: a worker before them
     text = _text(reflection_view(old_worker, 3.25))
     assert "3.2s" in text and "thinking" in text and "none" in text
     assert "4" in text and "/" not in text.split("tokens")[1].splitlines()[0]
 
 
 def test_the_batch_view() -> None:
-    p = BatchProgress(phase="reflecting", total=10, done=4, running=2, failed=1, last_event="run 3 (a) reflected")
+    p = BatchProgress(
+        phase="reflecting", total=10, done=4, running=2, failed=1, last_event="run 3 (a) reflected"
+    )
     text = _text(batch_view(p, 12.0, title="batch b1"))
     assert "batch b1" in text and "reflecting" in text and "5/10" in text
     assert "pending" in text and "3" in text and "run 3 (a) reflected" in text
@@ -74,14 +105,24 @@ def test_plain_lines_name_the_latest_cell_id_apart_from_the_count() -> None:
     assert "children 1 done, 1 running: rr-x.r2 (depth 1, waiting for the model" in line
     assert "compactions 1" in line and "last tool recurse" in line
     alone = render_progress(Progress(phase="thinking", cells=1, last_cell=3, requests=2, max_requests=50))
-    assert alone == "  … thinking · requests 2/50 · tokens 0 · cells 1 by the model (0 failed), latest [cell 3]"
+    assert (
+        alone == "  … thinking · requests 2/50 · tokens 0 · cells 1 by the model (0 failed), latest [cell 3]"
+    )
     assert render_batch_progress(BatchProgress(phase="reflecting", total=3, done=1), 61.0).startswith(
-        "  … [1:01] reflecting: 1/3 done")
+        "  … [1:01] reflecting: 1/3 done"
+    )
 
 
 def test_clock() -> None:
     assert [clock(s) for s in (0, 9.94, 59.9, 60, 3599, 3600, 3725)] == [
-        "0.0s", "9.9s", "59.9s", "1:00", "59:59", "1:00:00", "1:02:05"]
+        "0.0s",
+        "9.9s",
+        "59.9s",
+        "1:00",
+        "59:59",
+        "1:00:00",
+        "1:02:05",
+    ]
 
 
 class FakeClock:
@@ -101,7 +142,9 @@ def test_plain_lines_one_per_change_rate_limited_then_a_summary() -> None:
     d.update(p)  # unchanged: nothing
     now.t += 0.5
     d.update(p.model_copy(update={"requests": 2}))  # a change within the interval: held back
-    assert out.getvalue().splitlines() == ["  … [0.0s] thinking · requests 1/50 · tokens 0 · cells 0 by the model (0 failed)"]
+    assert out.getvalue().splitlines() == [
+        "  … [0.0s] thinking · requests 1/50 · tokens 0 · cells 0 by the model (0 failed)"
+    ]
     now.t += 0.5
     d.update(p.model_copy(update={"requests": 3}))  # a newer change replaces the held one
     now.t += 1.0
@@ -120,11 +163,20 @@ def test_plain_lines_one_per_change_rate_limited_then_a_summary() -> None:
 def test_a_run_too_fast_for_any_poll_still_gets_its_summary_line() -> None:
     out = io.StringIO()
     d = ProgressDisplay(render_progress, stream=out, tty=False)
-    final = Progress(phase="done", cells=2, requests=3, total_tokens=1_000, max_requests=50, max_tokens=9_000,
-                     children_done=1)
+    final = Progress(
+        phase="done",
+        cells=2,
+        requests=3,
+        total_tokens=1_000,
+        max_requests=50,
+        max_tokens=9_000,
+        children_done=1,
+    )
     d.finish(summary_line("reflection", "rr-1", "completed", 0.42, final))
-    assert out.getvalue() == ("rr: reflection rr-1 completed after 0.4s: requests 3/50 · tokens 1,000/9,000 · "
-                              "cells 2 by the model (0 failed) · children 1 · compactions 0\n")
+    assert out.getvalue() == (
+        "rr: reflection rr-1 completed after 0.4s: requests 3/50 · tokens 1,000/9,000 · "
+        "cells 2 by the model (0 failed) · children 1 · compactions 0\n"
+    )
     b = summary_line("batch", "b", "INCOMPLETE", 3.0, BatchProgress(total=4, done=3, failed=1))
     assert b == "rr: batch b INCOMPLETE after 3.0s: 3/4 reflected, 1 failed"
 

@@ -10,7 +10,10 @@ from reflector.client.api import RRConfig
 def test_caching_is_on_where_the_provider_has_it() -> None:
     assert with_prompt_cache("anthropic:claude-x", None) == {"cache": True}
     assert with_prompt_cache("openai-chat:gpt-4o", {"temperature": 0.0}, session_id="rr-1") == {
-        "temperature": 0.0, "cache": True, "openai_prompt_cache_key": cache_key("rr-1")}
+        "temperature": 0.0,
+        "cache": True,
+        "openai_prompt_cache_key": cache_key("rr-1"),
+    }
     assert with_prompt_cache("openai:gpt-4o", None) == {"cache": True}  # no session yet: no key
     assert with_prompt_cache("anthropic:claude-x", None, session_id="rr-1") == {"cache": True}  # OpenAI only
     for model in ("heuristic", "test", "ollama:llama3", "my-registered-model"):
@@ -35,16 +38,23 @@ def test_cache_key_is_a_short_stable_hash() -> None:
 
 
 def test_ace_config_writes_the_same_rule() -> None:
-    assert RRConfig(model="openai:gpt-4o").to_reflection_config().model_settings == {"temperature": 0.0, "cache": "5m"}
+    assert RRConfig(model="openai:gpt-4o").to_reflection_config().model_settings == {
+        "temperature": 0.0,
+        "cache": "5m",
+    }
     assert RRConfig(model="openai:gpt-4o", cache_prompts=False).to_reflection_config().model_settings == {
-        "temperature": 0.0, "cache": False}
+        "temperature": 0.0,
+        "cache": False,
+    }
     assert RRConfig(model="heuristic").to_reflection_config().model_settings is None
 
 
 def test_cache_tokens_are_summed_in_the_ledger() -> None:
     ledger = Ledger(max_tokens=10_000, max_requests=5)
-    ledger.charge(UsageRecord(input_tokens=1_000, output_tokens=50, cache_read_tokens=800),
-                  UsageRecord(input_tokens=1_200, output_tokens=40, cache_read_tokens=900, cache_write_tokens=200))
+    ledger.charge(
+        UsageRecord(input_tokens=1_000, output_tokens=50, cache_read_tokens=800),
+        UsageRecord(input_tokens=1_200, output_tokens=40, cache_read_tokens=900, cache_write_tokens=200),
+    )
     spent = ledger.spent()
     assert (spent.input_tokens, spent.cache_read_tokens, spent.cache_write_tokens) == (2_200, 1_700, 200)
     assert spent.total_tokens == 2_290  # the budget counts every input token, cached or not

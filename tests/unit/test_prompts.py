@@ -6,8 +6,18 @@ from reflector.analysis import prompts
 
 
 def test_render_leaves_braces_in_values_alone() -> None:
-    text = prompts.render(prompts.TASK, format="ace", size=10, question_line="what is {x}? {{y}} {{preview}}", ground_truth="{}",
-                          feedback="{'a': 1}", mode="offline", skillbook_line="", strategy="", preview="{\"k\": [1]}")
+    text = prompts.render(
+        prompts.TASK,
+        format="ace",
+        size=10,
+        question_line="what is {x}? {{y}} {{preview}}",
+        ground_truth="{}",
+        feedback="{'a': 1}",
+        mode="offline",
+        skillbook_line="",
+        strategy="",
+        preview='{"k": [1]}',
+    )
     assert "what is {x}? {{y}}" in text and "{'a': 1}" in text and '{"k": [1]}' in text
     assert "{{y}} {{preview}}" in text  # user text is not scanned for placeholders
     assert text.count('{"k": [1]}') == 1
@@ -26,7 +36,9 @@ def test_system_prompt_is_static_and_the_budget_is_its_own_instruction() -> None
     from reflector.contract import OUTPUT_TOOL
 
     assert "{{" not in prompts.SYSTEM and f"`{OUTPUT_TOOL}`" in prompts.SYSTEM
-    assert "Budget:" not in prompts.SYSTEM  # it differs between sessions: a provider's cache holds SYSTEM for all
+    assert (
+        "Budget:" not in prompts.SYSTEM
+    )  # it differs between sessions: a provider's cache holds SYSTEM for all
     leaf = prompts.budget(7, 12_000, shared_with_children=False)
     tree = prompts.budget(7, 12_000, shared_with_children=True)
     assert "7 model requests and 12,000 tokens" in leaf and "recurse" not in leaf

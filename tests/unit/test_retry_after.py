@@ -39,8 +39,12 @@ HISTORY_FAILURE_LIMIT = 4 * 1024  # the server's limit.mutableStateActivityFailu
 def _openai_error(status: int, headers: Mapping[str, str], body: dict[str, Any]) -> Exception:
     request = httpx2.Request("POST", "http://127.0.0.1/v1/chat/completions")
     response = httpx2.Response(status, request=request, headers=dict(headers), json={"error": body})
-    cls = {429: openai.RateLimitError, 401: openai.AuthenticationError, 404: openai.NotFoundError,
-           500: openai.InternalServerError}[status]
+    cls = {
+        429: openai.RateLimitError,
+        401: openai.AuthenticationError,
+        404: openai.NotFoundError,
+        500: openai.InternalServerError,
+    }[status]
     return cls(f"Error code: {status}", response=response, body=body)
 
 
@@ -48,7 +52,9 @@ def _anthropic_error(status: int, headers: Mapping[str, str], kind: str) -> Exce
     request = httpx2.Request("POST", "http://127.0.0.1/v1/messages")
     body = {"type": "error", "error": {"type": kind, "message": f"scripted {kind}"}}
     response = httpx2.Response(status, request=request, headers=dict(headers), json=body)
-    cls = {429: anthropic.RateLimitError, 401: anthropic.AuthenticationError, 404: anthropic.NotFoundError}[status]
+    cls = {429: anthropic.RateLimitError, 401: anthropic.AuthenticationError, 404: anthropic.NotFoundError}[
+        status
+    ]
     return cls(f"Error code: {status}", response=response, body=body)
 
 
@@ -93,7 +99,9 @@ RATE_LIMIT = {"message": "Rate limit reached", "type": "rate_limit_exceeded", "c
     ],
     ids=["seconds", "milliseconds", "capped", "zero"],
 )
-async def test_openai_429_retry_after_is_the_next_retry_delay(headers: dict[str, str], delay: timedelta) -> None:
+async def test_openai_429_retry_after_is_the_next_retry_delay(
+    headers: dict[str, str], delay: timedelta
+) -> None:
     failure = await _activity_failure(_raiser(_openai_error(429, headers, RATE_LIMIT)), openai_errors)
     assert not failure.non_retryable
     assert failure.next_retry_delay == delay
@@ -110,16 +118,32 @@ async def test_without_retry_after_the_policy_backs_off() -> None:
     body = {"message": "boom", "type": "server_error", "code": "server_error"}
     failure = await _activity_failure(_raiser(_openai_error(500, {}, body)), openai_errors)
     assert not failure.non_retryable and failure.next_retry_delay is None
-    assert MODEL_RETRY.backoff_coefficient == 2.0 and MODEL_RETRY.initial_interval == timedelta(milliseconds=500)
+    assert MODEL_RETRY.backoff_coefficient == 2.0 and MODEL_RETRY.initial_interval == timedelta(
+        milliseconds=500
+    )
 
 
 @pytest.mark.parametrize(
     "error",
     [
-        _openai_error(401, {}, {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                                "code": "invalid_api_key"}),
-        _openai_error(404, {}, {"message": "The model `x` does not exist", "type": "invalid_request_error",
-                                "code": "model_not_found"}),
+        _openai_error(
+            401,
+            {},
+            {
+                "message": "Incorrect API key provided",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            },
+        ),
+        _openai_error(
+            404,
+            {},
+            {
+                "message": "The model `x` does not exist",
+                "type": "invalid_request_error",
+                "code": "model_not_found",
+            },
+        ),
     ],
     ids=["openai-401", "openai-404-model-not-found"],
 )
@@ -131,8 +155,9 @@ async def test_openai_auth_and_unknown_model_are_not_retried(error: Exception) -
 
 @pytest.mark.parametrize(("status", "kind"), [(401, "authentication_error"), (404, "not_found_error")])
 async def test_anthropic_auth_and_unknown_model_are_not_retried(status: int, kind: str) -> None:
-    failure = await _activity_failure(_raiser(_anthropic_error(status, {"retry-after": "9"}, kind)),
-                                      anthropic_errors)
+    failure = await _activity_failure(
+        _raiser(_anthropic_error(status, {"retry-after": "9"}, kind)), anthropic_errors
+    )
     assert failure.non_retryable  # and so no Retry-After either: there is no next attempt
     assert failure.next_retry_delay is None
 
@@ -148,12 +173,16 @@ async def test_compacted_failure_fits_the_history_and_keeps_the_retry_delay() ->
 
     def failure_of(error: BaseException) -> Failure:
         out = Failure()
-        DataConverter.default.failure_converter.to_failure(error, DataConverter.default.payload_converter, out)
+        DataConverter.default.failure_converter.to_failure(
+            error, DataConverter.default.payload_converter, out
+        )
         return out
 
     error = await _activity_failure(lambda: deep(30), openai_errors)
     before = failure_of(error)
-    assert before.ByteSize() > HISTORY_FAILURE_LIMIT  # what the server would replace by "Failure exceeds size limit."
+    assert (
+        before.ByteSize() > HISTORY_FAILURE_LIMIT
+    )  # what the server would replace by "Failure exceeds size limit."
     assert compact_provider_failure(error)
     after = failure_of(error)
     assert after.ByteSize() < HISTORY_FAILURE_LIMIT
@@ -177,21 +206,34 @@ async def test_worker_log_line_is_one_line() -> None:
 
     from activities.provider_failures import ProviderFailureLogLine
 
-    retried = await _activity_failure(_raiser(_openai_error(429, {"retry-after": "2"}, RATE_LIMIT)), openai_errors)
-    refused = await _activity_failure(_raiser(_openai_error(401, {}, {"message": "Incorrect API key provided",
-                                                                      "code": "invalid_api_key"})), openai_errors)
+    retried = await _activity_failure(
+        _raiser(_openai_error(429, {"retry-after": "2"}, RATE_LIMIT)), openai_errors
+    )
+    refused = await _activity_failure(
+        _raiser(_openai_error(401, {}, {"message": "Incorrect API key provided", "code": "invalid_api_key"})),
+        openai_errors,
+    )
 
     def record(error: BaseException) -> logging.LogRecord:
-        r = logging.LogRecord("temporalio.activity", logging.WARNING, __file__, 1, "Completing activity as failed",
-                              None, (type(error), error, error.__traceback__))
+        r = logging.LogRecord(
+            "temporalio.activity",
+            logging.WARNING,
+            __file__,
+            1,
+            "Completing activity as failed",
+            None,
+            (type(error), error, error.__traceback__),
+        )
         r.temporal_activity = {"workflow_id": "wf-1", "attempt": 3}
         return r
 
     line = ProviderFailureLogLine()
     r = record(retried)
     assert line.filter(r) and r.exc_info is None and r.levelno == logging.WARNING
-    assert r.getMessage() == ("model request of workflow wf-1 failed at attempt 3 (Temporal retries it): "
-                              "rate limited (HTTP 429): Rate limit reached [rate_limit_exceeded] (model 'rr-test-model')")
+    assert r.getMessage() == (
+        "model request of workflow wf-1 failed at attempt 3 (Temporal retries it): "
+        "rate limited (HTTP 429): Rate limit reached [rate_limit_exceeded] (model 'rr-test-model')"
+    )
     r = record(refused)
     logging.getLogger("temporalio.activity").setLevel(logging.WARNING)
     try:

@@ -88,13 +88,18 @@ def test_what_one_cache_writes_the_other_reads(s3_env, s3: S3Server, tmp_path, m
     src = tmp_path / "trace.json"
     src.write_bytes(b'{"steps": []}' * 1000)
     sha, size = a.put_file(src)
-    assert b.path_for_uri(f"blob:sha256:{sha}").read_bytes() == src.read_bytes() and size == src.stat().st_size
+    assert (
+        b.path_for_uri(f"blob:sha256:{sha}").read_bytes() == src.read_bytes() and size == src.stat().st_size
+    )
     a.put_beside(sha, "idx", b"an index")
     assert b.fetch_derived(sha, "idx") is not None
     assert b.derived_path(sha, "idx").read_bytes() == b"an index"
     assert b.fetch_derived(digest, "idx") is None
     keys = s3.keys(f"t/{tmp_path.name}/")
-    assert f"t/{tmp_path.name}/sha256/{sha[:2]}/{sha}" in keys and f"t/{tmp_path.name}/sha256/{sha[:2]}/{sha}.idx" in keys
+    assert (
+        f"t/{tmp_path.name}/sha256/{sha[:2]}/{sha}" in keys
+        and f"t/{tmp_path.name}/sha256/{sha[:2]}/{sha}.idx" in keys
+    )
 
 
 def test_a_missing_blob_says_where_it_was_looked_for(s3_env, tmp_path, monkeypatch) -> None:
@@ -153,7 +158,9 @@ def test_a_journal_moves_between_workers_through_s3(s3_env, tmp_path, monkeypatc
     assert b.sync("s1") == 0 and b.entries("s1") == []
 
 
-def test_large_payloads_go_to_s3_through_temporalios_driver(s3_env, s3: S3Server, tmp_path, monkeypatch) -> None:
+def test_large_payloads_go_to_s3_through_temporalios_driver(
+    s3_env, s3: S3Server, tmp_path, monkeypatch
+) -> None:
     from temporalio.converter import StorageDriverStoreContext
 
     from reflector.runtime.storage.payloads import data_converter, resolve, s3_claim
@@ -171,9 +178,13 @@ def test_large_payloads_go_to_s3_through_temporalios_driver(s3_env, s3: S3Server
     from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 
     ref = ExternalStorageReference(driver_name="rr-s3", claim_data=claim.claim_data)
-    reference = Payload(metadata={"encoding": b"json/protobuf",
-                                  "messageType": ExternalStorageReference.DESCRIPTOR.full_name.encode()},
-                        data=json_format.MessageToJson(ref).encode())
+    reference = Payload(
+        metadata={
+            "encoding": b"json/protobuf",
+            "messageType": ExternalStorageReference.DESCRIPTOR.full_name.encode(),
+        },
+        data=json_format.MessageToJson(ref).encode(),
+    )
     assert s3_claim(reference) == dict(claim.claim_data)
     assert resolve(reference, settings.blob_dir) == big
     # a replayer's converter stores nothing new
@@ -184,15 +195,26 @@ def test_large_payloads_go_to_s3_through_temporalios_driver(s3_env, s3: S3Server
 
 def _rr(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run([sys.executable, "-m", "reflector.cli", *args], env={**base, **env}, capture_output=True,
-                          text=True, timeout=240, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "reflector.cli", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+    )
 
 
 @pytest.mark.slow
 def test_rr_reflect_with_an_s3_store(s3_env, s3: S3Server, temporal_server_factory, tmp_path) -> None:
     """`rr reflect` with its in-process worker (a private server: its histories may name S3 payloads)."""
-    env = {**s3_env, "RR_HOME": str(tmp_path / "cli-home"), "TEMPORAL_ADDRESS": temporal_server_factory().address,
-           "RR_PAYLOAD_THRESHOLD_BYTES": "512"}  # many payloads through temporalio's S3 driver
+    env = {
+        **s3_env,
+        "RR_HOME": str(tmp_path / "cli-home"),
+        "TEMPORAL_ADDRESS": temporal_server_factory().address,
+        "RR_PAYLOAD_THRESHOLD_BYTES": "512",
+    }  # many payloads through temporalio's S3 driver
     p = _rr("reflect", str(REPO_ROOT / "reflector" / "examples" / "failed_math.json"), "--json", env=env)
     assert p.returncode in (0, 4), p.stderr[-3000:]
     out = json.loads(p.stdout)
@@ -214,7 +236,9 @@ def test_rr_reflect_with_an_s3_store(s3_env, s3: S3Server, temporal_server_facto
     au = _rr("audit", out["raw"]["workflow_id"], env=other)
     assert au.returncode == 0 and "learning" in au.stdout.lower(), au.stderr[-2000:]
     gc = _rr("gc", env=env)
-    assert gc.returncode == 2 and "lifecycle" in gc.stderr and len(gc.stderr.strip().splitlines()) == 1, gc.stderr
+    assert gc.returncode == 2 and "lifecycle" in gc.stderr and len(gc.stderr.strip().splitlines()) == 1, (
+        gc.stderr
+    )
 
 
 def test_rr_reflect_names_a_missing_bucket(s3_env, tmp_path) -> None:

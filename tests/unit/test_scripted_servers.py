@@ -20,8 +20,9 @@ CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _post(server: ScriptedServer, path: str = CHAT, body: dict[str, Any] = BODY,
-          timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+def _post(
+    server: ScriptedServer, path: str = CHAT, body: dict[str, Any] = BODY, timeout: float = 5.0
+) -> tuple[int, dict[str, str], bytes]:
     host, port = server.base_url.removeprefix("http://").removesuffix("/v1").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
@@ -113,8 +114,10 @@ def test_anthropic_errors_and_replies() -> None:
         server.faults.extend([Fault.rate_limited(4), Fault.unauthorized(), Fault.model_not_found("claude-x")])
         status, headers, data = _post(server, "/v1/messages?beta=true", body)
         assert status == 429 and headers["retry-after"] == "4"
-        assert json.loads(data) == {"type": "error", "error": {"type": "rate_limit_error",
-                                                               "message": "Rate limit reached for requests"}}
+        assert json.loads(data) == {
+            "type": "error",
+            "error": {"type": "rate_limit_error", "message": "Rate limit reached for requests"},
+        }
         assert json.loads(_post(server, "/v1/messages", body)[2])["error"]["type"] == "authentication_error"
         assert json.loads(_post(server, "/v1/messages", body)[2])["error"]["type"] == "not_found_error"
         status, _, data = _post(server, "/v1/messages?beta=true", body)
@@ -128,12 +131,33 @@ def test_anthropic_errors_and_replies() -> None:
 
 def test_anthropic_final_answer_quotes_the_tool_result() -> None:
     with AnthropicServer() as server:
-        body = {"model": "c", "max_tokens": 10, "messages": [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "execute_code",
-                                               "input": {"code": "print(1)"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                          "content": [{"type": "text", "text": "steps 4\n"}]}]},
-        ]}
+        body = {
+            "model": "c",
+            "max_tokens": 10,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "t1",
+                            "name": "execute_code",
+                            "input": {"code": "print(1)"},
+                        }
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "steps 4\n"}],
+                        }
+                    ],
+                },
+            ],
+        }
         [block] = json.loads(_post(server, "/v1/messages", body)[2])["content"]
     assert block["name"] == "final_result" and block["input"]["error_identification"] == "cell said: steps 4"

@@ -76,11 +76,14 @@ def test_child_allocation_is_a_share_of_what_remains() -> None:
 
 
 @given(
-    st.integers(1, 10**7), st.integers(1, 200), st.floats(0.01, 1.0),
+    st.integers(1, 10**7),
+    st.integers(1, 200),
+    st.floats(0.01, 1.0),
     st.lists(st.integers(0, 10**6), max_size=30),
 )
-def test_children_never_get_more_than_remains(max_tokens: int, max_requests: int, fraction: float,
-                                              charges: list[int]) -> None:
+def test_children_never_get_more_than_remains(
+    max_tokens: int, max_requests: int, fraction: float, charges: list[int]
+) -> None:
     ledger = Ledger(max_tokens=max_tokens, max_requests=max_requests)
     ledger.charge(*(_rec(c) for c in charges))
     alloc = ledger.child_allocation(fraction)
@@ -97,13 +100,23 @@ def test_children_never_get_more_than_remains(max_tokens: int, max_requests: int
 def _conversation(outputs: list[str]) -> list[ModelMessage]:
     msgs: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("reflect on the trace")])]
     for i, out in enumerate(outputs):
-        msgs.append(ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": f"print({i})"}, tool_call_id=f"c{i}")]))
+        msgs.append(
+            ModelResponse(
+                parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": f"print({i})"}, tool_call_id=f"c{i}")]
+            )
+        )
         msgs.append(ModelRequest(parts=[ToolReturnPart(EXECUTE_CODE_TOOL, out, tool_call_id=f"c{i}")]))
     return msgs
 
 
 def _returns(msgs: list[ModelMessage]) -> list[object]:
-    return [p.content for m in msgs if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart)]
+    return [
+        p.content
+        for m in msgs
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    ]
 
 
 def test_microcompact_keeps_the_recent_outputs_and_the_call_structure() -> None:
@@ -141,8 +154,10 @@ def test_compacted_history_is_task_summary_continuation() -> None:
 
 
 def _state(**config: object) -> SessionState:
-    inp = ReflectionInput(trace=TraceRef(uri="blob:sha256:" + "0" * 64, sha256="0" * 64, size=1),
-                          config=ReflectionConfig(**config))
+    inp = ReflectionInput(
+        trace=TraceRef(uri="blob:sha256:" + "0" * 64, sha256="0" * 64, size=1),
+        config=ReflectionConfig(**config),
+    )
     return SessionState.create(inp, "wf-1")
 
 
@@ -182,7 +197,11 @@ def test_continuation_carries_every_counter_and_the_next_run_counts_itself() -> 
     assert Counters.model_validate(cont.model_dump(include=set(Counters.model_fields))) == state.counters
     nxt = SessionState.create(state.inp.model_copy(update={"continuation": cont}), "wf-1")
     assert nxt.counters.runs == 8 and nxt.counters.cells == 7 and nxt.counters.chars_per_token == 7.5
-    assert nxt.ledger.spent().total_tokens == 10 and nxt.init_ref == "blob:init" and nxt.thoughts == state.thoughts
+    assert (
+        nxt.ledger.spent().total_tokens == 10
+        and nxt.init_ref == "blob:init"
+        and nxt.thoughts == state.thoughts
+    )
 
 
 @pytest.mark.parametrize("field", sorted(Counters.model_fields))

@@ -66,11 +66,13 @@ def test_processes_default_env_and_argument(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_children_get_their_share_and_are_stopped_by_sigterm() -> None:
-    child = ("import os, signal, sys, time\n"
-             "signal.signal(signal.SIGTERM, lambda *a: (print('child stopping', flush=True), sys.exit(0)))\n"
-             "print('rr worker pid=%d sandboxes=%s' % (os.getpid(), os.environ['RR_MAX_LIVE_SANDBOXES']),"
-             " flush=True)\n"
-             "time.sleep(60)\n")
+    child = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('child stopping', flush=True), sys.exit(0)))\n"
+        "print('rr worker pid=%d sandboxes=%s' % (os.getpid(), os.environ['RR_MAX_LIVE_SANDBOXES']),"
+        " flush=True)\n"
+        "time.sleep(60)\n"
+    )
     code, out, err = _run(_script(child), n=3, stop_after=1.5)
     assert code == 0, (out, err)
     assert out.count("sandboxes=86") == 3 and out.count("child stopping") == 3, out
@@ -79,8 +81,13 @@ def test_children_get_their_share_and_are_stopped_by_sigterm() -> None:
 
 def test_a_dying_child_is_restarted_then_a_crash_loop_stops_everything() -> None:
     # a child that was ready and then died: restarted with a growing backoff, 5 deaths -> exit 1
-    code, out, err = _run(_script("import sys; print('rr worker pid=1', flush=True); "
-                                  "print('rr: error: boom', file=sys.stderr); sys.exit(2)"), n=1)
+    code, out, err = _run(
+        _script(
+            "import sys; print('rr worker pid=1', flush=True); "
+            "print('rr: error: boom', file=sys.stderr); sys.exit(2)"
+        ),
+        n=1,
+    )
     assert code == 1, (out, err)
     assert out.count("restarting in") == sv.CRASH_LIMIT - 1, out
     assert "restarting in 0.01 s" in out and "restarting in 0.08 s" in out, out
@@ -89,8 +96,9 @@ def test_a_dying_child_is_restarted_then_a_crash_loop_stops_everything() -> None
 
 
 def test_a_child_failing_at_start_with_a_setting_error_stops_the_supervisor() -> None:
-    code, out, err = _run(_script("import sys; print('rr: error: RR_X must be a number', file=sys.stderr); "
-                                  "sys.exit(2)"))
+    code, out, err = _run(
+        _script("import sys; print('rr: error: RR_X must be a number', file=sys.stderr); sys.exit(2)")
+    )
     assert code == 2, (out, err)
     assert err.splitlines() == ["rr: error: RR_X must be a number"], err
     assert "restarting" not in out, out
@@ -100,9 +108,11 @@ def test_a_child_exiting_2_after_a_restart_is_a_death_not_a_setting_error(tmp_pa
     # first start: ready, then killed (exit 1); later starts: exit 2 before ready (e.g. the server went
     # away): restarted (backoff) until the crash-loop limit, not taken for a bad setting
     flag = tmp_path / "started"
-    child = (f"import os, sys\nif not os.path.exists({str(flag)!r}):\n"
-             f"    open({str(flag)!r}, 'w').close(); print('rr worker pid=1', flush=True); sys.exit(1)\n"
-             "print('rr: error: not reachable', file=sys.stderr); sys.exit(2)\n")
+    child = (
+        f"import os, sys\nif not os.path.exists({str(flag)!r}):\n"
+        f"    open({str(flag)!r}, 'w').close(); print('rr worker pid=1', flush=True); sys.exit(1)\n"
+        "print('rr: error: not reachable', file=sys.stderr); sys.exit(2)\n"
+    )
     code, out, err = _run(_script(child), n=1)
     assert code == 1, (out, err)
     assert "died (exit code 2: not reachable)" in out, out

@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_OTEL", "OTEL_"))}
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**base, **env}, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 OFF_PROBE = """
@@ -62,8 +68,14 @@ def test_rr_otel_unset_or_off_installs_nothing(value: str | None) -> None:
         got.pop("sdk_imported")
     else:
         assert got.pop("sdk_imported") == []
-    assert got == {"mode": "off", "plugins": [], "installed": "off", "flushed": True,
-                   "provider": "ProxyTracerProvider", "pydantic_ai_instrumented": False}
+    assert got == {
+        "mode": "off",
+        "plugins": [],
+        "installed": "off",
+        "flushed": True,
+        "provider": "ProxyTracerProvider",
+        "pydantic_ai_instrumented": False,
+    }
 
 
 def test_rr_otel_values() -> None:
@@ -155,10 +167,18 @@ def test_rr_otel_on_exports_over_otlp_from_the_standard_variables(collector: OTL
     proc = _python(ON_PROBE, env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"plugins": ["OpenTelemetryPlugin"], "same": True, "installed": "otlp",
-                   "provider": "ReplaySafeTracerProvider", "pydantic_ai_instrumented": True, "flushed": True}
-    assert [(e.path, e.headers["authorization"], [(s.name, s.service) for s in e.spans])
-            for e in collector.exports] == [("/v1/traces", "Bearer probe-token", [("probe-span", "rr-probe")])]
+    assert got == {
+        "plugins": ["OpenTelemetryPlugin"],
+        "same": True,
+        "installed": "otlp",
+        "provider": "ReplaySafeTracerProvider",
+        "pydantic_ai_instrumented": True,
+        "flushed": True,
+    }
+    assert [
+        (e.path, e.headers["authorization"], [(s.name, s.service) for s in e.spans])
+        for e in collector.exports
+    ] == [("/v1/traces", "Bearer probe-token", [("probe-span", "rr-probe")])]
 
 
 def test_the_service_is_named_rr_by_default(collector: OTLPCollector) -> None:

@@ -16,8 +16,10 @@ BOOKING: dict[str, Any] = {
         {"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"},
         {"first_name": "Ann", "last_name": "Li", "dob": "1992-01-01"},
     ],
-    "payment_methods": [{"payment_id": "certificate_7504069", "amount": 250},
-                        {"payment_id": "credit_card_4421486", "amount": 5}],
+    "payment_methods": [
+        {"payment_id": "certificate_7504069", "amount": 250},
+        {"payment_id": "credit_card_4421486", "amount": 5},
+    ],
     "insurance": "no",
 }
 
@@ -49,17 +51,20 @@ def test_integral_floats_equal_ints_but_bools_are_not_numbers() -> None:
     assert diff_values({"amount": 250}, {"amount": 250.0}) == []
     assert diff_values([1, 2.5], [1.0, 2.5]) == []
     assert diff_values({"amount": 250}, {"amount": 250.5}) == [
-        {"path": "amount", "expected": 250, "actual": 250.5}]
+        {"path": "amount", "expected": 250, "actual": 250.5}
+    ]
     assert diff_values({"flag": True}, {"flag": 1}) == [{"path": "flag", "expected": True, "actual": 1}]
 
 
 def test_a_missing_or_extra_element_is_one_difference() -> None:
     two = _changed(passengers=BOOKING["passengers"][:1])
     assert diff_values(BOOKING, two) == [
-        {"path": "passengers[1]", "expected": BOOKING["passengers"][1], "actual": None, "note": "missing"}]
+        {"path": "passengers[1]", "expected": BOOKING["passengers"][1], "actual": None, "note": "missing"}
+    ]
     three = _changed(passengers=[*BOOKING["passengers"], {"first_name": "Bo"}])
     assert diff_values(BOOKING, three) == [
-        {"path": "passengers[2]", "expected": None, "actual": {"first_name": "Bo"}, "note": "not expected"}]
+        {"path": "passengers[2]", "expected": None, "actual": {"first_name": "Bo"}, "note": "not expected"}
+    ]
 
 
 def test_missing_and_unexpected_keys_are_labelled() -> None:
@@ -71,15 +76,23 @@ def test_missing_and_unexpected_keys_are_labelled() -> None:
 
 def test_strings_are_compared_exactly_and_case_or_space_differences_are_labelled() -> None:
     assert diff_values({"cabin": "economy"}, {"cabin": "Economy "}) == [
-        {"path": "cabin", "expected": "economy", "actual": "Economy ", "note": "differs only in case or whitespace"}]
+        {
+            "path": "cabin",
+            "expected": "economy",
+            "actual": "Economy ",
+            "note": "differs only in case or whitespace",
+        }
+    ]
     assert diff_values("economy", "business") == [{"path": "", "expected": "economy", "actual": "business"}]
 
 
 def test_type_changes_paths_and_odd_keys() -> None:
     assert diff_values({"flights": [1]}, {"flights": {"0": 1}}) == [
-        {"path": "flights", "expected": [1], "actual": {"0": 1}}]
+        {"path": "flights", "expected": [1], "actual": {"0": 1}}
+    ]
     assert diff_values({"a b": {"x": 1}}, {"a b": {"x": 2}}, path="args") == [
-        {"path": 'args["a b"].x', "expected": 1, "actual": 2}]
+        {"path": 'args["a b"].x', "expected": 1, "actual": 2}
+    ]
     assert diff_values([[1, 2]], [[1, 3]]) == [{"path": "[0][1]", "expected": 2, "actual": 3}]
     assert diff_values((1, 2), [1, 2]) == []  # a tuple is a list
 

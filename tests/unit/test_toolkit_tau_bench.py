@@ -18,8 +18,16 @@ from reflector.analysis.toolkit import (
 from reflector.analysis.traces import load_normalized
 from reflector.contract import DIAGNOSIS_KINDS
 
-CONTRACT_NAMES = ("tool_calls", "expected_actions", "diff_actions", "diff_values", "first_divergence",
-                  "failing_calls", "search_steps", "is_write")
+CONTRACT_NAMES = (
+    "tool_calls",
+    "expected_actions",
+    "diff_actions",
+    "diff_values",
+    "first_divergence",
+    "failing_calls",
+    "search_steps",
+    "is_write",
+)
 
 
 def test_every_failed_run_with_expectations_gets_a_divergence(shared_traces: Path) -> None:
@@ -31,7 +39,9 @@ def test_every_failed_run_with_expectations_gets_a_divergence(shared_traces: Pat
         assert [(c["name"], c["step"]) for c in calls] == [(a["name"], a["step"]) for a in run["actions"]]
         assert all(c["result_step"] is not None for c in calls)
         d = diff_actions(expected_actions(run), calls)
-        assert d["equal"] == compare_actions(run["actions"], run["expected_actions"])[0], run["metadata"]["id"]
+        assert d["equal"] == compare_actions(run["actions"], run["expected_actions"])[0], run["metadata"][
+            "id"
+        ]
         div = first_divergence(run)
         if div is not None:
             assert div["kind"] in DIAGNOSIS_KINDS and isinstance(div["step"], int)

@@ -22,58 +22,106 @@ from reflector.analysis.traces import load_normalized, normalize
 from reflector.analysis.traces.lazy import Steps
 from tests.support.lazy import lazy_view
 
-POLICY = ("You are an airline agent.\n"
-          "- Before taking any actions that update the booking database, you must obtain explicit user "
-          "confirmation (yes) to proceed.\n"
-          "- The agent must first obtain the user id and get the user details.\n"
-          "- Never cancel a reservation on behalf of the user.")
+POLICY = (
+    "You are an airline agent.\n"
+    "- Before taking any actions that update the booking database, you must obtain explicit user "
+    "confirmation (yes) to proceed.\n"
+    "- The agent must first obtain the user id and get the user details.\n"
+    "- Never cancel a reservation on behalf of the user."
+)
 
 
 def call(cid: str, name: str, args: dict[str, Any], text: str | None = None) -> dict[str, Any]:
-    return {"role": "assistant", "content": text,
-            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+    return {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        ],
+    }
 
 
 def result(cid: str, name: str, data: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": cid, "name": name,
-            "content": data if isinstance(data, str) else json.dumps(data)}
+    return {
+        "role": "tool",
+        "tool_call_id": cid,
+        "name": name,
+        "content": data if isinstance(data, str) else json.dumps(data),
+    }
 
 
 MESSAGES: list[dict[str, Any]] = [
-    {"role": "system", "content": POLICY},                                                              # 0
-    {"role": "user", "content": "Hi, I'm mia_li_3668. Please move my May 20 flight to HAT136."},        # 1
-    call("c1", "get_user_details", {"user_id": "mia_li_3668"}),                                         # 2
-    result("c1", "get_user_details", {"payment_methods": {"credit_card_4421486": {"brand": "visa"}},
-                                      "reservations": ["ABC123"]}),                                   # 3
-    call("c2", "get_reservation_details", {"reservation_id": "ABC123"}),                                # 4
-    result("c2", "get_reservation_details", {"reservation_id": "ABC123",
-                                             "flights": [{"flight_number": "HAT100", "date": "2024-05-20"}]}),  # 5
-    {"role": "assistant", "content": "I will move HAT100 on 2024-05-21 to HAT136 and charge gift_card_999. "
-                                     "Shall I proceed?"},                                              # 6
-    {"role": "user", "content": "yes"},                                                                 # 7
-    call("c3", "update_reservation_flights", {"reservation_id": "ABC123", "payment_id": "gift_card_999",
-                                              "flights": [{"flight_number": "HAT136", "date": "2024-05-21"}]}),  # 8
-    result("c3", "update_reservation_flights", {"reservation_id": "ABC123", "status": "ok"}),         # 9
-    call("c4", "cancel_reservation", {"reservation_id": "ABC123"}),                                     # 10
-    result("c4", "cancel_reservation", "cancelled"),                                                    # 11
-    {"role": "assistant", "content": "Done."},                                                          # 12
+    {"role": "system", "content": POLICY},  # 0
+    {"role": "user", "content": "Hi, I'm mia_li_3668. Please move my May 20 flight to HAT136."},  # 1
+    call("c1", "get_user_details", {"user_id": "mia_li_3668"}),  # 2
+    result(
+        "c1",
+        "get_user_details",
+        {"payment_methods": {"credit_card_4421486": {"brand": "visa"}}, "reservations": ["ABC123"]},
+    ),  # 3
+    call("c2", "get_reservation_details", {"reservation_id": "ABC123"}),  # 4
+    result(
+        "c2",
+        "get_reservation_details",
+        {"reservation_id": "ABC123", "flights": [{"flight_number": "HAT100", "date": "2024-05-20"}]},
+    ),  # 5
+    {
+        "role": "assistant",
+        "content": "I will move HAT100 on 2024-05-21 to HAT136 and charge gift_card_999. Shall I proceed?",
+    },  # 6
+    {"role": "user", "content": "yes"},  # 7
+    call(
+        "c3",
+        "update_reservation_flights",
+        {
+            "reservation_id": "ABC123",
+            "payment_id": "gift_card_999",
+            "flights": [{"flight_number": "HAT136", "date": "2024-05-21"}],
+        },
+    ),  # 8
+    result("c3", "update_reservation_flights", {"reservation_id": "ABC123", "status": "ok"}),  # 9
+    call("c4", "cancel_reservation", {"reservation_id": "ABC123"}),  # 10
+    result("c4", "cancel_reservation", "cancelled"),  # 11
+    {"role": "assistant", "content": "Done."},  # 12
 ]
 
 
 def tau_run() -> dict[str, Any]:
-    want = {"reservation_id": "ABC123", "payment_id": "credit_card_4421486",
-            "flights": [{"flight_number": "HAT136", "date": "2024-05-20"}]}
-    return {"task_id": 1, "trial": 0, "reward": 0.0,
-            "info": {"task": {"instruction": "move the flight", "actions": [
-                {"name": "update_reservation_flights", "kwargs": want}]}},
-            "traj": MESSAGES}
+    want = {
+        "reservation_id": "ABC123",
+        "payment_id": "credit_card_4421486",
+        "flights": [{"flight_number": "HAT136", "date": "2024-05-20"}],
+    }
+    return {
+        "task_id": 1,
+        "trial": 0,
+        "reward": 0.0,
+        "info": {
+            "task": {
+                "instruction": "move the flight",
+                "actions": [{"name": "update_reservation_flights", "kwargs": want}],
+            }
+        },
+        "traj": MESSAGES,
+    }
 
 
-@pytest.mark.parametrize(("value", "key"), [
-    ("2024-05-20", "date:05-20"), ("May 20", "date:05-20"), ("20 May 2024", "date:05-20"),
-    (250.0, "num:250"), ("$1,250", "num:1250"), ("HAT136", "id:hat136"), ("credit_card_7", "id:credit_card_7"),
-    ("Mia  Li", "text:mia li"), ("", None), (None, None), (True, None),
-])
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ("2024-05-20", "date:05-20"),
+        ("May 20", "date:05-20"),
+        ("20 May 2024", "date:05-20"),
+        (250.0, "num:250"),
+        ("$1,250", "num:1250"),
+        ("HAT136", "id:hat136"),
+        ("credit_card_7", "id:credit_card_7"),
+        ("Mia  Li", "text:mia li"),
+        ("", None),
+        (None, None),
+        (True, None),
+    ],
+)
 def test_values_are_canonical(value: Any, key: str | None) -> None:
     assert canonical(value) == key
 
@@ -81,12 +129,18 @@ def test_values_are_canonical(value: Any, key: str | None) -> None:
 def test_provenance_says_who_introduced_a_value_first() -> None:
     v = normalize(MESSAGES)
     date = provenance(v, "2024-05-20")
-    assert date["introduced_by"] == "user" and [r["step"] for r in date["steps"]] == [1, 5]  # "May 20" is the user's
+    assert date["introduced_by"] == "user" and [r["step"] for r in date["steps"]] == [
+        1,
+        5,
+    ]  # "May 20" is the user's
     assert date["steps"][1]["source"] == "tool"
     made = provenance(v, "gift_card_999")
     assert made["introduced_by"] == "agent" and made["first"]["step"] == 6
     assert [(r["step"], r["where"]) for r in made["steps"]] == [(6, "content"), (8, "call")]
-    assert provenance(v, "HAT100", limit=1)["n_steps"] == 2 and len(provenance(v, "HAT100", limit=1)["steps"]) == 1
+    assert (
+        provenance(v, "HAT100", limit=1)["n_steps"] == 2
+        and len(provenance(v, "HAT100", limit=1)["steps"]) == 1
+    )
     with pytest.raises(TypeError, match="provenance: value"):
         provenance(v, {"a": 1})
 
@@ -126,7 +180,9 @@ def test_root_cause_traces_back_from_the_wrong_write() -> None:
 
 
 def test_root_cause_is_the_symptom_when_nothing_earlier_explains_it() -> None:
-    msgs = [m for i, m in enumerate(MESSAGES) if i != 6]  # the agent never said the values before writing them
+    msgs = [
+        m for i, m in enumerate(MESSAGES) if i != 6
+    ]  # the agent never said the values before writing them
     run = {**tau_run(), "traj": msgs}
     r = root_cause(normalize(run))
     assert r is not None and r["symptom"]["step"] == 7 and r["root"]["step"] == 7 and r["same"]
@@ -160,7 +216,11 @@ def test_without_expected_actions_the_wrong_answer_is_traced_to_where_its_value_
     msgs = [
         {"role": "user", "content": "How much is order ORD-17's refund?"},
         call("c1", "get_order", {"order_id": "ORD-17"}),
-        result("c1", "get_order", {"order_id": "ORD-17", "items": [{"sku": "SKU9", "price": 41.5}], "refund": 38.25}),
+        result(
+            "c1",
+            "get_order",
+            {"order_id": "ORD-17", "items": [{"sku": "SKU9", "price": 41.5}], "refund": 38.25},
+        ),
         {"role": "assistant", "content": "The item cost $41.50, so the refund is $41.50."},
         {"role": "assistant", "content": "Final answer: 41.5"},
     ]

@@ -45,14 +45,27 @@ def scan(data: bytes, name: str = "t.json", chunk: int = 64) -> tuple[list[Any],
 def test_scan_matches_json_for_any_buffer_size() -> None:
     rng = random.Random(7)
     for _ in range(200):
-        doc = [{"k": rng.random(), "s": "é☃" * rng.randint(0, 20), "l": list(range(rng.randint(0, 9))), "n": None}
-               for _ in range(rng.randint(0, 15))]
+        doc = [
+            {
+                "k": rng.random(),
+                "s": "é☃" * rng.randint(0, 20),
+                "l": list(range(rng.randint(0, 9))),
+                "n": None,
+            }
+            for _ in range(rng.randint(0, 15))
+        ]
         chunk = rng.randint(1, 48)
         raw = json.dumps(doc, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1])).encode()
         assert scan(raw, chunk=chunk)[0] == doc
         obj = {"question": "q", "steps": doc, "tail": {"x": [1, 2]}}
-        got, sc = scan(json.dumps(obj, ensure_ascii=False, indent=rng.choice([None, 2])).encode(), chunk=chunk)
-        assert got == doc and sc.header.outer == {"question": "q", "tail": {"x": [1, 2]}} and sc.header.key == "steps"
+        got, sc = scan(
+            json.dumps(obj, ensure_ascii=False, indent=rng.choice([None, 2])).encode(), chunk=chunk
+        )
+        assert (
+            got == doc
+            and sc.header.outer == {"question": "q", "tail": {"x": [1, 2]}}
+            and sc.header.key == "steps"
+        )
         if len(doc) > 1:
             lines = "\n".join(json.dumps(d, ensure_ascii=False) for d in doc).encode()
             assert scan(lines, chunk=chunk)[0] == doc
@@ -80,42 +93,92 @@ def test_broken_traces_are_one_line_errors(text: bytes, name: str, message: str)
 
 def _messages() -> list[dict[str, Any]]:
     return [
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "book a flight"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": 1}'}}]},
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "book a flight"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": 1}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "error: not found"},
-        {"role": "assistant", "content": [{"type": "text", "text": "let me"},
-                                          {"type": "tool_use", "id": "t9", "name": "calc", "input": {"x": 1}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "42"},
-                                     {"type": "text", "text": "thanks"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "let me"},
+                {"type": "tool_use", "id": "t9", "name": "calc", "input": {"x": 1}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t9", "content": "42"},
+                {"type": "text", "text": "thanks"},
+            ],
+        },
         {"role": "assistant", "content": "done é"},
     ]
 
 
 def _shapes(tmp: Path) -> Iterator[tuple[str, Path]]:
     msgs = _messages()
-    ace_steps = [{"thought": "a", "action": "search", "args": {"q": 1}, "observation": "error: x"}, "plain",
-                 {"role": "assistant", "content": "hi"}]
+    ace_steps = [
+        {"thought": "a", "action": "search", "args": {"q": 1}, "observation": "error: x"},
+        "plain",
+        {"role": "assistant", "content": "hi"},
+    ]
     files: dict[str, Any] = {
         "msgs.jsonl": "\n".join(json.dumps(m, ensure_ascii=False) for m in msgs) + "\n",
         "msgs_array.json": msgs,
         "msgs_wrapper.json": {"question": "q", "messages": msgs, "reward": 0, "ground_truth": "x"},
-        "ace_obj.json": {"question": "q", "steps": ace_steps, "reasoning": "because",
-                         "agent_output": {"final_answer": "5"}, "ground_truth": "4", "feedback": "wrong"},
+        "ace_obj.json": {
+            "question": "q",
+            "steps": ace_steps,
+            "reasoning": "because",
+            "agent_output": {"final_answer": "5"},
+            "ground_truth": "4",
+            "feedback": "wrong",
+        },
         "ace_trace.json": {"question": "q", "trace": [{"thought": "a"}], "agent_output": "the answer"},
-        "ace_batch.json": [{"question": "q1", "reward": 1, "final_answer": "a"},
-                           {"question": "q2", "reward": 0.0, "steps": [{"action": "x"}]}],
+        "ace_batch.json": [
+            {"question": "q1", "reward": 1, "final_answer": "a"},
+            {"question": "q2", "reward": 0.0, "steps": [{"action": "x"}]},
+        ],
         "unknown.json": [[1], 2, {"x": 3}],
-        "openclaw.jsonl": "\n".join(json.dumps(e) for e in [
-            {"type": "session", "id": "s1", "cwd": "/w"},
-            {"type": "message", "message": {"role": "user", "content": [{"type": "text", "text": "fix it"}]}},
-            {"type": "message", "message": {"role": "assistant", "model": "m1", "content": [
-                {"type": "toolCall", "name": "bash", "arguments": {"cmd": "ls"}}]}},
-            {"type": "message", "message": {"role": "toolResult", "toolName": "bash", "isError": True,
-                                            "content": [{"type": "text", "text": "ENOENT"}]}},
-            {"type": "custom", "customType": "note", "data": {"a": 1}},
-            {"type": "message", "message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]}},
-        ]) + "\n",
+        "openclaw.jsonl": "\n".join(
+            json.dumps(e)
+            for e in [
+                {"type": "session", "id": "s1", "cwd": "/w"},
+                {
+                    "type": "message",
+                    "message": {"role": "user", "content": [{"type": "text", "text": "fix it"}]},
+                },
+                {
+                    "type": "message",
+                    "message": {
+                        "role": "assistant",
+                        "model": "m1",
+                        "content": [{"type": "toolCall", "name": "bash", "arguments": {"cmd": "ls"}}],
+                    },
+                },
+                {
+                    "type": "message",
+                    "message": {
+                        "role": "toolResult",
+                        "toolName": "bash",
+                        "isError": True,
+                        "content": [{"type": "text", "text": "ENOENT"}],
+                    },
+                },
+                {"type": "custom", "customType": "note", "data": {"a": 1}},
+                {
+                    "type": "message",
+                    "message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+                },
+            ]
+        )
+        + "\n",
     }
     for name, content in files.items():
         path = tmp / name
@@ -200,7 +263,9 @@ def test_the_memory_formula() -> None:
     gib = 1024**3
     assert host_memory_bytes(1024**2, None) == HOST_MIN_BYTES  # small traces keep the old limit
     assert host_memory_bytes(2 * gib, None) == HOST_BASE_BYTES + EAGER_FACTOR * 2 * gib
-    assert host_memory_bytes(100 * gib, 10 * 1024**2) == HOST_MIN_BYTES  # lazy: the trace's size does not count
+    assert (
+        host_memory_bytes(100 * gib, 10 * 1024**2) == HOST_MIN_BYTES
+    )  # lazy: the trace's size does not count
 
 
 def _settings(tmp: Path, **kw: Any) -> Settings:
@@ -224,15 +289,24 @@ def test_a_large_trace_is_streamed_with_its_index(tmp_path: Path, monkeypatch: p
     broken.write_text('{"role": "user", "content": "x"}\n{"role": \n')
     with pytest.raises(TraceError, match="line 2 is not valid JSON"):
         upload_trace(broken, settings)
-    assert not [p for p in Path(settings.blob_dir).rglob("*") if p.is_file() and p.name.startswith(".incoming")]
+    assert not [
+        p for p in Path(settings.blob_dir).rglob("*") if p.is_file() and p.name.startswith(".incoming")
+    ]
 
 
-def test_a_trace_that_cannot_fit_is_refused_with_the_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trace_that_cannot_fit_is_refused_with_the_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RR_HOME", str(tmp_path / "home"))
     settings = _settings(tmp_path, lazy_trace_bytes=1, sandbox_max_memory=HOST_BASE_BYTES + 1024**2)
     spans = tmp_path / "spans.jsonl"  # OTel spans are ordered across records: read whole, not indexed
-    spans.write_text("\n".join(json.dumps({"span_id": str(i), "name": "llm", "start_time": i, "x": "y" * 500})
-                               for i in range(2_000)) + "\n")
+    spans.write_text(
+        "\n".join(
+            json.dumps({"span_id": str(i), "name": "llm", "start_time": i, "x": "y" * 500})
+            for i in range(2_000)
+        )
+        + "\n"
+    )
     with pytest.raises(ReflectError) as err:
         upload_trace(spans, settings)
     msg = str(err.value)
@@ -244,15 +318,20 @@ def test_a_trace_that_cannot_fit_is_refused_with_the_numbers(tmp_path: Path, mon
 
 def test_the_client_memory_does_not_grow_with_the_trace(tmp_path: Path) -> None:
     """Peak RSS of a process uploading a 32 MB trace with the streaming path, against a 3 MB one."""
+
     def peak_kb(n_steps: int) -> int:
         trace = tmp_path / f"t{n_steps}.json"
         with open(trace, "w") as fh:
             fh.write('{"question": "q", "steps": [')
             for i in range(n_steps):
-                fh.write(("," if i else "") + json.dumps({"role": "assistant", "content": f"{i} " + "w" * 480}))
+                fh.write(
+                    ("," if i else "") + json.dumps({"role": "assistant", "content": f"{i} " + "w" * 480})
+                )
             fh.write("]}")
-        code = ("import sys, dataclasses; from reflector.client import upload_trace; from reflector.runtime.settings import "
-                "Settings; upload_trace(sys.argv[1], dataclasses.replace(Settings.from_env(), lazy_trace_bytes=1))")
+        code = (
+            "import sys, dataclasses; from reflector.client import upload_trace; from reflector.runtime.settings import "
+            "Settings; upload_trace(sys.argv[1], dataclasses.replace(Settings.from_env(), lazy_trace_bytes=1))"
+        )
         env = {**os.environ, "RR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         subprocess.run([sys.executable, "-c", code, str(trace)], env=env, check=True, timeout=120)
@@ -278,11 +357,21 @@ def test_step_columns_answer_filters_and_counts_without_parsing(tmp_path: Path) 
             s, e = view["steps"], eager["steps"]
             assert s.where(is_error=True) == [i for i, x in enumerate(e) if x["is_error"]], name
             assert s.where(role="assistant") == [i for i, x in enumerate(e) if x["role"] == "assistant"], name
-            for cut in (slice(1, None), slice(None, None, -1), slice(-3, None), slice(2, -1, 2), slice(None, None, -2)):
+            for cut in (
+                slice(1, None),
+                slice(None, None, -1),
+                slice(-3, None),
+                slice(2, -1, 2),
+                slice(None, None, -2),
+            ):
                 part, want = s[cut], e[cut]
-                assert part.where(role="tool") == [i for i, x in enumerate(want) if x["role"] == "tool"], (name, cut)
+                assert part.where(role="tool") == [i for i, x in enumerate(want) if x["role"] == "tool"], (
+                    name,
+                    cut,
+                )
                 assert part.where(role="assistant", is_error=False) == [
-                    i for i, x in enumerate(want) if x["role"] == "assistant" and not x["is_error"]], (name, cut)
+                    i for i, x in enumerate(want) if x["role"] == "assistant" and not x["is_error"]
+                ], (name, cut)
                 assert part.counts("role") == dict(collections.Counter(x["role"] for x in want)), (name, cut)
             assert s.where(role="no such role") == []
             fails = collections.Counter(str(x["tool_name"]) for x in e if x["is_error"])
@@ -296,8 +385,9 @@ def test_step_columns_answer_filters_and_counts_without_parsing(tmp_path: Path) 
             os.close(fd)
 
 
-async def test_a_worker_indexes_a_large_trace_stored_without_its_index(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_worker_indexes_a_large_trace_stored_without_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A trace put in the store some other way (not by `upload_trace`) gets its index before a host opens it."""
     from activities import sandbox as sandbox_activities
     from reflector.contract import TraceRef
@@ -328,8 +418,13 @@ def test_grep_finds_exactly_the_records_a_search_of_each_finds(tmp_path: Path) -
 
     rng = random.Random(11)
     words = ["error", "ok", "Err", "timeout", "é", "a,b", "x1-234", "}{", "\\n"]
-    records = [{"role": rng.choice(["user", "assistant", "tool"]),
-                "content": " ".join(rng.choice(words) for _ in range(rng.randint(0, 6)))} for _ in range(400)]
+    records = [
+        {
+            "role": rng.choice(["user", "assistant", "tool"]),
+            "content": " ".join(rng.choice(words) for _ in range(rng.randint(0, 6))),
+        }
+        for _ in range(400)
+    ]
     path = tmp_path / "g.json"
     path.write_text(json.dumps(records, ensure_ascii=rng.random() < 0.5))
     view, _index, fd = lazy_view(path)
@@ -337,11 +432,24 @@ def test_grep_finds_exactly_the_records_a_search_of_each_finds(tmp_path: Path) -
     try:
         recs = view["raw"]
         texts = [raw[s:e].decode() for s, e in zip(_index.starts, _index.ends, strict=True)]
-        for pattern in ["error", r"\bErr\b", r"ok.*timeout", r"\}\s*,\s*\{", r"^\{", r"[0-9]{3}", "é", r"ok\"\}, \{",
-                        r"(?<=: )\"ok"]:
+        for pattern in [
+            "error",
+            r"\bErr\b",
+            r"ok.*timeout",
+            r"\}\s*,\s*\{",
+            r"^\{",
+            r"[0-9]{3}",
+            "é",
+            r"ok\"\}, \{",
+            r"(?<=: )\"ok",
+        ]:
             want = [i for i, t in enumerate(texts) if re.search(pattern, t)]
             assert recs.grep(pattern, limit=10**6) == want, pattern
-            assert recs[100:300].grep(pattern, limit=10**6) == [i - 100 for i in want if 100 <= i < 300], pattern
-            assert recs[::-3].grep(pattern, limit=10**6) == [k for k, i in enumerate(range(399, -1, -3)) if i in want]
+            assert recs[100:300].grep(pattern, limit=10**6) == [i - 100 for i in want if 100 <= i < 300], (
+                pattern
+            )
+            assert recs[::-3].grep(pattern, limit=10**6) == [
+                k for k, i in enumerate(range(399, -1, -3)) if i in want
+            ]
     finally:
         os.close(fd)

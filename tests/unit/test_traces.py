@@ -399,14 +399,18 @@ def _tau_deep(k: int) -> Any:
 
 
 AT_THE_LIMIT: dict[str, Callable[[int], Any]] = {
-    "messages": lambda k: {"messages": [{"role": "user", "content": "hi"},
-                                        {"role": "assistant", "content": _content_parts(k)}]},
+    "messages": lambda k: {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _content_parts(k)}]
+    },
     "tau-bench": _tau_deep,
     "ace": lambda k: {"question": "q", "trace": _nest(k, "t"), "steps": [_nest(k, "s")]},
-    "otel": lambda k: [{"name": "tool", "span_id": "1", "attributes": {"tool.name": "t",
-                                                                        "tool.parameters": _nest(k, 1)}}],
-    "openclaw": lambda k: [{"type": "session", "id": "s"},
-                           {"type": "message", "message": {"role": "assistant", "content": _content_parts(k)}}],
+    "otel": lambda k: [
+        {"name": "tool", "span_id": "1", "attributes": {"tool.name": "t", "tool.parameters": _nest(k, 1)}}
+    ],
+    "openclaw": lambda k: [
+        {"type": "session", "id": "s"},
+        {"type": "message", "message": {"role": "assistant", "content": _content_parts(k)}},
+    ],
     "unknown": lambda k: _nest(k, None),
 }
 
@@ -574,7 +578,12 @@ def test_tau_bench_single_run() -> None:
     # what it did and what was expected: structured, side by side, never folded into text
     assert v["actions"] == [
         {"name": "cancel_reservation", "arguments": {"reservation_id": "BAD"}, "step": 2, "is_error": True},
-        {"name": "cancel_reservation", "arguments": {"reservation_id": "Z7GOZK"}, "step": 4, "is_error": False},
+        {
+            "name": "cancel_reservation",
+            "arguments": {"reservation_id": "Z7GOZK"},
+            "step": 4,
+            "is_error": False,
+        },
     ]
     assert v["expected_actions"] == [
         {"name": "get_reservation_details", "arguments": {"reservation_id": "Z7GOZK"}},
@@ -591,15 +600,27 @@ def test_tau_bench_final_answer_is_the_last_message_verbatim() -> None:
     run["traj"][-1]["content"] = said
     # the agent's last message with text, not a later tool call or the user's reply
     run["traj"] += [
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c", "function": {"name": "transfer_to_human_agents", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c", "name": "transfer_to_human_agents", "content": "Transfer successful"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "function": {"name": "transfer_to_human_agents", "arguments": "{}"}}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c",
+            "name": "transfer_to_human_agents",
+            "content": "Transfer successful",
+        },
         {"role": "user", "content": "Thanks ###STOP###"},
     ]
     v = normalize(run)
     assert v["final_answer"] == said
     assert "(no database-changing actions)" not in json.dumps(v)
-    assert [a["name"] for a in v["actions"]] == ["cancel_reservation", "cancel_reservation", "transfer_to_human_agents"]
+    assert [a["name"] for a in v["actions"]] == [
+        "cancel_reservation",
+        "cancel_reservation",
+        "transfer_to_human_agents",
+    ]
     run["traj"] = [m for m in run["traj"] if m["role"] != "assistant" or m.get("tool_calls")]
     assert normalize(run)["final_answer"] is None  # an agent that never wrote has no final answer
 
@@ -709,13 +730,19 @@ def test_real_tau_bench() -> None:
         _check_run_shape(run)
         assert run["question"] and run["ground_truth"] is None and run["final_answer"] is not None
         traj = run["raw"]["traj"]
-        last = next(m["content"] for m in reversed(traj) if m["role"] == "assistant" and (m.get("content") or "").strip())
+        last = next(
+            m["content"]
+            for m in reversed(traj)
+            if m["role"] == "assistant" and (m.get("content") or "").strip()
+        )
         assert run["final_answer"] == last  # verbatim: nothing appended, nothing stripped
         calls = [c["function"] for m in traj if m["role"] == "assistant" for c in m.get("tool_calls") or []]
         assert [a["name"] for a in run["actions"]] == [c["name"] for c in calls]
         assert [a["arguments"] for a in run["actions"]] == [json.loads(c["arguments"]) for c in calls]
         task = run["raw"]["info"]["task"]
-        assert run["expected_actions"] == [{"name": a["name"], "arguments": a["kwargs"]} for a in task["actions"]]
+        assert run["expected_actions"] == [
+            {"name": a["name"], "arguments": a["kwargs"]} for a in task["actions"]
+        ]
         assert run["expected_outputs"] == task["outputs"]
     ids = {r["metadata"]["id"] for r in v["runs"]}
     assert len(ids) == 120
@@ -730,7 +757,9 @@ async def test_sandbox_host_loads_a_trace_at_the_nesting_limit(tmp_path: Path) -
     ex = SubprocessExecutor(TEST_LIMITS)
     await ex.start(str(p), "auto", {})
     try:
-        r = await ex.run_cell("describe_traces(max_preview=300)\nprint('dumped', len(json.dumps(traces)) > 0)")
+        r = await ex.run_cell(
+            "describe_traces(max_preview=300)\nprint('dumped', len(json.dumps(traces)) > 0)"
+        )
         assert r.ok, r
         assert "schema:" in r.stdout and "dumped True" in r.stdout
     finally:

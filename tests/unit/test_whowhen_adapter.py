@@ -23,22 +23,38 @@ WHOWHEN: dict[str, Any] = {
     "level": "2",
     "system_prompt": {"Excel_Expert": "You read spreadsheets.", "Verification_Expert": "You verify."},
     "history": [
-        {"content": "You are given a task.\n# General Task\nHow many clients get the sunset design?",
-         "role": "assistant", "name": "Excel_Expert"},
-        {"content": "exitcode: 0 (execution succeeded)\nCode output: 4", "role": "user", "name": "Computer_terminal"},
+        {
+            "content": "You are given a task.\n# General Task\nHow many clients get the sunset design?",
+            "role": "assistant",
+            "name": "Excel_Expert",
+        },
+        {
+            "content": "exitcode: 0 (execution succeeded)\nCode output: 4",
+            "role": "user",
+            "name": "Computer_terminal",
+        },
         {"content": "The answer is 4.", "role": "user", "name": "Verification_Expert"},
         {"content": "TERMINATE", "role": "user", "name": "Verification_Expert"},
     ],
 }
-LABELS = {"mistake_agent": "Excel_Expert", "mistake_step": "0", "mistake_reason": "wrong count", "is_correct": False}
+LABELS = {
+    "mistake_agent": "Excel_Expert",
+    "mistake_step": "0",
+    "mistake_reason": "wrong count",
+    "is_correct": False,
+}
 
 
 def test_history_messages_are_the_steps_numbered_by_position() -> None:
     v = normalize(WHOWHEN)
     assert v["format"] == "ace" and detect_format(WHOWHEN) == "ace"
     assert [s["index"] for s in v["steps"]] == [0, 1, 2, 3]
-    assert [s["actor"] for s in v["steps"]] == ["Excel_Expert", "Computer_terminal", "Verification_Expert",
-                                                "Verification_Expert"]
+    assert [s["actor"] for s in v["steps"]] == [
+        "Excel_Expert",
+        "Computer_terminal",
+        "Verification_Expert",
+        "Verification_Expert",
+    ]
     assert [s["role"] for s in v["steps"]] == ["assistant", "user", "user", "user"]
     assert v["steps"][1]["content"] == "exitcode: 0 (execution succeeded)\nCode output: 4"
     assert (v["question"], v["ground_truth"]) == ("How many clients get the sunset design?", "8")
@@ -74,9 +90,19 @@ def test_a_history_without_task_keys_is_still_detected() -> None:
 
 def test_a_message_with_several_parts_stays_one_step() -> None:
     history = [
-        {"role": "assistant", "name": "A", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},
-        {"role": "user", "name": "B", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"},
-                                                  {"type": "text", "text": "and here is my view"}]},
+        {
+            "role": "assistant",
+            "name": "A",
+            "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}],
+        },
+        {
+            "role": "user",
+            "name": "B",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                {"type": "text", "text": "and here is my view"},
+            ],
+        },
         {"role": "user", "name": "C", "content": "fine"},
     ]
     steps = normalize({"question": "q", "history": history})["steps"]
@@ -89,7 +115,11 @@ def test_a_message_with_several_parts_stays_one_step() -> None:
 def test_message_names_are_actors_but_tool_names_are_not() -> None:
     msgs = [
         {"role": "user", "name": "alice", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "function": {"name": "ls", "arguments": "{}"}}],
+        },
         {"role": "tool", "name": "ls", "tool_call_id": "c1", "content": "bin"},
         {"role": "assistant", "name": " ", "content": "done"},
     ]
@@ -131,7 +161,13 @@ def test_named_messages_read_lazily_keep_their_actors(tmp_path: Path) -> None:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Task: count the rows"}]
     for i in range(300):
         msgs.append({"role": "user", "name": "Coder", "content": f"try {i}\n```python\nprint({i})\n```"})
-        msgs.append({"role": "user", "name": "Computer_terminal", "content": f"exitcode: 0 (execution succeeded)\nCode output: {i}"})
+        msgs.append(
+            {
+                "role": "user",
+                "name": "Computer_terminal",
+                "content": f"exitcode: 0 (execution succeeded)\nCode output: {i}",
+            }
+        )
     path = tmp_path / "chat.jsonl"
     path.write_text("\n".join(json.dumps(m) for m in msgs) + "\n", encoding="utf-8")
     whole = load_normalized(path)
@@ -139,7 +175,9 @@ def test_named_messages_read_lazily_keep_their_actors(tmp_path: Path) -> None:
         assert type(view["steps"]) is Steps
         assert view["steps"][1]["actor"] == "Coder" and view["steps"][0]["actor"] is None
         assert actors(view) == actors(whole)
-        assert timeline(view, actor="Computer_terminal", limit=3) == timeline(whole, actor="Computer_terminal", limit=3)
+        assert timeline(view, actor="Computer_terminal", limit=3) == timeline(
+            whole, actor="Computer_terminal", limit=3
+        )
         guess = suspect_mistake(view, "first_action")  # a positional lead: by name only, never the guess
         assert guess == suspect_mistake(whole, "first_action")
         assert guess is not None and (guess["step"], guess["actor"]) == (1, "Coder")

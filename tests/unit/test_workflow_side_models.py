@@ -40,9 +40,13 @@ def test_a_new_name_of_a_prepared_family_resolves_without_importing(prepared: li
 def test_a_family_that_could_not_be_prepared_is_refused_with_the_reason(
     prepared: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(models._unavailable_families, "rr-nowhere", "ImportError: the rr-nowhere SDK is not installed")
+    monkeypatch.setitem(
+        models._unavailable_families, "rr-nowhere", "ImportError: the rr-nowhere SDK is not installed"
+    )
     before = set(sys.modules)
-    with pytest.raises(models.UnknownModelError, match="cannot be used on this worker: ImportError: the rr-nowhere"):
+    with pytest.raises(
+        models.UnknownModelError, match="cannot be used on this worker: ImportError: the rr-nowhere"
+    ):
         models.workflow_side_model("rr-nowhere:m1")
     assert set(sys.modules) - before == set()
 

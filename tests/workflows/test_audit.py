@@ -42,11 +42,18 @@ HISTORIES = REPO_ROOT / "tests" / "replay" / "histories"
 HOOKS = audit_replay_hooks()  # the replayer and the workflow-side capture of model requests
 
 
-async def _reflect(client: Client, tq: str, settings: Settings, tmp_path: Path) -> tuple[ReflectorOutput, str]:
+async def _reflect(
+    client: Client, tq: str, settings: Settings, tmp_path: Path
+) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                         config=ReflectionConfig(model=script.NAME, context_window=3_000, max_compactions=3,
-                                                 recursion="always"))
+    inp = rr.build_input(
+        ref,
+        question="What is 17 * 24?",
+        ground_truth="408",
+        config=ReflectionConfig(
+            model=script.NAME, context_window=3_000, max_compactions=3, recursion="always"
+        ),
+    )
     handle = await rr.start_reflection(client, inp, tq, f"audit-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
@@ -73,7 +80,12 @@ async def test_timeline_matches_what_the_reflection_did(reflection, client) -> N
 
     # cells: code from the execute_code call, output from the outcome, ids as the model saw them
     alpha = _cell(root, "alpha = 42")
-    assert alpha.seq == script.ALPHA_CELL and alpha.output == "alpha 42\n" and alpha.ok and alpha.origin == "model"
+    assert (
+        alpha.seq == script.ALPHA_CELL
+        and alpha.output == "alpha 42\n"
+        and alpha.ok
+        and alpha.origin == "model"
+    )
     assert root.cells()[0].origin == "prefill" and root.cells()[0].seq == 1
     big = [c for c in root.cells() if "join(['yy']" in c.code]
     assert big and big[0].host_restarted and big[0].cells_replayed >= 1  # rebuilt after its host was killed
@@ -96,7 +108,9 @@ async def test_timeline_matches_what_the_reflection_did(reflection, client) -> N
     assert len(requests) == len(turns) and audit.inputs_rebuilt
     assert all(r.given is not None and r.given.source == "replay" for r in requests)
     asked_alpha = next(r for r in requests if any(c.call_id == "a0" for c in r.tool_calls))
-    assert asked_alpha.tool_calls[0].tool == EXECUTE_CODE_TOOL and "alpha = 42" in str(asked_alpha.tool_calls[0].args)
+    assert asked_alpha.tool_calls[0].tool == EXECUTE_CODE_TOOL and "alpha = 42" in str(
+        asked_alpha.tool_calls[0].args
+    )
     saw_alpha = requests[requests.index(asked_alpha) + 1]
     assert saw_alpha.given is not None
     assert any(r.call_id == "a0" and "alpha 42" in r.excerpt for r in saw_alpha.given.last_tool_results)
@@ -130,7 +144,8 @@ async def test_learnings_link_to_their_cells_and_unsupported_ones_are_marked(ref
     assert [learning.source for learning in learnings] == ["workflow"] * 4  # checked by the workflow itself
     ok, missing, unprinted, uncited = learnings
     assert [(c.cell, c.supported, c.anchor) for c in ok.citations] == [
-        (script.ALPHA_CELL, True, f"cell-{wf_id}-{script.ALPHA_CELL}")]
+        (script.ALPHA_CELL, True, f"cell-{wf_id}-{script.ALPHA_CELL}")
+    ]
     assert [(c.cell, c.exists, c.anchor) for c in missing.citations] == [(99, False, "")]
     assert [(c.cell, c.exists, c.printed) for c in unprinted.citations] == [(script.ALPHA_CELL, True, False)]
     assert uncited.uncited
@@ -148,33 +163,56 @@ async def test_text_and_json_renderings(reflection) -> None:
     assert "UNSUPPORTED: no such cell" in text and "UNSUPPORTED: not printed" in text and "UNCITED" in text
     again = Audit.model_validate_json(audit.model_dump_json())
     assert again == audit
-    assert isinstance(again.session.children()[0], ChildItem) and again.session.children()[0].session is not None
+    assert (
+        isinstance(again.session.children()[0], ChildItem) and again.session.children()[0].session is not None
+    )
 
 
 async def test_exported_file_audits_offline_like_the_server(reflection, client, settings, tmp_path) -> None:
     out, wf_id, audit = reflection
     path = tmp_path / "export.json"
     path.write_text(dump_bundle(await collect(client, wf_id, settings.blob_dir)))
-    offline = await audit_file(path, tmp_path / "no-blobs", HOOKS)  # payloads are inlined: no blob store needed
+    offline = await audit_file(
+        path, tmp_path / "no-blobs", HOOKS
+    )  # payloads are inlined: no blob store needed
     assert offline.model_dump(exclude={"source"}) == audit.model_dump(exclude={"source"})
     # and through the CLI, in a process that knows nothing of this server
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(tmp_path / "home"), "RR_PLUGINS": "tests.support.audit_script"})
-    p = subprocess.run([sys.executable, "-m", "reflector.cli", "audit", str(path), "--json"], env=env,
-                       capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "reflector.cli", "audit", str(path), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr
-    assert Audit.model_validate_json(p.stdout).model_dump(exclude={"source"}) == audit.model_dump(exclude={"source"})
-    p = subprocess.run([sys.executable, "-m", "reflector.cli", "audit", str(tmp_path / "missing.json")], env=env,
-                       capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    assert Audit.model_validate_json(p.stdout).model_dump(exclude={"source"}) == audit.model_dump(
+        exclude={"source"}
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "reflector.cli", "audit", str(tmp_path / "missing.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 2 and p.stderr == f"rr: error: {tmp_path / 'missing.json'}: no such file\n"
 
 
-async def test_a_rerun_audit_links_to_its_origin_and_marks_what_it_reused(reflection, client, task_queue,
-                                                                          settings) -> None:
+async def test_a_rerun_audit_links_to_its_origin_and_marks_what_it_reused(
+    reflection, client, task_queue, settings
+) -> None:
     from reflector.client.rerun import plan_rerun
 
     _, origin_id, origin = reflection
-    plan = await plan_rerun(client, settings, origin_id, 4)  # steps 1-3 (alpha cell, recurse, first big cell) reused
+    plan = await plan_rerun(
+        client, settings, origin_id, 4
+    )  # steps 1-3 (alpha cell, recurse, first big cell) reused
     handle = await rr.start_reflection(client, plan.input, task_queue, f"audit-rerun-{uuid.uuid4().hex[:8]}")
     out = await handle.result()
     audit = await audit_workflow(client, handle.id, settings.blob_dir, HOOKS)
@@ -182,14 +220,23 @@ async def test_a_rerun_audit_links_to_its_origin_and_marks_what_it_reused(reflec
     requests = audit.session.requests()
     assert [r.path for r in requests[:3]] == ["reused"] * 3 and "reused" not in {r.path for r in requests[3:]}
     assert [c.tool for r in requests[:3] for c in r.tool_calls] == [
-        c.tool for r in origin.session.requests()[:3] for c in r.tool_calls]
+        c.tool for r in origin.session.requests()[:3] for c in r.tool_calls
+    ]
     alpha = _cell(audit.session, "alpha = 42")
     assert alpha.reused and alpha.output == "alpha 42\n" and alpha.seq == script.ALPHA_CELL
     [child] = audit.session.children()
-    assert child.reused and child.status == "reused" and child.workflow_id == origin.session.children()[0].workflow_id
+    assert (
+        child.reused
+        and child.status == "reused"
+        and child.workflow_id == origin.session.children()[0].workflow_id
+    )
     # the budget counts only what the rerun paid (the live part), like its ledger
     summaries = [i for i in audit.session.items if isinstance(i, CompactionItem) and not i.reused]
-    assert audit.session.budget[-1].requests == out.raw["usage"]["requests"] == len(requests) - 3 + len(summaries)
+    assert (
+        audit.session.budget[-1].requests
+        == out.raw["usage"]["requests"]
+        == len(requests) - 3 + len(summaries)
+    )
     assert "rerun of " + origin_id + " from step 4" in render_text(audit)
 
 
@@ -245,27 +292,40 @@ async def test_a_killed_worker_shows_as_a_crash_survived(temporal_server, tmp_pa
     from tests.support.procs import WorkerProcess, read_model_log
 
     home = tmp_path / "home"
-    env = {"RR_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
-           "RR_TASK_QUEUE": f"audit-crash-{uuid.uuid4().hex[:6]}", "RR_TEST_MODEL_LOG": str(tmp_path / "model.log"),
-           "RR_TEST_SLOW_LOOP": "30000000", "RR_STICKY_TIMEOUT_S": "1"}
+    env = {
+        "RR_HOME": str(home),
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "RR_TASK_QUEUE": f"audit-crash-{uuid.uuid4().hex[:6]}",
+        "RR_TEST_MODEL_LOG": str(tmp_path / "model.log"),
+        "RR_TEST_SLOW_LOOP": "30000000",
+        "RR_STICKY_TIMEOUT_S": "1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("RR_BLOB_DIR", raising=False)
     EXTRA_BLOB_DIRS.append(home / "blobs")
     settings = Settings.from_env()
     client = await connect(env["TEMPORAL_ADDRESS"], settings=settings)
-    inp = rr.build_input(rr.upload_trace(write_trace(tmp_path), settings), question="What is 17 * 24?",
-                         ground_truth="408", config=ReflectionConfig(model="scripted-stateful"))
+    inp = rr.build_input(
+        rr.upload_trace(write_trace(tmp_path), settings),
+        question="What is 17 * 24?",
+        ground_truth="408",
+        config=ReflectionConfig(model="scripted-stateful"),
+    )
     w1 = WorkerProcess(env, tmp_path / "w1.log")
     w2: WorkerProcess | None = None
     try:
         w1.wait_ready()
-        handle = await rr.start_reflection(client, inp, env["RR_TASK_QUEUE"], f"audit-crash-{uuid.uuid4().hex[:8]}")
+        handle = await rr.start_reflection(
+            client, inp, env["RR_TASK_QUEUE"], f"audit-crash-{uuid.uuid4().hex[:8]}"
+        )
         journal = home / "blobs" / "sessions" / handle.id
         deadline = time.monotonic() + 60
         # the model asked for the slow cell (its 5th message) and the cell before it is journaled: kill inside it
-        while not (any(e["n"] == 5 for e in read_model_log(Path(env["RR_TEST_MODEL_LOG"])))
-                   and (journal / f"{4:08d}.json").exists()):
+        while not (
+            any(e["n"] == 5 for e in read_model_log(Path(env["RR_TEST_MODEL_LOG"])))
+            and (journal / f"{4:08d}.json").exists()
+        ):
             assert time.monotonic() < deadline, "the slow cell never started"
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.4)
@@ -309,7 +369,13 @@ async def test_without_replay_inputs_come_from_recorded_activity_inputs_or_are_m
     replayed = await audit_file(HISTORIES / "stateful_v1.json", tmp_path, HOOKS)
     assert [r.given for r in requests] == [r.given for r in replayed.session.requests()]
     # what was sent then: the recorded request offered no `recurse` (replayed with today's code, it does)
-    assert requests[0].given is not None and requests[0].given.tools_offered == ["execute_code", "final_result", "think"]
-    local = build_audit(load_bundle(HISTORIES / "stateful_v3.json"), ReplayCapture(failures={0: "x"}), tmp_path, "t")
+    assert requests[0].given is not None and requests[0].given.tools_offered == [
+        "execute_code",
+        "final_result",
+        "think",
+    ]
+    local = build_audit(
+        load_bundle(HISTORIES / "stateful_v3.json"), ReplayCapture(failures={0: "x"}), tmp_path, "t"
+    )
     assert local.session.requests() and all(r.given is None for r in local.session.requests())
     assert "not rebuilt" in render_text(local)

@@ -35,7 +35,9 @@ def _write(path: Path, runs: list[Any]) -> Path:
 
 
 async def _batch(client: Client, tq: str, settings: Settings, paths: list[Path], **kw: Any) -> BatchResult:
-    return await rr.reflect_batch(client, paths, settings, task_queue=tq, batch_id=f"b-{uuid.uuid4().hex[:8]}", **kw)
+    return await rr.reflect_batch(
+        client, paths, settings, task_queue=tq, batch_id=f"b-{uuid.uuid4().hex[:8]}", **kw
+    )
 
 
 async def _replays(client: Client, settings: Settings, batch_id: str) -> int:
@@ -50,7 +52,9 @@ async def _replays(client: Client, settings: Settings, batch_id: str) -> int:
     return n
 
 
-async def test_a_batch_counts_runs_not_errors_and_cites_run_ids(client, task_queue, settings, tmp_path) -> None:
+async def test_a_batch_counts_runs_not_errors_and_cites_run_ids(
+    client, task_queue, settings, tmp_path
+) -> None:
     runs = [
         tau_run(0, errors={"get_flight_status": 6}, book=False),  # one run, six errors of one tool
         *(tau_run(i, errors={"get_user_details": 1}, book=False) for i in range(1, 6)),  # five runs, one each
@@ -81,14 +85,17 @@ async def test_a_batch_counts_runs_not_errors_and_cites_run_ids(client, task_que
     with open(path, "rb") as fh:
         spans = [(a, b) for a, b, _ in iter_records(fh, str(path))]
     raw = path.read_bytes()
-    assert [r.trace_sha256 for r in res.run_records] == [hashlib.sha256(raw[a:b]).hexdigest() for a, b in spans]
+    assert [r.trace_sha256 for r in res.run_records] == [
+        hashlib.sha256(raw[a:b]).hexdigest() for a, b in spans
+    ]
     rec = res.run_records[0]
     assert rec.failing_tools == {"get_flight_status": 6} and rec.reward == 0.0 and rec.outcome == "failure"
     # a record names its child reflection; the full one is that workflow's output
     assert rec.workflow_id == child_id(res.batch_id, 0)
     full = await rr.fetch_result(client, rec.workflow_id)
     assert "get_flight_status" in full.error_identification and rec.what_went_wrong[:60] in " ".join(
-        full.error_identification.split())
+        full.error_identification.split()
+    )
     assert await _replays(client, settings, res.batch_id) == 1
 
 
@@ -111,8 +118,12 @@ async def test_broken_runs_are_reported_and_the_batch_goes_on(client, task_queue
     store = BlobStore(settings.blob_dir)
     good = rr.upload_trace(d / "a.json", settings)
     missing = TraceRef(uri=blob_uri("0" * 64), sha256="0" * 64, size=10, format="tau-bench")
-    manifest = write_manifest([RunSource("ok", "ok", trace=good), RunSource("gone", "gone", trace=missing)], store)
-    handle = await rr.start_batch(client, rr.build_batch_input(manifest), task_queue, f"b-{uuid.uuid4().hex[:8]}")
+    manifest = write_manifest(
+        [RunSource("ok", "ok", trace=good), RunSource("gone", "gone", trace=missing)], store
+    )
+    handle = await rr.start_batch(
+        client, rr.build_batch_input(manifest), task_queue, f"b-{uuid.uuid4().hex[:8]}"
+    )
     out = await handle.result()
     assert (out.reflected, out.failed) == (1, 1)
     records = rr.load_batch_records(out, settings)
@@ -127,8 +138,9 @@ async def test_progress_shows_done_running_failed(client, task_queue, settings, 
     runs: list[Any] = [*synthetic_runs(5), 7]  # the last record is not a run
     path = _write(tmp_path / "six.json", runs)
     manifest = rr.upload_batch([path], settings, split=True)
-    handle = await rr.start_batch(client, rr.build_batch_input(manifest, concurrency=1), task_queue,
-                                  f"b-{uuid.uuid4().hex[:8]}")
+    handle = await rr.start_batch(
+        client, rr.build_batch_input(manifest, concurrency=1), task_queue, f"b-{uuid.uuid4().hex[:8]}"
+    )
     seen: list[BatchProgress] = []
     out = await rr.wait_for_batch(handle, on_progress=seen.append, poll_s=0.05)
     assert (out.reflected, out.failed) == (5, 1)
@@ -147,7 +159,9 @@ def _comparable(records: list[RunRecord]) -> list[dict[str, Any]]:
 async def test_continue_as_new_gives_the_same_result(client, task_queue, settings, tmp_path) -> None:
     path = _write(tmp_path / "twelve.json", synthetic_runs(12))
     one = await _batch(client, task_queue, settings, [path], split=True, concurrency=6)
-    chained = await _batch(client, task_queue, settings, [path], split=True, concurrency=3, children_per_run=5)
+    chained = await _batch(
+        client, task_queue, settings, [path], split=True, concurrency=3, children_per_run=5
+    )
     assert one.continued_as_new == 0 and chained.continued_as_new == 2
     assert chained.synthesis == one.synthesis
     assert _comparable(chained.run_records) == _comparable(one.run_records)
@@ -160,15 +174,20 @@ async def test_continue_as_new_gives_the_same_result(client, task_queue, setting
     assert await _replays(client, settings, chained.batch_id) == 3
 
 
-async def test_an_llm_model_adds_a_synthesis_session_over_the_records(client, task_queue, settings, tmp_path) -> None:
+async def test_an_llm_model_adds_a_synthesis_session_over_the_records(
+    client, task_queue, settings, tmp_path
+) -> None:
     path = _write(tmp_path / "two.json", [tau_run(1), tau_run(2, errors={"get_user_details": 1}, book=False)])
-    res = await _batch(client, task_queue, settings, [path], split=True,
-                       config=ReflectionConfig(model="scripted-steps-3"))
+    res = await _batch(
+        client, task_queue, settings, [path], split=True, config=ReflectionConfig(model="scripted-steps-3")
+    )
     assert res.reflected == 2 and res.llm_synthesis is not None, res.llm_synthesis_error
     assert res.llm_synthesis.raw["workflow_id"] == f"{res.batch_id}.synthesis"
     assert res.llm_synthesis.raw["rr_trace"]["cells"] >= 1
     # its trace is the run records: the computed synthesis is there as well
-    assert json.loads(BlobStore(settings.blob_dir).get_bytes(res.records.sha256))[1]["run_id"] == "task2-trial0"
+    assert (
+        json.loads(BlobStore(settings.blob_dir).get_bytes(res.records.sha256))[1]["run_id"] == "task2-trial0"
+    )
     assert res.synthesis.outcomes == {"failure": 1, "success": 1, "unknown": 0}
 
 

@@ -26,7 +26,9 @@ def _tree(depth: int) -> st.SearchStrategy[dict[str, Any]]:
         return st.builds(lambda c: {"code": c, "children": [], "after": []}, cells)
     return st.builds(
         lambda c, kids, a: {"code": c, "children": kids, "after": a},
-        cells, st.lists(_tree(depth - 1), max_size=2), st.lists(st.just("print('after')"), max_size=2),
+        cells,
+        st.lists(_tree(depth - 1), max_size=2),
+        st.lists(st.just("print('after')"), max_size=2),
     )
 
 
@@ -45,14 +47,25 @@ def _usage_from_history(events: list[HistoryEvent]) -> tuple[int, int, int]:
 
 # No shrinking: every example is a reflection tree on the real server, and a failure once spent five minutes
 # of CI shrinking (on a cause unrelated to the tree's shape); the failing example is still printed.
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 @given(root=_tree(2), max_requests=st.integers(2, 16), max_tokens=st.integers(1_500, 40_000))
 async def test_tree_usage_never_exceeds_root_limits(
     client, task_queue, settings, tmp_path_factory, root, max_requests, max_tokens
 ) -> None:
-    out, root_id = await run_plan(client, task_queue, settings, tmp_path_factory.mktemp("prop"), root,
-                                  max_requests=max_requests, max_tokens=max_tokens)
+    out, root_id = await run_plan(
+        client,
+        task_queue,
+        settings,
+        tmp_path_factory.mktemp("prop"),
+        root,
+        max_requests=max_requests,
+        max_tokens=max_tokens,
+    )
     usage, records = out.raw["usage"], out.raw["usage_records"]
     largest = max((r["input_tokens"] + r["output_tokens"] for r in records), default=0)
     assert usage["requests"] <= max_requests

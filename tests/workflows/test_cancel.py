@@ -32,7 +32,9 @@ from tests.support.fixtures import completed_activities, write_trace
 
 pytestmark = pytest.mark.timeout(180)
 
-ENDLESS = ReflectionConfig(model=endless.MODEL, max_requests=5_000, max_tokens=100_000_000, recursion="always")
+ENDLESS = ReflectionConfig(
+    model=endless.MODEL, max_requests=5_000, max_tokens=100_000_000, recursion="always"
+)
 
 
 async def _until(handle: WorkflowHandle[Any, Any], done: Any, what: str) -> Any:
@@ -56,10 +58,14 @@ async def _replays(client: Client, settings: Settings, *ids: str) -> None:
         assert result.replay_failure is None, (wf_id, result.replay_failure)
 
 
-async def _start(client: Client, tq: str, settings: Settings, tmp_path: Path, question: str = "") -> WorkflowHandle[Any, Any]:
+async def _start(
+    client: Client, tq: str, settings: Settings, tmp_path: Path, question: str = ""
+) -> WorkflowHandle[Any, Any]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     inp = rr.build_input(ref, question=question, config=ENDLESS)
-    return await rr.start_reflection(client, inp, tq, f"cancel-{uuid.uuid4().hex[:8]}", trace_name="trace.json")
+    return await rr.start_reflection(
+        client, inp, tq, f"cancel-{uuid.uuid4().hex[:8]}", trace_name="trace.json"
+    )
 
 
 async def test_cancel_mid_session_keeps_the_findings_so_far(client, task_queue, settings, tmp_path) -> None:
@@ -80,7 +86,9 @@ async def test_cancel_mid_session_keeps_the_findings_so_far(client, task_queue, 
     # the sandbox was closed after the cancellation, like at any end
     history = await handle.fetch_history()
     names = [r.name for r in completed_activities(history.events)]
-    assert names.count(CLOSE_ACTIVITY) == 1 and names.index(CLOSE_ACTIVITY) > names.index(RUN_CELL_ACTIVITY), names
+    assert names.count(CLOSE_ACTIVITY) == 1 and names.index(CLOSE_ACTIVITY) > names.index(
+        RUN_CELL_ACTIVITY
+    ), names
     # `rr result` afterwards gives the same output; a second cancel finds nothing to cancel
     assert (await rr.fetch_result(client, handle.id)).model_dump() == out.model_dump()
     again = await ops.cancel(client, handle.id, wait_s=5)

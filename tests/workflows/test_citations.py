@@ -21,7 +21,9 @@ async def _reflect(client: Client, tq: str, settings: Settings, trace: Path, mod
     return await handle.result()
 
 
-async def test_citations_are_checked_against_the_cells_outputs(client, task_queue, settings, tmp_path) -> None:
+async def test_citations_are_checked_against_the_cells_outputs(
+    client, task_queue, settings, tmp_path
+) -> None:
     out = await _reflect(client, task_queue, settings, write_trace(tmp_path), "scripted-cite")
     by_learning: dict[int, list[tuple[int, bool, str, bool]]] = {}
     for c in out.citations:
@@ -34,24 +36,34 @@ async def test_citations_are_checked_against_the_cells_outputs(client, task_queu
     assert [c.supported for c in out.citations] == [True, True, False, False]
 
 
-async def test_every_heuristic_learning_cites_a_cell_that_printed_its_quotes(client, task_queue, settings,
-                                                                          tmp_path) -> None:
+async def test_every_heuristic_learning_cites_a_cell_that_printed_its_quotes(
+    client, task_queue, settings, tmp_path
+) -> None:
     for name in ("failed_math.json", "tool_error.json"):
         data = json.loads(resources.files("reflector.examples").joinpath(name).read_text())
         out = await _reflect(client, task_queue, settings, write_trace(tmp_path, data, name), "heuristic")
         assert out.extracted_learnings, name
         cited = {c.learning for c in out.citations}
         assert cited == set(range(len(out.extracted_learnings))), (name, out.citations)
-        unsupported = [(out.extracted_learnings[c.learning].evidence, c) for c in out.citations if not c.supported]
+        unsupported = [
+            (out.extracted_learnings[c.learning].evidence, c) for c in out.citations if not c.supported
+        ]
         assert not unsupported, (name, unsupported)
 
 
-async def test_heuristic_citations_hold_on_real_tau_bench_failures(client, task_queue, settings, tmp_path,
-                                                                   shared_traces) -> None:
+async def test_heuristic_citations_hold_on_real_tau_bench_failures(
+    client, task_queue, settings, tmp_path, shared_traces
+) -> None:
     runs = json.loads((shared_traces / "tau-bench-airline-gpt-4o.json").read_text())
     failed = [r for r in runs if r["reward"] < 1][:6]
     for run in failed:
-        out = await _reflect(client, task_queue, settings, write_trace(tmp_path, run, "tau.json"), "heuristic")
+        out = await _reflect(
+            client, task_queue, settings, write_trace(tmp_path, run, "tau.json"), "heuristic"
+        )
         assert {c.learning for c in out.citations} == set(range(len(out.extracted_learnings)))
-        bad = [(out.extracted_learnings[c.learning].evidence[:300], c.quote) for c in out.citations if not c.supported]
+        bad = [
+            (out.extracted_learnings[c.learning].evidence[:300], c.quote)
+            for c in out.citations
+            if not c.supported
+        ]
         assert not bad, (run["task_id"], bad)

@@ -21,7 +21,9 @@ from worker import build_worker
 
 async def _run(client: Client, tq: str, settings, tmp_path, model: str, **cfg) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model, **cfg))
+    inp = rr.build_input(
+        ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model, **cfg)
+    )
     handle = await rr.start_reflection(client, inp, tq, f"cmp-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
@@ -52,8 +54,16 @@ def _eight_big_cells(monkeypatch):
 
 
 async def test_microcompaction_keeps_recent_outputs(client, task_queue, settings, tmp_path) -> None:
-    out, wf_id = await _run(client, task_queue, settings, tmp_path, "scripted-big",
-                            context_window=4_200, microcompact_keep_recent=2, max_compactions=0)
+    out, wf_id = await _run(
+        client,
+        task_queue,
+        settings,
+        tmp_path,
+        "scripted-big",
+        context_window=4_200,
+        microcompact_keep_recent=2,
+        max_compactions=0,
+    )
     rt = out.raw["rr_trace"]
     assert rt["microcompactions"] >= 1 and rt["compactions"] == 0
     runs = await all_runs(client, wf_id)
@@ -66,8 +76,9 @@ async def test_microcompaction_keeps_recent_outputs(client, task_queue, settings
 
 
 async def test_summary_path_archives_history_and_continues(client, task_queue, settings, tmp_path) -> None:
-    out, wf_id = await _run(client, task_queue, settings, tmp_path, "scripted-big",
-                            context_window=3_000, max_compactions=3)
+    out, wf_id = await _run(
+        client, task_queue, settings, tmp_path, "scripted-big", context_window=3_000, max_compactions=3
+    )
     rt = out.raw["rr_trace"]
     assert rt["compactions"] >= 1 and rt["stop_reason"] == "completed"
     assert rt["continued_as_new"] == rt["compactions"]  # a new run after each summary
@@ -85,15 +96,18 @@ async def test_summary_path_archives_history_and_continues(client, task_queue, s
 
 
 async def test_max_compactions_stops_gracefully(client, task_queue, settings, tmp_path) -> None:
-    out, _ = await _run(client, task_queue, settings, tmp_path, "scripted-big", context_window=3_000, max_compactions=1)
+    out, _ = await _run(
+        client, task_queue, settings, tmp_path, "scripted-big", context_window=3_000, max_compactions=1
+    )
     rt = out.raw["rr_trace"]
     assert rt["stop_reason"] == "max_compactions" and rt["timed_out"] is True
     assert rt["compactions"] == 1
     assert out.reasoning.startswith(("PARTIAL", "INCOMPLETE"))
 
 
-async def test_continue_as_new_output_equals_uncontinued_run(client, task_queue, settings, tmp_path,
-                                                             temporal_server_factory) -> None:
+async def test_continue_as_new_output_equals_uncontinued_run(
+    client, task_queue, settings, tmp_path, temporal_server_factory
+) -> None:
     # Temporal's suggestion reaches the workflow with each new workflow task; model requests and cells
     # run inside one task that is renewed every 0.8 x task timeout, so the model takes its time here.
     server = temporal_server_factory(dynamic_config={"limit.historyCount.suggestContinueAsNew": 20})

@@ -33,13 +33,24 @@ def test_first_activation_of_each_model_imports_nothing(temporal_server, tmp_pat
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "OPENAI_"))}
     # the worker serves the OpenAI families (any model name of them), the heuristic and the plugin's models
-    env.update({"RR_HOME": str(tmp_path / "rr-home"), "RR_PLUGINS": "reflector.testing.scripted",
-                "RR_WORKER_MODELS": "openai-chat,openai"})
-    p = subprocess.run([sys.executable, "-m", "tests.support.first_activation", temporal_server.address, *models],
-                       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=200)
+    env.update(
+        {
+            "RR_HOME": str(tmp_path / "rr-home"),
+            "RR_PLUGINS": "reflector.testing.scripted",
+            "RR_WORKER_MODELS": "openai-chat,openai",
+        }
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.support.first_activation", temporal_server.address, *models],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, p.stdout[-3000:] + p.stderr[-3000:]
-    results = json.loads(line[len("RESULT "):])
+    results = json.loads(line[len("RESULT ") :])
     for model in models:
         assert results[model]["stop_reason"] == "completed", (model, results[model])
     assert {m: r["imports"] for m, r in results.items()} == {m: [] for m in models}, results

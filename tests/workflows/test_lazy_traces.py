@@ -27,12 +27,24 @@ N_STEPS = 400
 def big_trace(path: Path, indent: int | None) -> Path:
     steps: list[dict[str, Any]] = []
     for i in range(N_STEPS):
-        cite = f" (skill arith-{i:03d})" if i % 100 == 3 else ""  # cited skill ids: found through the index too
-        steps.append({"role": "assistant", "content": f"step {i}: calling the calculator{cite}",
-                      "tool_calls": [{"name": "calculator", "arguments": json.dumps({"expr": f"{i}*2"})}]})
+        cite = (
+            f" (skill arith-{i:03d})" if i % 100 == 3 else ""
+        )  # cited skill ids: found through the index too
+        steps.append(
+            {
+                "role": "assistant",
+                "content": f"step {i}: calling the calculator{cite}",
+                "tool_calls": [{"name": "calculator", "arguments": json.dumps({"expr": f"{i}*2"})}],
+            }
+        )
         failed = i % 50 == 7
-        steps.append({"role": "tool", "tool_name": "calculator",
-                      "content": "Error: calculator timed out" if failed else str(i * 2)})
+        steps.append(
+            {
+                "role": "tool",
+                "tool_name": "calculator",
+                "content": "Error: calculator timed out" if failed else str(i * 2),
+            }
+        )
     data = {"question": "What is the sum?", "ground_truth": "408", "steps": steps, "final_answer": "398"}
     path.write_text(json.dumps(data, indent=indent))
     return path
@@ -45,14 +57,24 @@ def lazy(settings: Settings) -> Settings:
 SKILLBOOK = "## Arithmetic\n[arith-103] Check a product by estimating it.\n[arith-999] Never cited.\n"
 
 
-async def _reflect(client, tq: str, ref, model: str = "heuristic", question: str = "") -> tuple[ReflectorOutput, str]:
-    inp = rr.build_input(ref, question=question, ground_truth="408", skillbook=SKILLBOOK, mode="online",
-                         config=ReflectionConfig(model=model, recursion="always"))
+async def _reflect(
+    client, tq: str, ref, model: str = "heuristic", question: str = ""
+) -> tuple[ReflectorOutput, str]:
+    inp = rr.build_input(
+        ref,
+        question=question,
+        ground_truth="408",
+        skillbook=SKILLBOOK,
+        mode="online",
+        config=ReflectionConfig(model=model, recursion="always"),
+    )
     handle = await rr.start_reflection(client, inp, tq, f"lazy-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
 
-async def test_the_heuristic_reflects_the_same_on_the_lazy_view(client, task_queue, settings, tmp_path) -> None:
+async def test_the_heuristic_reflects_the_same_on_the_lazy_view(
+    client, task_queue, settings, tmp_path
+) -> None:
     whole = rr.upload_trace(big_trace(tmp_path / "a.json", None), settings)
     streamed = rr.upload_trace(big_trace(tmp_path / "b.json", 1), lazy(settings))
     store = BlobStore(settings.blob_dir)
@@ -65,20 +87,32 @@ async def test_the_heuristic_reflects_the_same_on_the_lazy_view(client, task_que
     for d in (a, b):
         d["raw"].pop("trace", None)  # the two references differ (two files), nothing else may
         d["raw"].get("rr_trace", {}).pop("trace", None)
-    diffs = [d for d in _diff(a, b) if "tokens" not in d.split(":")[0]]  # the prefill (describe_traces) differs
+    diffs = [
+        d for d in _diff(a, b) if "tokens" not in d.split(":")[0]
+    ]  # the prefill (describe_traces) differs
     assert diffs == []
     assert "calculator" in out_lazy.error_identification
-    assert [t.id for t in out_lazy.skill_tags] == ["arith-103"]  # cited in the trace (online mode tags), found lazily
+    assert [t.id for t in out_lazy.skill_tags] == [
+        "arith-103"
+    ]  # cited in the trace (online mode tags), found lazily
 
 
 async def test_a_child_shares_the_lazy_trace_by_reference(client, task_queue, settings, tmp_path) -> None:
     ref = rr.upload_trace(big_trace(tmp_path / "c.json", None), lazy(settings))
     root = plan(
-        code=["rows = traces['steps']\nwindow = rows[10:20]\nbig = 'x' * (20 * 1024**2)\n"
-              "print('root', type(rows).__name__, len(rows))"],
-        children=[plan(code=["print('child sees', type(window).__name__, len(window), window[0]['index'], "
-                             "len(rows), len(sub), sub[1]['index'], 'big' in dir())"],
-                       ctx="sub = rows[100:102]")],
+        code=[
+            "rows = traces['steps']\nwindow = rows[10:20]\nbig = 'x' * (20 * 1024**2)\n"
+            "print('root', type(rows).__name__, len(rows))"
+        ],
+        children=[
+            plan(
+                code=[
+                    "print('child sees', type(window).__name__, len(window), window[0]['index'], "
+                    "len(rows), len(sub), sub[1]['index'], 'big' in dir())"
+                ],
+                ctx="sub = rows[100:102]",
+            )
+        ],
     )
     out, _root_id = await _reflect(client, task_queue, ref, "scripted-plan", "PLAN:" + json.dumps(root))
     assert f"root Steps {2 * N_STEPS}" in out.error_identification
@@ -86,7 +120,9 @@ async def test_a_child_shares_the_lazy_trace_by_reference(client, task_queue, se
     assert len(calls) == 1
     skipped = calls[0]["skipped_variables"]
     assert len(skipped) == 1 and skipped[0].startswith("big (20.0 MB: too big to hand down"), skipped
-    child = ReflectorOutput.model_validate(await client.get_workflow_handle(calls[0]["child_workflow_id"]).result())
+    child = ReflectorOutput.model_validate(
+        await client.get_workflow_handle(calls[0]["child_workflow_id"]).result()
+    )
     assert f"child sees Steps 10 10 {2 * N_STEPS} 2 101 False" in child.error_identification
 
 

@@ -56,7 +56,9 @@ async def _reflect(
     client: Client, tq: str, settings: Settings, trace: Path, model: str
 ) -> tuple[ReflectorOutput, WorkflowHistory]:
     ref = rr.upload_trace(trace, settings)
-    inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model))
+    inp = rr.build_input(
+        ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(model=model)
+    )
     handle = await rr.start_reflection(client, inp, tq, f"t-oai-{uuid.uuid4().hex[:10]}")
     out = await handle.result()
     return out, await handle.fetch_history()
@@ -86,7 +88,9 @@ def _sent_cell_calls(prefix: str, body: dict[str, object]) -> list[object]:
     if prefix == "openai-chat":
         msgs = body["messages"]
         assert isinstance(msgs, list)
-        calls = [tc["function"] for m in msgs if m.get("role") == "assistant" for tc in m.get("tool_calls") or []]
+        calls = [
+            tc["function"] for m in msgs if m.get("role") == "assistant" for tc in m.get("tool_calls") or []
+        ]
     else:
         items = body["input"]
         assert isinstance(items, list)
@@ -190,9 +194,14 @@ async def test_sdk_retries_are_off_and_temporal_retries_the_activity(
 
 @protocols
 async def test_history_replays_without_credentials(
-    client, task_queue, settings, tmp_path, openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, prefix: str
+    client,
+    task_queue,
+    settings,
+    tmp_path,
+    openai_server: OpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    prefix: str,
 ) -> None:
-
 
     model = _model_name(prefix)
     out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
@@ -220,7 +229,9 @@ async def test_provider_retries_are_the_servers_and_hold_no_workflow_task(
     """A provider request is a regular activity: its retries (backoff 0.5 s, then 1 s) are scheduled by
     the server, with no workflow timer and no workflow task open while they wait."""
     openai_server.fail_next(2, status=500)
-    out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), _model_name("openai-chat"))
+    out, history = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), _model_name("openai-chat")
+    )
     assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw
     assert [r.status for r in openai_server.requests] == [500, 500, 200, 200]
     assert not [e for e in history.events if e.HasField("timer_started_event_attributes")]

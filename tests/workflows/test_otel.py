@@ -72,8 +72,9 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture
-async def traced(temporal_server: Any, settings: Settings, exporter: InMemorySpanExporter
-                 ) -> AsyncIterator[tuple[Client, str, Settings]]:
+async def traced(
+    temporal_server: Any, settings: Settings, exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[Client, str, Settings]]:
     """A client with RR_OTEL on and a worker on it (its tracing comes from the client) that never caches a
     workflow: every workflow task replays the history from the start."""
     traced_settings = dataclasses.replace(settings, otel="otlp")
@@ -83,17 +84,26 @@ async def traced(temporal_server: Any, settings: Settings, exporter: InMemorySpa
         yield client, tq, traced_settings
 
 
-async def _reflect(client: Client, tq: str, settings: Settings, tmp_path: Path, model: str,
-                   question: str) -> tuple[ReflectorOutput, str]:
+async def _reflect(
+    client: Client, tq: str, settings: Settings, tmp_path: Path, model: str, question: str
+) -> tuple[ReflectorOutput, str]:
     """Run a reflection as `rr.start_reflection` does, with a long workflow-task timeout (its children inherit
     it). Why: with caching off, a workflow task completed while a local activity still runs (the SDK completes
     held tasks every 0.8 x timeout) evicts the workflow and cancels the activity, which then runs again and is
     traced again (a real second run, not a replay). Seen once on a loaded machine with the default 4 s: the SDK
     warned "Eviction requested while local activities are still in flight" and the tree had an extra span."""
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(model=model, recursion="always"))
-    handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"otel-{uuid.uuid4().hex[:8]}", task_queue=tq,
-                                         task_timeout=LONG_TASK_TIMEOUT, result_type=ReflectorOutput)
+    inp = rr.build_input(
+        ref, question=question, ground_truth="408", config=ReflectionConfig(model=model, recursion="always")
+    )
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        inp,
+        id=f"otel-{uuid.uuid4().hex[:8]}",
+        task_queue=tq,
+        task_timeout=LONG_TASK_TIMEOUT,
+        result_type=ReflectorOutput,
+    )
     return await handle.result(), handle.id
 
 
@@ -111,8 +121,11 @@ class Tree:
         return found
 
     def children(self, span: ReadableSpan, name: str) -> list[ReadableSpan]:
-        return [s for s in self.spans if s.parent is not None and s.parent.span_id == span.context.span_id
-                and s.name == name]
+        return [
+            s
+            for s in self.spans
+            if s.parent is not None and s.parent.span_id == span.context.span_id and s.name == name
+        ]
 
     def only_child(self, span: ReadableSpan, name: str) -> ReadableSpan:
         found = self.children(span, name)
@@ -120,15 +133,24 @@ class Tree:
         return found[0]
 
     def workflow_span(self, workflow_id: str) -> ReadableSpan:
-        found = [s for s in self.spans if s.name == "RunWorkflow:ReflectionWorkflow"
-                 and (s.attributes or {}).get("temporalWorkflowID") == workflow_id]
+        found = [
+            s
+            for s in self.spans
+            if s.name == "RunWorkflow:ReflectionWorkflow"
+            and (s.attributes or {}).get("temporalWorkflowID") == workflow_id
+        ]
         assert len(found) == 1, (workflow_id, len(found))
         return found[0]
 
     def requests(self, agent: ReadableSpan, activity: str) -> list[ReadableSpan]:
         """The agent run's model-request spans, each with the activity that sent the request under it."""
-        chats = [s for s in self.spans if s.parent is not None and s.parent.span_id == agent.context.span_id
-                 and s.name.startswith("chat ")]
+        chats = [
+            s
+            for s in self.spans
+            if s.parent is not None
+            and s.parent.span_id == agent.context.span_id
+            and s.name.startswith("chat ")
+        ]
         for chat in chats:
             start = self.only_child(chat, f"StartActivity:{activity}")
             self.only_child(start, f"RunActivity:{activity}")
@@ -163,8 +185,12 @@ async def test_a_reflection_and_its_child_form_one_tree_exported_once(
     # are still in flight", seen under load) is traced again, under the same id
     again = [spans[0].name for spans in by_id.values() if len(spans) > 1]
     # (the prepare local activity too: rescheduled after such an eviction, its start span is made again)
-    redone = {f"RunActivity:{LOCAL_REQUEST}", f"RunActivity:{CELL}", "StartActivity:rr.sandbox.prepare_session",
-              "RunActivity:rr.sandbox.prepare_session"}
+    redone = {
+        f"RunActivity:{LOCAL_REQUEST}",
+        f"RunActivity:{CELL}",
+        "StartActivity:rr.sandbox.prepare_session",
+        "RunActivity:rr.sandbox.prepare_session",
+    }
     assert set(again) <= redone, again
     tree = Tree(tuple(spans[0] for spans in by_id.values()))
     root_history = await client.get_workflow_handle(root_id).fetch_history()
@@ -193,7 +219,9 @@ async def test_a_reflection_and_its_child_form_one_tree_exported_once(
     assert len(tree.requests(child_agent, LOCAL_REQUEST)) == child_out.raw["usage"]["requests"] == 2
     child_cells = tree.cells(child_agent)
     assert len(child_cells) == child_out.raw["rr_trace"]["cells"] == 1
-    assert child_cells[0].attributes is not None and child_cells[0].attributes["temporalWorkflowID"] == child_id
+    assert (
+        child_cells[0].attributes is not None and child_cells[0].attributes["temporalWorkflowID"] == child_id
+    )
 
     # one trace, every span's parent exported; the totals match: nothing from a replay on top
     assert {s.context.trace_id for s in tree.spans} == {start.context.trace_id}
@@ -208,7 +236,9 @@ async def test_a_reflection_and_its_child_form_one_tree_exported_once(
 
 
 async def test_a_continued_reflection_stays_one_trace(
-    traced: tuple[Client, str, Settings], exporter: InMemorySpanExporter, tmp_path: Path,
+    traced: tuple[Client, str, Settings],
+    exporter: InMemorySpanExporter,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Compactions continue the reflection as new runs: each run's workflow span sits under the span of the run
@@ -216,9 +246,17 @@ async def test_a_continued_reflection_stays_one_trace(
     monkeypatch.setenv("RR_TEST_BIG_CELLS", "8")  # scripted-big: large outputs, so the context fills up
     client, tq, settings = traced
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, config=ReflectionConfig(model="scripted-big", context_window=3_000, max_compactions=3))
-    handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"otel-can-{uuid.uuid4().hex[:8]}", task_queue=tq,
-                                         task_timeout=LONG_TASK_TIMEOUT, result_type=ReflectorOutput)
+    inp = rr.build_input(
+        ref, config=ReflectionConfig(model="scripted-big", context_window=3_000, max_compactions=3)
+    )
+    handle = await client.start_workflow(
+        WORKFLOW_NAME,
+        inp,
+        id=f"otel-can-{uuid.uuid4().hex[:8]}",
+        task_queue=tq,
+        task_timeout=LONG_TASK_TIMEOUT,
+        result_type=ReflectorOutput,
+    )
     out = await handle.result()
     assert telemetry.flush()
     tree = Tree(exporter.get_finished_spans())
@@ -238,11 +276,15 @@ async def test_a_continued_reflection_stays_one_trace(
     nested = sorted(workflows, key=lambda w: len(ancestors(w)))
     for i, run in enumerate(nested):
         assert sum(a.name == "RunWorkflow:ReflectionWorkflow" for a in ancestors(run)) == i
-    assert [s.name for s in tree.spans].count("RunActivity:rr.summarise") == out.raw["rr_trace"]["compactions"]
+    assert [s.name for s in tree.spans].count("RunActivity:rr.summarise") == out.raw["rr_trace"][
+        "compactions"
+    ]
 
 
 async def test_provider_requests_are_traced_as_regular_activities(
-    traced: tuple[Client, str, Settings], exporter: InMemorySpanExporter, tmp_path: Path,
+    traced: tuple[Client, str, Settings],
+    exporter: InMemorySpanExporter,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client, tq, settings = traced
@@ -286,7 +328,9 @@ class Received:
         roots = [s for s in spans if not s.parent_span_id]
         assert len(roots) == 1, [s.name for s in roots]
         self.root = roots[0]
-        assert {s.trace_id for s in spans} == {self.root.trace_id}  # one trace (progress polls are not traced)
+        assert {s.trace_id for s in spans} == {
+            self.root.trace_id
+        }  # one trace (progress polls are not traced)
         assert all(s.parent_span_id in self.by_id for s in spans if s is not self.root)
 
     def kids(self, span: CollectedSpan, name: str) -> list[CollectedSpan]:
@@ -294,12 +338,20 @@ class Received:
 
     def only(self, span: CollectedSpan, name: str) -> CollectedSpan:
         found = self.kids(span, name)
-        assert len(found) == 1, (span.name, name, [s.name for s in self.spans if s.parent_span_id == span.span_id])
+        assert len(found) == 1, (
+            span.name,
+            name,
+            [s.name for s in self.spans if s.parent_span_id == span.span_id],
+        )
         return found[0]
 
     def workflow(self, workflow_id: str) -> CollectedSpan:
-        [found] = [s for s in self.spans if s.name == "RunWorkflow:ReflectionWorkflow"
-                   and s.attributes.get("temporalWorkflowID") == workflow_id]
+        [found] = [
+            s
+            for s in self.spans
+            if s.name == "RunWorkflow:ReflectionWorkflow"
+            and s.attributes.get("temporalWorkflowID") == workflow_id
+        ]
         return found
 
     def requests(self, agent: CollectedSpan, activity: str) -> list[CollectedSpan]:
@@ -309,20 +361,36 @@ class Received:
         return chats
 
     def cells(self, agent: CollectedSpan) -> list[CollectedSpan]:
-        return [self.only(self.only(t, f"StartActivity:{CELL}"), f"RunActivity:{CELL}")
-                for t in self.kids(agent, "execute_tool execute_code")]
+        return [
+            self.only(self.only(t, f"StartActivity:{CELL}"), f"RunActivity:{CELL}")
+            for t in self.kids(agent, "execute_tool execute_code")
+        ]
 
 
-def test_rr_reflect_exports_its_reflection_over_otlp_before_it_exits(temporal_server: Any, tmp_path: Path) -> None:
+def test_rr_reflect_exports_its_reflection_over_otlp_before_it_exits(
+    temporal_server: Any, tmp_path: Path
+) -> None:
     """The CLI end to end: `rr reflect` (its in-process worker takes the reflection) with RR_OTEL=1 sends the
     reflection's tree to the collector the OTEL_* variables name, before it leaves with `os._exit`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_", "OTEL_"))}
     with OTLPCollector() as collector:
-        env = {**base, "RR_HOME": str(tmp_path / "home"), "TEMPORAL_ADDRESS": temporal_server.address,
-               "RR_TASK_QUEUE": f"rr-otel-cli-{uuid.uuid4().hex[:6]}", "RR_OTEL": "1",
-               "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_SERVICE_NAME": "rr-cli-test"}
-        p = subprocess.run([sys.executable, "-c", "from reflector.cli import run; run()", "reflect", str(EXAMPLE),
-                            "--json"], env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+        env = {
+            **base,
+            "RR_HOME": str(tmp_path / "home"),
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "RR_TASK_QUEUE": f"rr-otel-cli-{uuid.uuid4().hex[:6]}",
+            "RR_OTEL": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+            "OTEL_SERVICE_NAME": "rr-cli-test",
+        }
+        p = subprocess.run(
+            [sys.executable, "-c", "from reflector.cli import run; run()", "reflect", str(EXAMPLE), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert p.returncode == 0, p.stderr
         got = Received(collector.spans)
     out = json.loads(p.stdout)
@@ -336,30 +404,39 @@ def test_rr_reflect_exports_its_reflection_over_otlp_before_it_exits(temporal_se
     assert len(got.cells(agent)) == out["raw"]["rr_trace"]["cells"] >= 1
 
 
-async def test_logfire_mode_exports_the_same_tree_once(temporal_server: Any, settings: Settings, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_logfire_mode_exports_the_same_tree_once(
+    temporal_server: Any, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RR_OTEL=logfire: the spans go through Logfire's pipeline (here to a local collector), every task replaying."""
     pytest.importorskip("logfire")
     with OTLPCollector() as collector:
-        for k, v in {"LOGFIRE_SEND_TO_LOGFIRE": "false", "LOGFIRE_CONSOLE": "false",
-                     "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint}.items():
+        for k, v in {
+            "LOGFIRE_SEND_TO_LOGFIRE": "false",
+            "LOGFIRE_CONSOLE": "false",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+        }.items():
             monkeypatch.setenv(k, v)
         lf_settings = dataclasses.replace(settings, otel="logfire")
         try:
             client = await rr.connect(temporal_server.address, settings=lf_settings)
             tq = f"rr-otel-lf-{uuid.uuid4().hex[:6]}"
             async with worker.build_worker(client, tq, max_cached_workflows=0, settings=lf_settings):
-                out, root_id = await _reflect(client, tq, lf_settings, tmp_path, "scripted-plan",
-                                              "PLAN:" + json.dumps(PLAN))
+                out, root_id = await _reflect(
+                    client, tq, lf_settings, tmp_path, "scripted-plan", "PLAN:" + json.dumps(PLAN)
+                )
             assert telemetry.installed() == "logfire" and telemetry.flush()
         finally:
             telemetry.uninstall()
         got = Received(collector.spans)
     root_agent = got.only(got.workflow(root_id), "invoke_agent rr_reflector")
     assert len(got.requests(root_agent, LOCAL_REQUEST)) == 3 and len(got.cells(root_agent)) == 1
-    start_child = got.only(got.only(root_agent, "execute_tool recurse"), "StartChildWorkflow:ReflectionWorkflow")
+    start_child = got.only(
+        got.only(root_agent, "execute_tool recurse"), "StartChildWorkflow:ReflectionWorkflow"
+    )
     child = got.workflow(f"{root_id}.r1")
     assert child.parent_span_id == start_child.span_id
     child_agent = got.only(child, "invoke_agent rr_reflector")
     assert len(got.requests(child_agent, LOCAL_REQUEST)) == 2 and len(got.cells(child_agent)) == 1
-    assert [s.name for s in got.spans].count(f"RunActivity:{LOCAL_REQUEST}") == out.raw["usage"]["requests"] == 5
+    assert (
+        [s.name for s in got.spans].count(f"RunActivity:{LOCAL_REQUEST}") == out.raw["usage"]["requests"] == 5
+    )

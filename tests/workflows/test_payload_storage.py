@@ -231,7 +231,9 @@ async def test_a_writing_replayer_stores_nothing_new(runs: dict[str, Run], tmp_p
     shutil.copytree(ext.blob_dir, copy)
     before = _files(copy)
     dc = DataConverter(external_storage=external_storage(copy))
-    await Replayer(workflows=_workflows(), data_converter=dc, plugins=[PydanticAIPlugin()]).replay_workflow(ext.history)
+    await Replayer(workflows=_workflows(), data_converter=dc, plugins=[PydanticAIPlugin()]).replay_workflow(
+        ext.history
+    )
     assert set(_files(copy)) == set(before)
 
 
@@ -239,21 +241,30 @@ async def test_fresh_process_reads_stored_payloads(runs: dict[str, Run], tempora
     """A new converter (as after a worker restart) resolves the references: replay and the result."""
     ext = runs["external"]
     driver = CountingReadOnly(ext.blob_dir)
-    ro = ExternalStorage(drivers=[driver], driver_selector=driver.select, payload_size_threshold=DEFAULT_THRESHOLD_BYTES)
-    replayer = Replayer(workflows=_workflows(), data_converter=DataConverter(external_storage=ro),
-                        plugins=[PydanticAIPlugin()])
+    ro = ExternalStorage(
+        drivers=[driver], driver_selector=driver.select, payload_size_threshold=DEFAULT_THRESHOLD_BYTES
+    )
+    replayer = Replayer(
+        workflows=_workflows(),
+        data_converter=DataConverter(external_storage=ro),
+        plugins=[PydanticAIPlugin()],
+    )
     result = await replayer.replay_workflow(ext.history, raise_on_replay_failure=False)
     assert result.replay_failure is None
     read_back = _references(ext.history, skip_scheduled=True)
-    print(f"replay on the driver: retrieve {driver.retrieved} claims (history: {len(_references(ext.history))} "
-          f"references, {len(read_back)} outside activity inputs), store {driver.stored} (already stored), "
-          f"{driver.refused} new payloads kept inline")
+    print(
+        f"replay on the driver: retrieve {driver.retrieved} claims (history: {len(_references(ext.history))} "
+        f"references, {len(read_back)} outside activity inputs), store {driver.stored} (already stored), "
+        f"{driver.refused} new payloads kept inline"
+    )
     # the workflow reads back the cell results (local-activity markers), never the activity inputs; it
     # encodes no model-request input (handed over in process), so nothing new is kept inline either
     assert driver.retrieved == len(read_back) >= BIG_CELLS
     assert driver.refused == 0
     fresh_dc = DataConverter(external_storage=external_storage(ext.blob_dir, read_only=True))
-    fresh = await Client.connect(temporal_server.address, data_converter=fresh_dc, plugins=[PydanticAIPlugin()])
+    fresh = await Client.connect(
+        temporal_server.address, data_converter=fresh_dc, plugins=[PydanticAIPlugin()]
+    )
     out = await fresh.get_workflow_handle(ext.workflow_id, result_type=ReflectorOutput).result()
     assert "cell 3" in out.error_identification
 
@@ -292,7 +303,9 @@ async def test_worker_restart_reads_payloads_stored_by_the_previous_worker(
     assert stored_by_a
 
     driver = CountingDriver(blob_dir)
-    dc = DataConverter(external_storage=ExternalStorage(drivers=[driver], payload_size_threshold=DEFAULT_THRESHOLD_BYTES))
+    dc = DataConverter(
+        external_storage=ExternalStorage(drivers=[driver], payload_size_threshold=DEFAULT_THRESHOLD_BYTES)
+    )
     client_b = await Client.connect(temporal_server.address, data_converter=dc, plugins=[PydanticAIPlugin()])
     async with build_worker(client_b, tq):
         out = await client_b.get_workflow_handle(handle.id, result_type=ReflectorOutput).result()
@@ -302,9 +315,14 @@ async def test_worker_restart_reads_payloads_stored_by_the_previous_worker(
     read = set(driver.retrieved_digests)
     from_a = read & {Path(f).name for f in stored_by_a}
     hist = await client_b.get_workflow_handle(handle.id).fetch_history()
-    attempts = [e.activity_task_started_event_attributes.attempt for e in hist.events
-                if e.HasField("activity_task_started_event_attributes")]
-    print(f"worker B read {len(from_a)} blobs stored by A ({len(read)} in all); model-request attempts {attempts}")
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in hist.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    print(
+        f"worker B read {len(from_a)} blobs stored by A ({len(read)} in all); model-request attempts {attempts}"
+    )
     assert len(from_a) >= 2
 
 
@@ -327,11 +345,15 @@ class CountingReadOnly(ReadOnlyBlobStorageDriver):
         super().__init__(root)
         self.retrieved = self.stored = 0
 
-    async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+    async def store(
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
         self.stored += len(payloads)
         return await super().store(context, payloads)
 
-    async def retrieve(self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
         self.retrieved += len(claims)
         return await super().retrieve(context, claims)
 
@@ -341,7 +363,9 @@ class CountingDriver(BlobStorageDriver):
         super().__init__(root)
         self.retrieved_digests: list[str] = []
 
-    async def retrieve(self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
         self.retrieved_digests += [c.claim_data["sha256"] for c in claims]
         return await super().retrieve(context, claims)
 

@@ -45,8 +45,9 @@ async def _until(probe: Callable[[], Awaitable[T | None]], what: str, bound_s: f
 
 
 async def _progress(client: Client, wf_id: str) -> Progress:
-    p: Progress = await client.get_workflow_handle(wf_id).query(PROGRESS_QUERY, result_type=Progress,
-                                                                 rpc_timeout=rr.QUERY_TIMEOUT)
+    p: Progress = await client.get_workflow_handle(wf_id).query(
+        PROGRESS_QUERY, result_type=Progress, rpc_timeout=rr.QUERY_TIMEOUT
+    )
     return p
 
 
@@ -55,7 +56,9 @@ def _tree(gate: Path) -> dict[str, object]:
     return {"code": ["x = 1\nprint('root cell', x)"], "children": [child], "after": ["print('after', x)"]}
 
 
-async def test_progress_and_status_of_a_running_tree_then_finished(client, task_queue, settings, tmp_path) -> None:
+async def test_progress_and_status_of_a_running_tree_then_finished(
+    client, task_queue, settings, tmp_path
+) -> None:
     gate = tmp_path / "gate"
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     config = ReflectionConfig(model=gated.MODEL, max_requests=20, max_tokens=100_000, recursion="always")
@@ -64,6 +67,7 @@ async def test_progress_and_status_of_a_running_tree_then_finished(client, task_
     child_id = f"{wf_id}.r1"
     handle = await rr.start_reflection(client, inp, task_queue, wf_id)
     try:
+
         async def child_waits() -> Progress | None:
             try:
                 p = await _progress(client, child_id)
@@ -106,7 +110,10 @@ async def test_progress_and_status_of_a_running_tree_then_finished(client, task_
         assert st.tree_tokens == root.total_tokens + child.total_tokens
         text = status.render_status(st)
         assert f"reflection {wf_id}: running for " in text
-        assert "requests: 3/20 (tree total)" in text and "cells: 1 by the model (0 failed), latest [cell 3]" in text
+        assert (
+            "requests: 3/20 (tree total)" in text
+            and "cells: 1 by the model (0 failed), latest [cell 3]" in text
+        )
         assert f"children: 0 done, 1 running ({child_id})" in text and "last tool: recurse" in text
         assert f"reflection {child_id}: running for " in text and f"child of {wf_id}" in text
     finally:
@@ -122,7 +129,9 @@ async def test_progress_and_status_of_a_running_tree_then_finished(client, task_
     # final numbers: the result's (the child's usage charged to the root), the budget from the input
     assert (p.requests, p.total_tokens) == (out.raw["usage"]["requests"], out.raw["usage"]["total_tokens"])
     assert (p.max_requests, p.max_tokens, p.cells) == (20, 100_000, 2)
-    assert p.requests == root.requests + child.requests + 3  # the child's answer, the root's after-cell and answer
+    assert (
+        p.requests == root.requests + child.requests + 3
+    )  # the child's answer, the root's after-cell and answer
     [c] = p.children
     assert c.workflow_id == child_id and c.done and c.stop_reason == "completed" and c.requests == 2
     assert (done.tree_requests, done.tree_tokens) == (p.requests, p.total_tokens)
@@ -138,7 +147,9 @@ async def test_progress_and_status_of_a_running_tree_then_finished(client, task_
 async def test_status_without_a_worker_says_so_instead_of_querying(client, settings, tmp_path) -> None:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     queue = f"nobody-{uuid.uuid4().hex[:6]}"
-    handle = await rr.start_reflection(client, rr.build_input(ref), queue, f"no-worker-{uuid.uuid4().hex[:6]}")
+    handle = await rr.start_reflection(
+        client, rr.build_input(ref), queue, f"no-worker-{uuid.uuid4().hex[:6]}"
+    )
     try:
         st = await status.fetch_status(client, handle.id)
         assert st.status == "running" and st.waiting_for_worker and st.progress is None
@@ -159,7 +170,11 @@ async def test_status_of_a_cancelled_reflection(client, task_queue, settings, tm
     gate = tmp_path / "never-opened"
     ref = rr.upload_trace(write_trace(tmp_path), settings)
     tree = {"code": ["print('root cell')"], "children": [], "after": [], "wait": str(gate), "wait_after": 1}
-    inp = rr.build_input(ref, question=f"PLAN:{json.dumps(tree)}", config=ReflectionConfig(model=gated.MODEL, recursion="always"))
+    inp = rr.build_input(
+        ref,
+        question=f"PLAN:{json.dumps(tree)}",
+        config=ReflectionConfig(model=gated.MODEL, recursion="always"),
+    )
     handle = await rr.start_reflection(client, inp, task_queue, f"cancelled-{uuid.uuid4().hex[:8]}")
 
     async def at_gate() -> Progress | None:

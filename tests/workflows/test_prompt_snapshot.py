@@ -61,8 +61,9 @@ def openai_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
         yield server
 
 
-async def _first_request(client: Client, tq: str, settings: Settings, server: OpenAIServer, trace: Path,
-                         **given: Any) -> dict[str, Any]:
+async def _first_request(
+    client: Client, tq: str, settings: Settings, server: OpenAIServer, trace: Path, **given: Any
+) -> dict[str, Any]:
     """The body of the first model request of a reflection of `trace` (a fresh model name: models are cached)."""
     before = len(server.requests)
     ref = rr.upload_trace(trace, settings)
@@ -89,11 +90,22 @@ def _render(body: dict[str, Any]) -> str:
     """The request as a reviewable text: the prompts verbatim, then the tools and the other settings as JSON."""
     system, user = _messages(body)
     rest = {k: v for k, v in body.items() if k not in ("messages", "tools")}
-    text = "\n".join([
-        "# system", system, "", "# user", user, "",
-        "# tools", json.dumps(body["tools"], indent=1, ensure_ascii=False), "",
-        "# settings", json.dumps(rest, indent=1, sort_keys=True), "",
-    ])
+    text = "\n".join(
+        [
+            "# system",
+            system,
+            "",
+            "# user",
+            user,
+            "",
+            "# tools",
+            json.dumps(body["tools"], indent=1, ensure_ascii=False),
+            "",
+            "# settings",
+            json.dumps(rest, indent=1, sort_keys=True),
+            "",
+        ]
+    )
     for pattern, repl in _NORMALISE:
         text = pattern.sub(repl, text)
     return text
@@ -116,7 +128,9 @@ def _undescribed(schema: Any, where: str = "") -> list[str]:
     return missing
 
 
-async def test_first_request_matches_the_snapshot(client, task_queue, settings, openai_server: OpenAIServer) -> None:
+async def test_first_request_matches_the_snapshot(
+    client, task_queue, settings, openai_server: OpenAIServer
+) -> None:
     body = await _first_request(client, task_queue, settings, openai_server, EXAMPLE)
     system, user = _messages(body)
     tools = _tools(body)
@@ -124,7 +138,9 @@ async def test_first_request_matches_the_snapshot(client, task_queue, settings, 
     # every property of every tool's schema says what it is for
     undescribed = {name: _undescribed(t["parameters"]) for name, t in tools.items()}
     assert not any(undescribed.values()), f"schema properties without a description: {undescribed}"
-    assert "deliberately absent" not in tools[OUTPUT_TOOL]["description"]  # a developer note, not for the model
+    assert (
+        "deliberately absent" not in tools[OUTPUT_TOOL]["description"]
+    )  # a developer note, not for the model
     assert tools[OUTPUT_TOOL]["description"] == prompts.OUTPUT_TOOL_DESCRIPTION
     # the system prompt is the static one every session shares (a provider's cache holds it), then the budget;
     # it lists no tools (their definitions describe them), so it cannot name one the request does not offer
@@ -150,7 +166,9 @@ async def test_first_request_matches_the_snapshot(client, task_queue, settings, 
         return
     want = SNAPSHOT.read_text(encoding="utf-8") if SNAPSHOT.exists() else ""
     if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), "snapshot", "request", n=2))
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), got.splitlines(True), "snapshot", "request", n=2)
+        )
         pytest.fail(
             f"The first model request differs from {SNAPSHOT.relative_to(REPO)}.\n"
             f"If the change is intended, regenerate it with\n    {REGENERATE}\nand review the diff.\n\n"
@@ -164,32 +182,70 @@ def _tau_run() -> dict[str, Any]:
     traj = [
         {"role": "system", "content": "policy"},
         {"role": "user", "content": "Please cancel Z7GOZK."},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c0", "function": {"name": "cancel_reservation",
-                                                   "arguments": '{"reservation_id": "Z7GOZK", "refund": 0}'}}]},
-        {"role": "tool", "tool_call_id": "c0", "name": "cancel_reservation", "content": '{"status": "cancelled"}'},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c0",
+                    "function": {
+                        "name": "cancel_reservation",
+                        "arguments": '{"reservation_id": "Z7GOZK", "refund": 0}',
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c0",
+            "name": "cancel_reservation",
+            "content": '{"status": "cancelled"}',
+        },
         {"role": "assistant", "content": "Done."},
     ]
     expected = [{"name": "cancel_reservation", "kwargs": {"reservation_id": "Z7GOZK", "refund": 250}}]
-    return {"task_id": 7, "trial": 0, "reward": 0.0, "traj": traj,
-            "info": {"task": {"user_id": "u7", "instruction": "Cancel Z7GOZK", "actions": expected, "outputs": []},
-                     "reward_info": {"reward": 0.0, "info": {"r_actions": 0.0}}}}
+    return {
+        "task_id": 7,
+        "trial": 0,
+        "reward": 0.0,
+        "traj": traj,
+        "info": {
+            "task": {"user_id": "u7", "instruction": "Cancel Z7GOZK", "actions": expected, "outputs": []},
+            "reward_info": {"reward": 0.0, "info": {"r_actions": 0.0}},
+        },
+    }
 
 
-async def test_tau_bench_truth_is_the_expected_actions(client, task_queue, settings, tmp_path,
-                                                       openai_server: OpenAIServer) -> None:
-    body = await _first_request(client, task_queue, settings, openai_server, write_trace(tmp_path, _tau_run()))
+async def test_tau_bench_truth_is_the_expected_actions(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer
+) -> None:
+    body = await _first_request(
+        client, task_queue, settings, openai_server, write_trace(tmp_path, _tau_run())
+    )
     _, user = _messages(body)
     assert "(not given)" not in user
-    assert "Ground truth: none as text: the trace carries the task's expected actions (see expected_actions(traces))" in user
+    assert (
+        "Ground truth: none as text: the trace carries the task's expected actions (see expected_actions(traces))"
+        in user
+    )
     assert "Question given to the agent: Cancel Z7GOZK (from the trace)" in user
 
 
-async def test_large_trace_offers_recurse_and_says_so(client, task_queue, settings, tmp_path,
-                                                      openai_server: OpenAIServer) -> None:
-    big = dict(ACE_TRACE, steps=[*ACE_TRACE["steps"], {"role": "tool", "content": "x" * prompts.LARGE_TRACE_BYTES}])
-    body = await _first_request(client, task_queue, settings, openai_server, write_trace(tmp_path, big),
-                                question="What is 17 * 24?", ground_truth="408")
+async def test_large_trace_offers_recurse_and_says_so(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer
+) -> None:
+    big = dict(
+        ACE_TRACE, steps=[*ACE_TRACE["steps"], {"role": "tool", "content": "x" * prompts.LARGE_TRACE_BYTES}]
+    )
+    body = await _first_request(
+        client,
+        task_queue,
+        settings,
+        openai_server,
+        write_trace(tmp_path, big),
+        question="What is 17 * 24?",
+        ground_truth="408",
+    )
     system, user = _messages(body)
     tools = _tools(body)
     assert RECURSE_TOOL in tools and "its child sessions spend" in system  # the budget says children share it
@@ -197,10 +253,18 @@ async def test_large_trace_offers_recurse_and_says_so(client, task_queue, settin
     assert "Question given to the agent: What is 17 * 24?\nGround truth: 408\n" in user  # the caller's
 
 
-async def test_skill_tags_are_asked_for_with_a_skillbook(client, task_queue, settings, tmp_path,
-                                                        openai_server: OpenAIServer) -> None:
-    body = await _first_request(client, task_queue, settings, openai_server, write_trace(tmp_path),
-                                skillbook="[math-00001] Check a product by estimating it.", mode="online")
+async def test_skill_tags_are_asked_for_with_a_skillbook(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer
+) -> None:
+    body = await _first_request(
+        client,
+        task_queue,
+        settings,
+        openai_server,
+        write_trace(tmp_path),
+        skillbook="[math-00001] Check a product by estimating it.",
+        mode="online",
+    )
     tools = _tools(body)
     assert "skill_tags" in tools[OUTPUT_TOOL]["parameters"]["properties"]
     assert "SkillTag" in tools[OUTPUT_TOOL]["parameters"]["$defs"]

@@ -85,8 +85,12 @@ async def _reflect(
     client: Client, tq: str, settings: Settings, trace: Path, model: str
 ) -> tuple[ReflectorOutput, WorkflowHistory]:
     ref = rr.upload_trace(trace, settings)
-    inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408",
-                         config=ReflectionConfig(model=model, max_requests=10))
+    inp = rr.build_input(
+        ref,
+        question="What is 17 * 24?",
+        ground_truth="408",
+        config=ReflectionConfig(model=model, max_requests=10),
+    )
     handle = await rr.start_reflection(client, inp, tq, f"t-fault-{uuid.uuid4().hex[:10]}")
     out = await handle.result()
     return out, await handle.fetch_history()
@@ -99,9 +103,12 @@ def _model_attempts(history: WorkflowHistory) -> list[int]:
 
 def _retried_failures(history: WorkflowHistory) -> list[HistoryEvent]:
     """The `ActivityTaskStarted` events of retried activities (they carry the previous attempt's failure)."""
-    return [e for e in history.events
-            if e.HasField("activity_task_started_event_attributes")
-            and e.activity_task_started_event_attributes.HasField("last_failure")]
+    return [
+        e
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+        and e.activity_task_started_event_attributes.HasField("last_failure")
+    ]
 
 
 def _assert_nothing_paid_twice(server: ScriptedServer) -> None:
@@ -150,8 +157,11 @@ async def test_reflection_completes_through_a_provider_fault(
     last = retried.activity_task_started_event_attributes.last_failure
     # the history says which fault the attempt survived (a truncated body: the SDK's "Connection error", or the
     # transport's own words when the SDK reads the body after the headers, as anthropic's 2.17 does)
-    words = (failure, "peer closed connection without sending complete message body") if fault.kind == "truncated" \
+    words = (
+        (failure, "peer closed connection without sending complete message body")
+        if fault.kind == "truncated"
         else (failure,)
+    )
     assert any(w in last.message for w in words), last.message
     info = last.application_failure_info
     assert not info.non_retryable
@@ -171,20 +181,30 @@ async def test_reflection_completes_through_a_provider_fault(
 
 # fault -> the start of the reflection's error
 REJECTIONS = {
-    "401-unauthorized": (Fault.unauthorized(), "authentication failed (HTTP 401): Incorrect API key provided"),
-    "404-model-not-found": (Fault.model_not_found("rr-missing"),
-                            "model not found (HTTP 404): The model `rr-missing` does not exist"),
+    "401-unauthorized": (
+        Fault.unauthorized(),
+        "authentication failed (HTTP 401): Incorrect API key provided",
+    ),
+    "404-model-not-found": (
+        Fault.model_not_found("rr-missing"),
+        "model not found (HTTP 404): The model `rr-missing` does not exist",
+    ),
 }
 
 
 @pytest.mark.parametrize(("fault", "error"), list(REJECTIONS.values()), ids=list(REJECTIONS))
-@pytest.mark.parametrize("proto", [PROTOCOLS["chat-completions"], PROTOCOLS["anthropic-messages"]],
-                         ids=["chat-completions", "anthropic-messages"])  # Responses maps errors as Chat does
+@pytest.mark.parametrize(
+    "proto",
+    [PROTOCOLS["chat-completions"], PROTOCOLS["anthropic-messages"]],
+    ids=["chat-completions", "anthropic-messages"],
+)  # Responses maps errors as Chat does
 async def test_rejected_request_fails_fast_and_clearly(
     client, task_queue, settings, tmp_path, provider_env, capsys, proto: Protocol, fault: Fault, error: str
 ) -> None:
     with _serve(proto, provider_env) as server:
-        server.faults.extend([fault] * 6)  # every attempt would be refused: a retry would show as a second request
+        server.faults.extend(
+            [fault] * 6
+        )  # every attempt would be refused: a retry would show as a second request
         model = _model_name(proto)
         out, history = await _reflect(client, task_queue, settings, write_trace(tmp_path), model)
 
@@ -195,18 +215,29 @@ async def test_rejected_request_fails_fast_and_clearly(
     assert out.raw["error"].endswith(f"(model {model.split(':', 1)[1]!r})") and "\n" not in out.raw["error"]
     # one HTTP request, one attempt: non-retryable, no backoff loop
     assert [r.status for r in server.requests] == [fault.status]
-    failed = [e.activity_task_failed_event_attributes for e in history.events
-              if e.HasField("activity_task_failed_event_attributes")]
+    failed = [
+        e.activity_task_failed_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_failed_event_attributes")
+    ]
     assert len(failed) == 1 and failed[0].failure.application_failure_info.non_retryable
     assert not _retried_failures(history) and _model_attempts(history) == []
     # the budget is not burned: nothing was answered, nothing is charged
-    assert out.raw["usage"] == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "requests": 0,
-                                 "cache_read_tokens": 0, "cache_write_tokens": 0}
+    assert out.raw["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "total_tokens": 0,
+        "requests": 0,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+    }
     assert not server.completed
     # `rr reflect` ends with one line saying why
     assert cli._finished(out) == rr.EXIT_INCOMPLETE
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rr: the reflection is INCOMPLETE (stop reason: error: {error}")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rr: the reflection is INCOMPLETE (stop reason: error: {error}"
+    )
 
 
 async def test_anthropic_messages_reflection(client, task_queue, settings, tmp_path, provider_env) -> None:
@@ -233,7 +264,10 @@ async def test_anthropic_messages_reflection(client, task_queue, settings, tmp_p
     first, second = server.requests
     for r in (first, second):
         assert r.path.split("?")[0] == "/v1/messages"
-        assert API_KEY in (r.headers.get("x-api-key"), r.headers.get("authorization", "").removeprefix("Bearer "))
+        assert API_KEY in (
+            r.headers.get("x-api-key"),
+            r.headers.get("authorization", "").removeprefix("Bearer "),
+        )
         assert "anthropic-version" in r.headers
         assert r.body["model"] == model.split(":", 1)[1]
         # a small trace: no `recurse` (its strategy does not split; tests/workflows/test_prompt_snapshot.py)
@@ -262,6 +296,8 @@ async def test_fault_after_a_cell_retries_the_request_not_the_cell(
     assert server.requests[1].body == server.requests[2].body  # the same tool result, not a re-run cell's
     _assert_nothing_paid_twice(server)
     assert _model_attempts(history) == [1, 2]
-    cells = [r for r in completed_activities(history.events) if "model_request" not in r.name and r.attempt > 1]
+    cells = [
+        r for r in completed_activities(history.events) if "model_request" not in r.name and r.attempt > 1
+    ]
     assert cells == [], [(r.name, r.attempt) for r in cells]
     assert out.raw["usage"]["requests"] == 2

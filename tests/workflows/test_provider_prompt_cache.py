@@ -38,11 +38,21 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     yield monkeypatch
 
 
-async def _reflect(client: Client, tq: str, settings: Settings, trace: Path, model: str,
-                   model_settings: dict[str, Any] | None = None) -> tuple[str, ReflectorOutput]:
+async def _reflect(
+    client: Client,
+    tq: str,
+    settings: Settings,
+    trace: Path,
+    model: str,
+    model_settings: dict[str, Any] | None = None,
+) -> tuple[str, ReflectorOutput]:
     ref = rr.upload_trace(trace, settings)
-    cfg = ReflectionConfig(model=f"{model}-{uuid.uuid4().hex[:8]}", max_requests=10, model_settings=model_settings)
-    handle = await rr.start_reflection(client, rr.build_input(ref, config=cfg), tq, f"t-cache-{uuid.uuid4().hex[:10]}")
+    cfg = ReflectionConfig(
+        model=f"{model}-{uuid.uuid4().hex[:8]}", max_requests=10, model_settings=model_settings
+    )
+    handle = await rr.start_reflection(
+        client, rr.build_input(ref, config=cfg), tq, f"t-cache-{uuid.uuid4().hex[:10]}"
+    )
     out = await handle.result()
     assert out.raw["rr_trace"]["stop_reason"] == "completed", out.raw
     return handle.id, out
@@ -61,7 +71,10 @@ async def test_openai_requests_share_a_session_cache_key_and_cached_tokens_are_c
     assert wf_id not in json.dumps(bodies)  # the key is a hash: no workflow (trace) name reaches the provider
     usage = out.raw["usage"]
     assert (usage["input_tokens"], usage["cache_read_tokens"], usage["cache_write_tokens"]) == (
-        2 * PROMPT, 2 * CACHED, 0)
+        2 * PROMPT,
+        2 * CACHED,
+        0,
+    )
     assert [r["cache_read_tokens"] for r in out.raw["usage_records"]] == [CACHED, CACHED]
     assert f"{2 * CACHED:,} cache reads" in render_reflection(out)
 
@@ -69,8 +82,9 @@ async def test_openai_requests_share_a_session_cache_key_and_cached_tokens_are_c
 async def test_anthropic_requests_carry_cache_points_and_cache_tokens_are_counted(
     client, task_queue, settings, tmp_path, keys
 ) -> None:
-    with AnthropicServer(prompt_tokens=PROMPT, completion_tokens=COMPLETION, cached_tokens=CACHED,
-                         cache_write_tokens=WRITTEN) as server:
+    with AnthropicServer(
+        prompt_tokens=PROMPT, completion_tokens=COMPLETION, cached_tokens=CACHED, cache_write_tokens=WRITTEN
+    ) as server:
         keys.setenv("ANTHROPIC_BASE_URL", server.sdk_base_url)
         _, out = await _reflect(client, task_queue, settings, write_trace(tmp_path), "anthropic:rr-cache")
     bodies = [r.body for r in server.ok_requests()]
@@ -78,13 +92,21 @@ async def test_anthropic_requests_carry_cache_points_and_cache_tokens_are_counte
     for body in bodies:
         assert "cache_control" in body["tools"][-1], body["tools"][-1]  # the tool definitions
         assert any("cache_control" in block for block in body["system"]), body["system"]  # the instructions
-        assert "cache_control" in body or any(  # the conversation: automatic mode or a point on the last message
-            isinstance(block, dict) and "cache_control" in block
-            for block in body["messages"][-1]["content"] if isinstance(body["messages"][-1]["content"], list))
+        assert (
+            "cache_control" in body
+            or any(  # the conversation: automatic mode or a point on the last message
+                isinstance(block, dict) and "cache_control" in block
+                for block in body["messages"][-1]["content"]
+                if isinstance(body["messages"][-1]["content"], list)
+            )
+        )
     usage = out.raw["usage"]
     # pydantic-ai's input tokens are Anthropic's uncached input plus the cache reads and writes
     assert (usage["input_tokens"], usage["cache_read_tokens"], usage["cache_write_tokens"]) == (
-        2 * (PROMPT + CACHED + WRITTEN), 2 * CACHED, 2 * WRITTEN)
+        2 * (PROMPT + CACHED + WRITTEN),
+        2 * CACHED,
+        2 * WRITTEN,
+    )
 
 
 async def test_cache_false_sends_no_cache_settings(client, task_queue, settings, tmp_path, keys) -> None:

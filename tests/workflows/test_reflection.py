@@ -19,7 +19,9 @@ from tests.support.fixtures import completed_activities, write_trace
 HISTORIES: list[WorkflowHistory] = []
 
 
-async def _reflect(client: Client, tq: str, settings: Settings, trace: Path, **cfg: object) -> ReflectorOutput:
+async def _reflect(
+    client: Client, tq: str, settings: Settings, trace: Path, **cfg: object
+) -> ReflectorOutput:
     ref = rr.upload_trace(trace, settings)
     inp = rr.build_input(ref, question="What is 17 * 24?", ground_truth="408", config=ReflectionConfig(**cfg))
     handle = await rr.start_reflection(client, inp, tq, f"t-{uuid.uuid4().hex[:10]}")
@@ -34,7 +36,11 @@ async def test_scripted_reflection_runs_cells_and_fills_raw(client, task_queue, 
     assert rt["cells"] == 4 and rt["failed_cells"] == 0
     assert rt["stop_reason"] == "completed" and rt["timed_out"] is False
     assert out.raw["usage"]["requests"] == 5
-    assert out.raw["usage"]["total_tokens"] == out.raw["usage"]["input_tokens"] + out.raw["usage"]["output_tokens"] > 0
+    assert (
+        out.raw["usage"]["total_tokens"]
+        == out.raw["usage"]["input_tokens"] + out.raw["usage"]["output_tokens"]
+        > 0
+    )
     assert out.raw["workflow_id"].startswith("t-")
     # statements come from the cells: the state built across cells is visible in later outputs
     assert "steps 4" in out.error_identification
@@ -66,15 +72,19 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
     responses = [r.result_json() for r in records if r.is_model_request]
     assert all(resp["parts"] for resp in responses)
     # the model's inputs are not in the history (they follow from it): one small payload per step
-    assert not any(e.HasField("activity_task_scheduled_event_attributes")
-                   and "model_request" in e.activity_task_scheduled_event_attributes.activity_type.name
-                   for e in hist.events)
+    assert not any(
+        e.HasField("activity_task_scheduled_event_attributes")
+        and "model_request" in e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in hist.events
+    )
     # they were handed to the local activity in process (this test's worker runs in this process), and
     # every hand-over was released once the workflow had the response
     assert len(taken) == 4 and len(set(taken)) == 4 and not set(taken) & set(model_requests._handed)
     # an in-process model never asks for the provider patch: its histories are as before
     assert PROVIDER_MODEL_PATCH.encode() not in b"".join(
-        p.data for e in hist.events if e.marker_recorded_event_attributes.marker_name == "core_patch"
+        p.data
+        for e in hist.events
+        if e.marker_recorded_event_attributes.marker_name == "core_patch"
         for p in e.marker_recorded_event_attributes.details["patch-data"].payloads
     )
     assert hist.events[0].workflow_execution_started_event_attributes.workflow_task_timeout.ToSeconds() == 4
@@ -107,7 +117,9 @@ async def test_workflow_input_holds_reference_not_trace(client, task_queue, sett
     assert started.input.ByteSize() < 5_000
 
 
-async def test_validator_refuses_final_answer_before_a_successful_cell(client, task_queue, settings, tmp_path) -> None:
+async def test_validator_refuses_final_answer_before_a_successful_cell(
+    client, task_queue, settings, tmp_path
+) -> None:
     out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-eager")
     assert out.raw["rr_trace"]["cells"] >= 1
     assert out.raw["rr_trace"]["stop_reason"] == "completed"
@@ -122,7 +134,9 @@ async def test_text_only_model_ends_gracefully(client, task_queue, settings, tmp
 
 
 async def test_request_budget_stops_with_typed_reason(client, task_queue, settings, tmp_path) -> None:
-    out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=3)
+    out = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=3
+    )
     assert out.raw["rr_trace"]["stop_reason"] == "request_budget"
     assert out.raw["rr_trace"]["timed_out"] is True
     # two turns, then the one request kept back for the final synthesis; never more than the limit
@@ -131,8 +145,12 @@ async def test_request_budget_stops_with_typed_reason(client, task_queue, settin
     assert out.reasoning.startswith("PARTIAL")
 
 
-async def test_request_budget_too_small_for_synthesis_gives_fallback(client, task_queue, settings, tmp_path) -> None:
-    out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=2)
+async def test_request_budget_too_small_for_synthesis_gives_fallback(
+    client, task_queue, settings, tmp_path
+) -> None:
+    out = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), model="scripted-steps-20", max_requests=2
+    )
     assert out.raw["rr_trace"]["stop_reason"] == "request_budget"
     assert out.raw["usage"]["requests"] == 2
     assert out.reasoning.startswith("INCOMPLETE")
@@ -159,7 +177,9 @@ async def test_heuristic_on_tau_bench_run(client, task_queue, settings, tmp_path
 
 async def test_all_histories_replay_cleanly(client, task_queue, settings, tmp_path) -> None:
     # run alone (or first), this test makes the histories it replays: at least five, of different scripts
-    for model in ("scripted-stateful", "scripted-steps-3", "scripted-submit", "scripted-loop", "heuristic")[len(HISTORIES):]:
+    for model in ("scripted-stateful", "scripted-steps-3", "scripted-submit", "scripted-loop", "heuristic")[
+        len(HISTORIES) :
+    ]:
         await _reflect(client, task_queue, settings, write_trace(tmp_path), model=model)
     assert len(HISTORIES) >= 5
     replayer = worker.make_replayer(Settings.from_env().blob_dir)
@@ -186,8 +206,9 @@ async def test_progress_is_reported_while_a_reflection_runs(client, task_queue, 
     inp = rr.build_input(ref, config=ReflectionConfig(model="scripted-paced-20"))
     handle = await rr.start_reflection(client, inp, task_queue, f"t-{uuid.uuid4().hex[:10]}")
     seen: list[tuple[str, int, int]] = []
-    out = await rr.wait_for_result(handle, on_progress=lambda p: seen.append((p.phase, p.iterations, p.cells)),
-                                   poll_s=0.2)
+    out = await rr.wait_for_result(
+        handle, on_progress=lambda p: seen.append((p.phase, p.iterations, p.cells)), poll_s=0.2
+    )
     assert out.raw["rr_trace"]["cells"] == 20
     # ~5 s of work in a task renewed every 3.2 s: at least one report from the middle of the run
     assert any(0 < cells < 20 for _, _, cells in seen), seen

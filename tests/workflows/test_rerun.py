@@ -47,16 +47,29 @@ CALLS: dict[str, int] = {}
 
 
 def _outputs(messages: list[ModelMessage]) -> list[str]:
-    return [str(p.content) for m in messages for p in m.parts
-            if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL]
+    return [
+        str(p.content)
+        for m in messages
+        for p in m.parts
+        if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL
+    ]
 
 
 def _answer(info: AgentInfo, who: str, outputs: list[str]) -> ModelResponse:
     args = {
-        "reasoning": f"{who} over {len(outputs)} cells", "error_identification": f"{who} saw: {outputs[-1][-120:]}",
-        "root_cause_analysis": who, "correct_approach": who, "key_insight": who,
-        "extracted_learnings": [{"learning": f"{who} learning", "atomicity_score": 0.9, "evidence": outputs[-1][-80:],
-                                 "justification": who}],
+        "reasoning": f"{who} over {len(outputs)} cells",
+        "error_identification": f"{who} saw: {outputs[-1][-120:]}",
+        "root_cause_analysis": who,
+        "correct_approach": who,
+        "key_insight": who,
+        "extracted_learnings": [
+            {
+                "learning": f"{who} learning",
+                "atomicity_score": 0.9,
+                "evidence": outputs[-1][-80:],
+                "justification": who,
+            }
+        ],
         "skill_tags": [],
     }
     return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args, tool_call_id=f"{who}-final")])
@@ -68,7 +81,9 @@ def origin_script(name: str):
         k = len(_outputs(messages)) + 1
         if k <= ORIGIN_CELLS:
             code = f"v{k} = {k} * 10\nprint('set v{k}', v{k})"
-            return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"o{k}")])
+            return ModelResponse(
+                parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=f"o{k}")]
+            )
         return _answer(info, "origin", _outputs(messages))
 
     return fn
@@ -81,8 +96,10 @@ def new_script(name: str):
         CALLS[name] = CALLS.get(name, 0) + 1
         outputs = _outputs(messages)
         if len(outputs) == 3:
-            code = ("try:\n    v4\n    has_v4 = True\nexcept NameError:\n    has_v4 = False\n"
-                    "print('new model sum', v1 + v2 + v3, 'v4 set:', has_v4)")
+            code = (
+                "try:\n    v4\n    has_v4 = True\nexcept NameError:\n    has_v4 = False\n"
+                "print('new model sum', v1 + v2 + v3, 'v4 set:', has_v4)"
+            )
             return ModelResponse(parts=[ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id="n4")])
         return _answer(info, "new-model", outputs)
 
@@ -99,16 +116,31 @@ def _register(kind: str) -> str:
 # ------------------------------------------------------------------------------------ helpers
 
 
-async def _reflect(client: Client, tq: str, settings: Settings, trace: Path, question: str = "What is 17 * 24?",
-                   **cfg: object) -> tuple[ReflectorOutput, str]:
+async def _reflect(
+    client: Client,
+    tq: str,
+    settings: Settings,
+    trace: Path,
+    question: str = "What is 17 * 24?",
+    **cfg: object,
+) -> tuple[ReflectorOutput, str]:
     ref = rr.upload_trace(trace, settings)
-    inp = rr.build_input(ref, question=question, ground_truth="408", config=ReflectionConfig(recursion="always", **cfg))
+    inp = rr.build_input(
+        ref, question=question, ground_truth="408", config=ReflectionConfig(recursion="always", **cfg)
+    )
     handle = await rr.start_reflection(client, inp, tq, f"rr-origin-{uuid.uuid4().hex[:8]}")
     return await handle.result(), handle.id
 
 
-async def _rerun(client: Client, tq: str, settings: Settings, origin: str, step: int, model: str | None = None,
-                 **overrides: object) -> tuple[ReflectorOutput, list[WorkflowHistory]]:
+async def _rerun(
+    client: Client,
+    tq: str,
+    settings: Settings,
+    origin: str,
+    step: int,
+    model: str | None = None,
+    **overrides: object,
+) -> tuple[ReflectorOutput, list[WorkflowHistory]]:
     plan = await plan_rerun(client, settings, origin, step, model=model, config_overrides=overrides or None)
     handle = await rr.start_reflection(client, plan.input, tq, f"rr-rerun-{uuid.uuid4().hex[:8]}")
     out = await handle.result()
@@ -136,9 +168,13 @@ def _events(histories: list[WorkflowHistory], kind: int) -> int:
 # ------------------------------------------------------------------------------------ in-process models
 
 
-async def test_rerun_reuses_steps_before_n_and_continues_with_another_model(client, task_queue, settings, tmp_path):
+async def test_rerun_reuses_steps_before_n_and_continues_with_another_model(
+    client, task_queue, settings, tmp_path
+):
     origin_model, new_model = _register("origin"), _register("new")
-    origin_out, origin_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), model=origin_model)
+    origin_out, origin_id = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), model=origin_model
+    )
     assert origin_out.raw["rr_trace"]["total_iterations"] == ORIGIN_CELLS + 1 == CALLS[origin_model]
     assert origin_out.raw["rr_trace"]["stop_reason"] == "completed"
 
@@ -164,8 +200,14 @@ async def test_rerun_reuses_steps_before_n_and_continues_with_another_model(clie
     assert "new model sum 60" in out.error_identification
     assert out.raw["model"] == new_model
     assert out.raw["rerun"] == {
-        "origin": origin_id, "from_step": 4, "origin_model": origin_model, "model": new_model,
-        "reused_requests": 3, "reused_cells": 3, "reused_children": 0, "reused_summaries": 0,
+        "origin": origin_id,
+        "from_step": 4,
+        "origin_model": origin_model,
+        "model": new_model,
+        "reused_requests": 3,
+        "reused_cells": 3,
+        "reused_children": 0,
+        "reused_summaries": 0,
         "sandbox_rebuilt_from_reused_cells": True,
     }
     memo = await (await client.get_workflow_handle(out.raw["workflow_id"]).describe()).memo()
@@ -182,7 +224,10 @@ async def test_rerun_reuses_steps_before_n_and_continues_with_another_model(clie
     again, chain2 = await _rerun(client, task_queue, settings, out.raw["workflow_id"], 5)
     assert CALLS[new_model] == 3 and CALLS[origin_model] == ORIGIN_CELLS + 1
     assert again.raw["rerun"]["reused_requests"] == 4 and again.raw["rerun"]["reused_cells"] == 4
-    assert _cell_seqs(chain2, RERUN_CELL_ACTIVITY) == [3, 4, 5, 6] and _cell_seqs(chain2, RUN_CELL_ACTIVITY) == []
+    assert (
+        _cell_seqs(chain2, RERUN_CELL_ACTIVITY) == [3, 4, 5, 6]
+        and _cell_seqs(chain2, RUN_CELL_ACTIVITY) == []
+    )
     assert again.error_identification == out.error_identification
 
 
@@ -199,7 +244,9 @@ async def test_rerun_from_step_one_reuses_nothing(client, task_queue, settings, 
 
 async def test_rerun_with_the_same_model_gives_the_origins_reflection(client, task_queue, settings, tmp_path):
     origin_model = _register("origin")
-    origin_out, origin_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), model=origin_model)
+    origin_out, origin_id = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), model=origin_model
+    )
     out, chain = await _rerun(client, task_queue, settings, origin_id, ORIGIN_CELLS + 1)
     assert CALLS[origin_model] == ORIGIN_CELLS + 2  # only the last step was asked again
     assert _cell_seqs(chain, RUN_CELL_ACTIVITY) == []
@@ -212,15 +259,18 @@ async def test_rerun_with_the_same_model_gives_the_origins_reflection(client, ta
 
 # ------------------------------------------------------------------------------------ children, summaries
 
-PLAN = {"code": ["a = 1\nprint('a', a)", "b = a + 1\nprint('b', b)"],
-        "children": [{"code": ["print('child sees b', b)"]}],
-        "after": ["c = b + 1\nprint('c', c)", "print('after child', a, b, c)"]}
+PLAN = {
+    "code": ["a = 1\nprint('a', a)", "b = a + 1\nprint('b', b)"],
+    "children": [{"code": ["print('child sees b', b)"]}],
+    "after": ["c = b + 1\nprint('c', c)", "print('after child', a, b, c)"],
+}
 
 
 async def test_a_reused_recurse_returns_the_recorded_child(client, task_queue, settings, tmp_path):
     question = "PLAN:" + json.dumps(PLAN)
-    origin_out, origin_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), question=question,
-                                           model="scripted-plan")
+    origin_out, origin_id = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), question=question, model="scripted-plan"
+    )
     assert len(origin_out.raw["rr_trace"]["subagent_calls"]) == 1
     # steps: cell a, cell b, recurse, cell c, cell "after child", answer: rerun from step 5
     out, chain = await _rerun(client, task_queue, settings, origin_id, 5)
@@ -246,8 +296,15 @@ def _big_cells(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("_big_cells")
 async def test_rerun_across_a_summary_and_continue_as_new(client, task_queue, settings, tmp_path):
-    origin_out, origin_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-big",
-                                           context_window=3_000, max_compactions=3)
+    origin_out, origin_id = await _reflect(
+        client,
+        task_queue,
+        settings,
+        write_trace(tmp_path),
+        model="scripted-big",
+        context_window=3_000,
+        max_compactions=3,
+    )
     origin_chain = await _chain(client, origin_id)
     rt = origin_out.raw["rr_trace"]
     assert rt["compactions"] >= 1 and len(origin_chain) == rt["compactions"] + 1
@@ -272,17 +329,25 @@ async def test_bad_origins_and_steps_are_one_line_errors(client, task_queue, set
     with pytest.raises(ReflectError, match="no reflection with id 'no-such-id'"):
         await plan_rerun(client, settings, "no-such-id", 1)
     for step in (0, ORIGIN_CELLS + 2):
-        with pytest.raises(ReflectError, match=rf"--from-step must be between 1 and {ORIGIN_CELLS + 1} .* not {step}$"):
+        with pytest.raises(
+            ReflectError, match=rf"--from-step must be between 1 and {ORIGIN_CELLS + 1} .* not {step}$"
+        ):
             await plan_rerun(client, settings, origin_id, step)
 
     question = "PLAN:" + json.dumps(PLAN)
-    _, plan_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), question=question,
-                                model="scripted-plan")
+    _, plan_id = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), question=question, model="scripted-plan"
+    )
     with pytest.raises(ReflectError, match=rf"is a child reflection \(of {plan_id}\)"):
         await plan_rerun(client, settings, f"{plan_id}.r1", 1)
 
-    batch = await rr.reflect_batch(client, [write_trace(tmp_path)], settings, task_queue=task_queue,
-                                   config=ReflectionConfig(model="scripted-steps-3"))
+    batch = await rr.reflect_batch(
+        client,
+        [write_trace(tmp_path)],
+        settings,
+        task_queue=task_queue,
+        config=ReflectionConfig(model="scripted-steps-3"),
+    )
     with pytest.raises(ReflectError, match="is a batch"):
         await plan_rerun(client, settings, batch.batch_id, 1)
     # a batch's run reflection is a root session (its parent is the batch): it can be rerun, standalone
@@ -308,10 +373,13 @@ def openai_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[OpenAIServer]:
         yield server
 
 
-async def test_provider_requests_paid_are_exactly_the_steps_from_n(client, task_queue, settings, tmp_path,
-                                                                   openai_server: OpenAIServer):
+async def test_provider_requests_paid_are_exactly_the_steps_from_n(
+    client, task_queue, settings, tmp_path, openai_server: OpenAIServer
+):
     origin_model = f"openai-chat:rr-rerun-{uuid.uuid4().hex[:8]}"
-    origin_out, origin_id = await _reflect(client, task_queue, settings, write_trace(tmp_path), model=origin_model)
+    origin_out, origin_id = await _reflect(
+        client, task_queue, settings, write_trace(tmp_path), model=origin_model
+    )
     steps = ORIGIN_CELLS + 1
     assert origin_out.raw["rr_trace"]["stop_reason"] == "completed"
     assert sum(openai_server.completed.values()) == steps

@@ -29,9 +29,15 @@ pytestmark = pytest.mark.timeout(180)
 CHILD_PLAN = {"code": ["print('root looks')"], "children": [{"code": ["print('child looks')"]}], "after": []}
 
 
-async def _plan_reflection(client: Client, tq: str, settings: Settings, tmp_path: Path, **cfg: Any) -> tuple[str, ReflectorOutput]:
+async def _plan_reflection(
+    client: Client, tq: str, settings: Settings, tmp_path: Path, **cfg: Any
+) -> tuple[str, ReflectorOutput]:
     ref = rr.upload_trace(write_trace(tmp_path), settings)
-    inp = rr.build_input(ref, question="PLAN:" + json.dumps(CHILD_PLAN), config=ReflectionConfig(model="scripted-plan", recursion="always", **cfg))
+    inp = rr.build_input(
+        ref,
+        question="PLAN:" + json.dumps(CHILD_PLAN),
+        config=ReflectionConfig(model="scripted-plan", recursion="always", **cfg),
+    )
     handle = await rr.start_reflection(client, inp, tq, f"sa-{uuid.uuid4().hex[:8]}", trace_name="trace.json")
     return handle.id, await handle.result()
 
@@ -51,7 +57,10 @@ def test_the_embedded_server_registers_them_at_launch() -> None:
     argv = DevServer(None, ui=False).command()
     for name, kind in SEARCH_ATTRIBUTES.items():
         assert f"{name}={kind}" in argv
-    assert not any("=" in a and a.split("=")[0] in SEARCH_ATTRIBUTES for a in DevServer(None, search_attributes=False).command())
+    assert not any(
+        "=" in a and a.split("=")[0] in SEARCH_ATTRIBUTES
+        for a in DevServer(None, search_attributes=False).command()
+    )
 
 
 async def test_a_reflection_and_its_child_are_indexed(client, task_queue, settings, tmp_path) -> None:
@@ -72,18 +81,33 @@ async def test_a_reflection_and_its_child_are_indexed(client, task_queue, settin
     assert (root.get(sa.CHILDREN), child.get(sa.CHILDREN)) == (1, 0)
     # visibility queries by model, parent and stop reason
     assert await _listed(client, f"RrParent = '{root_id}'", 1) == [child_id]
-    assert await _listed(client, f"RrModel = 'scripted-plan' AND RrTraceSha256 = '{trace_sha}' AND "
-                                 f"WorkflowId STARTS_WITH '{root_id}'", 2) == [root_id, child_id]
+    assert await _listed(
+        client,
+        f"RrModel = 'scripted-plan' AND RrTraceSha256 = '{trace_sha}' AND WorkflowId STARTS_WITH '{root_id}'",
+        2,
+    ) == [root_id, child_id]
     assert await _listed(client, f"RrStopReason = 'completed' AND WorkflowId = '{root_id}'", 1) == [root_id]
     # `rr list`: roots by default (memo: the trace's name, format, size), children with include_children
     listing = await ops.list_reflections(client, limit=1000)
     rows = {r.id: r for r in listing.rows}
     assert listing.missing_attributes == [] and child_id not in rows
     row = rows[root_id]
-    assert (row.kind, row.status, row.stop_reason, row.model) == ("reflection", "completed", "completed", "scripted-plan")
-    assert (row.trace, row.format, row.children, row.requests) == ("trace.json", "ace", 1, out.raw["usage"]["requests"])
+    assert (row.kind, row.status, row.stop_reason, row.model) == (
+        "reflection",
+        "completed",
+        "completed",
+        "scripted-plan",
+    )
+    assert (row.trace, row.format, row.children, row.requests) == (
+        "trace.json",
+        "ace",
+        1,
+        out.raw["usage"]["requests"],
+    )
     assert row.size == write_trace(tmp_path).stat().st_size
-    everything = {r.id: r for r in (await ops.list_reflections(client, limit=1000, include_children=True)).rows}
+    everything = {
+        r.id: r for r in (await ops.list_reflections(client, limit=1000, include_children=True)).rows
+    }
     assert everything[child_id].parent == root_id and everything[child_id].trace == "trace.json"
     assert root_id in ops.render_rows(listing.rows)
 
@@ -110,8 +134,9 @@ async def test_a_batch_and_its_runs_are_indexed(client, task_queue, settings, tm
     path = tmp_path / "runs.json"
     path.write_text(json.dumps(synthetic_runs(3)))
     manifest = rr.upload_batch([path], settings, split=True)
-    handle = await rr.start_batch(client, rr.build_batch_input(manifest), task_queue, f"sab-{uuid.uuid4().hex[:6]}",
-                                  name="runs.json")
+    handle = await rr.start_batch(
+        client, rr.build_batch_input(manifest), task_queue, f"sab-{uuid.uuid4().hex[:6]}", name="runs.json"
+    )
     out = await handle.result()
     batch = (await handle.describe()).typed_search_attributes
     assert batch.get(sa.BATCH_ID) == handle.id and batch.get(sa.MODEL) == "heuristic"
@@ -119,7 +144,8 @@ async def test_a_batch_and_its_runs_are_indexed(client, task_queue, settings, tm
     runs = [await rr.fetch_result(client, f"{handle.id}.run{i}") for i in range(3)]
     assert batch.get(sa.REQUESTS) == sum(r.raw["usage"]["requests"] for r in runs) > 0
     assert await _listed(client, f"RrBatchId = '{handle.id}' AND RrParent = '{handle.id}'", 3) == [
-        f"{handle.id}.run{i}" for i in range(3)]
+        f"{handle.id}.run{i}" for i in range(3)
+    ]
     rows = {r.id: r for r in (await ops.list_reflections(client, limit=1000)).rows}
     assert (rows[handle.id].kind, rows[handle.id].runs, rows[handle.id].trace) == ("batch", 3, "runs.json")
     assert out.n_runs == 3
@@ -134,7 +160,8 @@ async def bare_client(temporal_server, settings: Settings) -> AsyncIterator[Clie
     ns = f"bare-{uuid.uuid4().hex[:6]}"
     admin = await rr.connect(temporal_server.address, settings=settings)
     await admin.workflow_service.register_namespace(
-        RegisterNamespaceRequest(namespace=ns, workflow_execution_retention_period=Duration(seconds=86_400)))
+        RegisterNamespaceRequest(namespace=ns, workflow_execution_retention_period=Duration(seconds=86_400))
+    )
     bare = await rr.connect(temporal_server.address, ns, settings=settings)
     for _ in range(200):  # a new namespace becomes usable once the frontend's namespace cache has it
         try:
@@ -156,9 +183,16 @@ async def test_a_namespace_without_them_still_works(bare_client, settings, tmp_p
         short = rr.build_input(ref, config=ReflectionConfig(model="scripted-steps-20", max_requests=2))
         h_short = await rr.start_reflection(bare_client, short, tq, f"bare-short-{uuid.uuid4().hex[:6]}")
         await h_short.result()
-    assert out.raw["rr_trace"]["stop_reason"] == "completed" and len(out.raw["rr_trace"]["subagent_calls"]) == 1
+    assert (
+        out.raw["rr_trace"]["stop_reason"] == "completed" and len(out.raw["rr_trace"]["subagent_calls"]) == 1
+    )
     started = (await bare_client.get_workflow_handle(root_id).fetch_history()).events[0]
-    assert json.loads(started.workflow_execution_started_event_attributes.input.payloads[0].data)["search_attributes"] is False
+    assert (
+        json.loads(started.workflow_execution_started_event_attributes.input.payloads[0].data)[
+            "search_attributes"
+        ]
+        is False
+    )
     attrs = (await bare_client.get_workflow_handle(root_id).describe()).typed_search_attributes
     assert not {pair.key.name for pair in attrs} & set(SEARCH_ATTRIBUTES)
     await _listed(bare_client, f"WorkflowId = '{h_short.id}'", 1)
@@ -167,8 +201,14 @@ async def test_a_namespace_without_them_still_works(bare_client, settings, tmp_p
     assert listing.missing_attributes == list(SEARCH_ATTRIBUTES)
     rows = {r.id: r for r in listing.rows}
     assert set(rows) == {root_id, h_short.id}  # roots only (ParentWorkflowId is a system attribute)
-    assert (rows[root_id].stop_reason, rows[root_id].model, rows[root_id].children) == ("completed", "scripted-plan", 1)
+    assert (rows[root_id].stop_reason, rows[root_id].model, rows[root_id].children) == (
+        "completed",
+        "scripted-plan",
+        1,
+    )
     assert rows[root_id].requests == out.raw["usage"]["requests"] and rows[root_id].trace == "trace.json"
     incomplete = await ops.list_reflections(bare_client, status="incomplete", limit=100)
     assert [r.id for r in incomplete.rows] == [h_short.id]
-    assert [r.id for r in (await ops.list_reflections(bare_client, status="completed", limit=100)).rows] == [root_id]
+    assert [r.id for r in (await ops.list_reflections(bare_client, status="completed", limit=100)).rows] == [
+        root_id
+    ]

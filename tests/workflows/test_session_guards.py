@@ -27,8 +27,9 @@ def host_killer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return stateful_script(messages, info)
 
 
-
-register_model("scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill"))
+register_model(
+    "scripted-hostkill", lambda: FunctionModel(synthesis_aware(host_killer), model_name="scripted-hostkill")
+)
 
 
 async def test_final_answer_submitted_from_code_is_validated(client, task_queue, settings, tmp_path) -> None:
@@ -41,7 +42,9 @@ async def test_final_answer_submitted_from_code_is_validated(client, task_queue,
     assert out.raw["usage"]["requests"] == 2
 
 
-async def test_repeated_failing_cell_is_refused_then_session_stops(client, task_queue, settings, tmp_path) -> None:
+async def test_repeated_failing_cell_is_refused_then_session_stops(
+    client, task_queue, settings, tmp_path
+) -> None:
     out = await _reflect(client, task_queue, settings, write_trace(tmp_path), model="scripted-loop")
     rt = out.raw["rr_trace"]
     assert rt["stop_reason"] == "error" and rt["timed_out"] is True
@@ -52,7 +55,9 @@ async def test_repeated_failing_cell_is_refused_then_session_stops(client, task_
     assert out.reasoning.startswith("INCOMPLETE")
 
 
-async def test_host_killed_mid_session_state_is_rebuilt(client, task_queue, settings, tmp_path, monkeypatch) -> None:
+async def test_host_killed_mid_session_state_is_rebuilt(
+    client, task_queue, settings, tmp_path, monkeypatch
+) -> None:
     monkeypatch.setenv(SLOW_LOOP_ENV, "1000")
     trace = write_trace(tmp_path)
     base = await _reflect(client, task_queue, settings, trace, model="scripted-stateful")

@@ -18,7 +18,10 @@ TRACE = {
     "question": "Cancel my trip",
     "ground_truth": "cancel_reservation(reservation_id=Z7GOZK)",
     "steps": [
-        {"role": "assistant", "content": "Following [booking-00001] I ask for the id. Also [booking-000011] and [booking-99999]."},
+        {
+            "role": "assistant",
+            "content": "Following [booking-00001] I ask for the id. Also [booking-000011] and [booking-99999].",
+        },
         {"role": "tool", "tool_name": "cancel_reservation", "content": "Error: reservation not found"},
         {"role": "assistant", "content": "I could not cancel it."},
     ],
@@ -56,7 +59,9 @@ async def test_skillbook_tools_offered_only_with_a_skillbook(
         log = tmp_path / f"inputs-{i}.jsonl"
         monkeypatch.setenv(INPUTS_ENV, str(log))
         ref = rr.upload_trace(write_trace(tmp_path, TRACE), settings)
-        inp = rr.build_input(ref, skillbook=skillbook, mode="online", config=ReflectionConfig(model="scripted-steps-3"))
+        inp = rr.build_input(
+            ref, skillbook=skillbook, mode="online", config=ReflectionConfig(model="scripted-steps-3")
+        )
         handle = await rr.start_reflection(client, inp, task_queue, f"skills-{uuid.uuid4().hex[:8]}")
         await handle.result()
         offered.append(recorded_inputs(str(log))[0]["tools"])

@@ -164,17 +164,21 @@ def build_record(inp: RecordRunInput, trace_bytes: bytes | None, facts_error: st
     )
     if out is None:
         return rec
-    return rec.model_copy(update={
-        "stop_reason": str(out.raw.get("rr_trace", {}).get("stop_reason", "completed")),
-        "what_went_wrong": _short(out.error_identification),
-        "root_cause": _short(out.root_cause_analysis),
-        "key_insight": _short(out.key_insight),
-        "learnings": [_short(lr.learning, LEARNING_CHARS) for lr in out.extracted_learnings[:MAX_LEARNINGS]],
-        "skill_tags": list(out.skill_tags),
-        "diagnosis": out.diagnosis,
-        # the reflection's first divergence, once per run: runs grouped by kind and tool in the synthesis
-        "failure_modes": _with_diagnosis(rec.failure_modes, out) if error is None else [],
-    })
+    return rec.model_copy(
+        update={
+            "stop_reason": str(out.raw.get("rr_trace", {}).get("stop_reason", "completed")),
+            "what_went_wrong": _short(out.error_identification),
+            "root_cause": _short(out.root_cause_analysis),
+            "key_insight": _short(out.key_insight),
+            "learnings": [
+                _short(lr.learning, LEARNING_CHARS) for lr in out.extracted_learnings[:MAX_LEARNINGS]
+            ],
+            "skill_tags": list(out.skill_tags),
+            "diagnosis": out.diagnosis,
+            # the reflection's first divergence, once per run: runs grouped by kind and tool in the synthesis
+            "failure_modes": _with_diagnosis(rec.failure_modes, out) if error is None else [],
+        }
+    )
 
 
 def _with_diagnosis(modes: list[str], out: ReflectorOutput) -> list[str]:

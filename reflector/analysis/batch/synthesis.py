@@ -74,9 +74,13 @@ def synthesise(records: Iterable[RunRecord], n_runs: int) -> BatchSynthesis:
     ranked = sorted(modes.items(), key=lambda kv: (-kv[1].runs, kv[0]))
     failure_modes = [
         FailureMode(
-            key=key, label=mode_label(key), runs=t.runs, failing_runs=t.failing,
+            key=key,
+            label=mode_label(key),
+            runs=t.runs,
+            failing_runs=t.failing,
             share=round(t.runs / reflected, 4) if reflected else 0.0,
-            run_ids=t.ids, more_runs=t.runs - len(t.ids),
+            run_ids=t.ids,
+            more_runs=t.runs - len(t.ids),
         )
         for key, t in ranked[:MAX_MODES]
     ]
@@ -98,9 +102,13 @@ def synthesise(records: Iterable[RunRecord], n_runs: int) -> BatchSynthesis:
 
 
 def _recurring(tallies: dict[str, _Tally], texts: dict[str, str], minimum: int) -> list[RecurringText]:
-    ranked = sorted(((k, t) for k, t in tallies.items() if t.runs >= minimum), key=lambda kv: (-kv[1].runs, kv[0]))
-    return [RecurringText(text=texts[k], runs=t.runs, run_ids=t.ids, more_runs=t.runs - len(t.ids))
-            for k, t in ranked[:MAX_TEXTS]]
+    ranked = sorted(
+        ((k, t) for k, t in tallies.items() if t.runs >= minimum), key=lambda kv: (-kv[1].runs, kv[0])
+    )
+    return [
+        RecurringText(text=texts[k], runs=t.runs, run_ids=t.ids, more_runs=t.runs - len(t.ids))
+        for k, t in ranked[:MAX_TEXTS]
+    ]
 
 
 def _cite(ids: list[str], more: int) -> str:
@@ -110,16 +118,23 @@ def _cite(ids: list[str], more: int) -> str:
 def _summary(s: BatchSynthesis) -> str:
     lines = [
         f"{s.n_runs} runs: {s.reflected} reflected, {s.failed} could not be reflected on."
-        + (f" {s.incomplete_reflections} reflections are incomplete (stopped early)." if s.incomplete_reflections else ""),
+        + (
+            f" {s.incomplete_reflections} reflections are incomplete (stopped early)."
+            if s.incomplete_reflections
+            else ""
+        ),
         f"Outcomes of the reflected runs: {s.outcomes['failure']} failed, {s.outcomes['success']} succeeded, "
-        f"{s.outcomes['unknown']} unknown" + (f"; mean reward {s.mean_reward}." if s.mean_reward is not None else "."),
+        f"{s.outcomes['unknown']} unknown"
+        + (f"; mean reward {s.mean_reward}." if s.mean_reward is not None else "."),
     ]
     recurring = [m for m in s.failure_modes if m.runs >= 2]
     if recurring:
         lines.append("Failure modes that recur across runs (runs counted once each):")
         for i, m in enumerate(recurring, 1):
-            lines.append(f"{i}. {m.label}: {m.runs} of {s.reflected} runs ({m.share:.0%}), {m.failing_runs} of them "
-                         f"failed; runs {_cite(m.run_ids, m.more_runs)}")
+            lines.append(
+                f"{i}. {m.label}: {m.runs} of {s.reflected} runs ({m.share:.0%}), {m.failing_runs} of them "
+                f"failed; runs {_cite(m.run_ids, m.more_runs)}"
+            )
     else:
         lines.append("No failure mode occurs in more than one run.")
     if s.single_run_modes:

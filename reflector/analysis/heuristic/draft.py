@@ -78,7 +78,9 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
     learnings = []
     for group, count in groups[:3]:
         kind, _, tool = str(group).partition(" ")
-        examples = ", ".join(str(r.get("id")) for r in runs if f"{r.get('kind')} {r.get('tool')}" == group)[:200]
+        examples = ", ".join(str(r.get("id")) for r in runs if f"{r.get('kind')} {r.get('tool')}" == group)[
+            :200
+        ]
         learnings.append(
             ExtractedLearning(
                 learning=_batch_learning(kind, tool),
@@ -92,7 +94,8 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
     return ReflectionDraft(
         reasoning=reasoning,
         error_identification=f"{n_fail} of {n_runs} runs failed. First divergence by kind (runs): {top}. Runs: "
-        + "; ".join(run_ref(r) for r in runs[:8]) + ".",
+        + "; ".join(run_ref(r) for r in runs[:8])
+        + ".",
         root_cause_analysis=(
             f"{with_errors} of the {n_fail} failing runs contain a tool error and "
             f"{f.get('n_failing_runs_answer_mismatch', 0)} end with an answer that does not match the ground truth. "
@@ -100,8 +103,11 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
         ),
         correct_approach="Reflect on the runs of the largest group one by one (rr reflect on a single run) and fix "
         "that call first.",
-        key_insight=(f"Most failing runs share one first divergence: {groups[0][0]} ({groups[0][1]} runs)."
-                     if groups else "The failing runs share no divergence the cell could compute."),
+        key_insight=(
+            f"Most failing runs share one first divergence: {groups[0][0]} ({groups[0][1]} runs)."
+            if groups
+            else "The failing runs share no divergence the cell could compute."
+        ),
         extracted_learnings=learnings,
     )
 
@@ -109,7 +115,7 @@ def _batch_draft(f: dict[str, Any]) -> ReflectionDraft:
 def _batch_learning(kind: str, tool: str) -> str:
     return {
         "wrong_arguments": f"Check every argument of {tool} against the user's request and the records read before "
-                           "calling it: runs failed on its values.",
+        "calling it: runs failed on its values.",
         "missing_action": f"Make the {tool} call the request needs before ending: runs ended without it.",
         "extra_action": f"Call {tool} only when the user asked for that change: runs made it unrequested.",
         "wrong_information": "Tell the user the values the request asks for before ending.",

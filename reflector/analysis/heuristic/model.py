@@ -175,8 +175,12 @@ def heuristic_response(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
         call = ToolCallPart(EXECUTE_CODE_TOOL, {"code": code}, tool_call_id=_CELL_CALL_IDS[len(results)])
         return ModelResponse(parts=[call])
     skill_ids = ids_from_prompt(_first_prompt(messages))
-    draft = build_draft(findings or {}, skillbook_ids=skill_ids, cell_errors=[r[:200] for r in results],
-                        cell=_findings_cell(results) if findings else _last_cell(results))
+    draft = build_draft(
+        findings or {},
+        skillbook_ids=skill_ids,
+        cell_errors=[r[:200] for r in results],
+        cell=_findings_cell(results) if findings else _last_cell(results),
+    )
     return _final(info, draft)
 
 

@@ -60,8 +60,12 @@ def render(template: str, **values: object) -> str:
 # The importable modules are the sandbox's own allowlist, filled in once (never a hand-kept copy).
 # The toolkit's signatures too (`TOOLKIT_DOC`, what `describe_traces()` prints): told once here, where every session
 # shares them, and left out of the task prompt's copy of cell 1 (`shown_preview`).
-SYSTEM = (_load("system.md").replace("{{modules}}", allowed_modules_text()).replace("{{output_tool}}", OUTPUT_TOOL)
-          .replace("{{toolkit}}", TOOLKIT_DOC))
+SYSTEM = (
+    _load("system.md")
+    .replace("{{modules}}", allowed_modules_text())
+    .replace("{{output_tool}}", OUTPUT_TOOL)
+    .replace("{{toolkit}}", TOOLKIT_DOC)
+)
 ONLINE = _load("online.md")
 STRATEGY_SMALL = _load("strategy_small.md")
 STRATEGY_LARGE = _load("strategy_large.md")
@@ -90,12 +94,16 @@ def strategy(trace_bytes: int, can_recurse: bool) -> str:
 def budget(max_requests: int, max_tokens: int, *, shared_with_children: bool) -> str:
     """The session's budget, told after `SYSTEM` (a separate instruction: it differs between sessions)."""
     if shared_with_children:
-        return (f"Budget: this session may spend at most {max_requests} model requests and {max_tokens:,} tokens, "
-                "and that includes everything its child sessions spend: a child started with `recurse` gets half of "
-                "what remains (at least 10,000 tokens) and its usage is charged back here. When the budget runs out "
-                "the session stops and returns what it has.")
-    return (f"Budget: at most {max_requests} model requests and {max_tokens:,} tokens for this session; when they "
-            "run out the session stops and returns what it has.")
+        return (
+            f"Budget: this session may spend at most {max_requests} model requests and {max_tokens:,} tokens, "
+            "and that includes everything its child sessions spend: a child started with `recurse` gets half of "
+            "what remains (at least 10,000 tokens) and its usage is charged back here. When the budget runs out "
+            "the session stops and returns what it has."
+        )
+    return (
+        f"Budget: at most {max_requests} model requests and {max_tokens:,} tokens for this session; when they "
+        "run out the session stops and returns what it has."
+    )
 
 
 def shown_preview(preview: str, limit: int) -> str:
@@ -110,7 +118,10 @@ def shown_preview(preview: str, limit: int) -> str:
 def without_skill_tags(schema: dict[str, Any]) -> dict[str, Any]:
     """The output tool's JSON schema without `skill_tags` (and its `SkillTag` definition): offered to a session with
     no skillbook, where there is nothing to tag (`ReflectionDraft.skill_tags` defaults to empty)."""
-    out = {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "skill_tags"}}
+    out = {
+        **schema,
+        "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "skill_tags"},
+    }
     if "$defs" in schema:
         out["$defs"] = {k: v for k, v in schema["$defs"].items() if k != "SkillTag"}
     if "required" in schema:

@@ -94,5 +94,12 @@ _ACTOR_DOC = {
 _TRACE_BACK_DOC = (  # one line: cell 1's output is cut, and the schema after it must stay in the cut
     "provenance(run, value), contradictions(run), requirements(run), root_cause(run): trace back",
 )
-TOOLKIT_DOC: str = "\n  ".join([*_DOC_LINES, *_ACTOR_DOC.values(), *_TRACE_BACK_DOC,
-                                 "compare_answer(final, truth) -> {matches,missing}", "is_write(name) -> bool"])
+TOOLKIT_DOC: str = "\n  ".join(
+    [
+        *_DOC_LINES,
+        *_ACTOR_DOC.values(),
+        *_TRACE_BACK_DOC,
+        "compare_answer(final, truth) -> {matches,missing}",
+        "is_write(name) -> bool",
+    ]
+)

@@ -42,10 +42,22 @@ from reflector.analysis.answers import compare_answers
 from reflector.analysis.toolkit.calls import check_limit, check_run, iter_steps
 from reflector.analysis.toolkit.trace_back import _distinctive, _family, _has, canonical, text_keys
 
-__all__ = ["actors", "actors_note", "final_statement", "timeline", "suspect_mistake", "RULES", "COMBINATION", "POSITIONAL", "SCAN_STEPS",
-           "QUOTE_CHARS"]
+__all__ = [
+    "actors",
+    "actors_note",
+    "final_statement",
+    "timeline",
+    "suspect_mistake",
+    "RULES",
+    "COMBINATION",
+    "POSITIONAL",
+    "SCAN_STEPS",
+    "QUOTE_CHARS",
+]
 
-SCAN_STEPS = 2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
+SCAN_STEPS = (
+    2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
+)
 QUOTE_CHARS = 120  # longest verbatim quote of a step in a reason
 _MAX_CHARS = 10_000  # longest preview `timeline` makes
 
@@ -53,7 +65,9 @@ _WS = re.compile(r"\s+")
 _FENCE = re.compile(r"```")
 _CODE_LINE = re.compile(r"```[^\n]*\n\s*(\S)")  # the first line of code in a fenced block
 # an executor's reply: AutoGen's code executor opens with the exit code, or says there was nothing to run
-_EXECUTOR_REPLY = re.compile(r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE)
+_EXECUTOR_REPLY = re.compile(
+    r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE
+)
 _FAILED_RUN = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+|Traceback \(most recent call last\)", re.IGNORECASE)
 _FAILED_EXIT = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+", re.IGNORECASE)
 _SUCCEEDED_RUN = re.compile(r"\A\s*exitcode:\s*0\b", re.IGNORECASE)
@@ -77,8 +91,14 @@ _BOXED = re.compile(r"\\boxed\{([^}\n]{1,120})\}")
 # How sure each rule's placement is, by the kind of evidence it rests on (issue 28: no dataset's label
 # statistics): an agent saying it invents data, or the wrong answer's value traced to where it first
 # appears, is direct; a failure never fixed may not be what sank the answer; the positional leads are weak.
-_CONFIDENCE = {"fabricated_data": 0.5, "answer_origin": 0.5, "wrong_answer": 0.4, "unfixed_failure": 0.35,
-               "first_action": 0.2, "first_claim": 0.15}
+_CONFIDENCE = {
+    "fabricated_data": 0.5,
+    "answer_origin": 0.5,
+    "wrong_answer": 0.4,
+    "unfixed_failure": 0.35,
+    "first_action": 0.2,
+    "first_claim": 0.15,
+}
 
 
 # -- the per-actor views -----------------------------------------------------------------------------
@@ -93,8 +113,14 @@ def actors(run: Any) -> list[dict[str, Any]]:
     for s in iter_steps(run, "actors"):
         a = found.get(s["actor"])
         if a is None:
-            a = found[s["actor"]] = {"actor": s["actor"], "n_steps": 0, "first_step": s["index"],
-                                     "last_step": s["index"], "roles": {}, "addressees": {}}
+            a = found[s["actor"]] = {
+                "actor": s["actor"],
+                "n_steps": 0,
+                "first_step": s["index"],
+                "last_step": s["index"],
+                "roles": {},
+                "addressees": {},
+            }
         a["n_steps"] += 1
         a["last_step"] = s["index"]
         a["roles"][s["role"]] = a["roles"].get(s["role"], 0) + 1
@@ -152,8 +178,12 @@ def timeline(run: Any, actor: Any = None, limit: Any = 200, chars: Any = 160) ->
     for s in iter_steps(run, "timeline"):
         if who is not None and s["actor"] != who:
             continue
-        row: dict[str, Any] = {"step": s["index"], "actor": s["actor"], "role": s["role"],
-                               "preview": _preview(s["content"], chars)}
+        row: dict[str, Any] = {
+            "step": s["index"],
+            "actor": s["actor"],
+            "role": s["role"],
+            "preview": _preview(s["content"], chars),
+        }
         tool = s["tool_name"] or ", ".join(c["name"] for c in s["tool_calls"] if c["name"])
         if tool:
             row["tool"] = tool
@@ -197,8 +227,12 @@ class _Conversation:
     def is_agent(self, s: dict[str, Any]) -> bool:
         """A step an agent took and said something in (not an executor, a system prompt or a bare TERMINATE)."""
         text = s["content"].strip()
-        return (not self.is_executor(s) and s["role"] != "system" and bool(text)
-                and _END_TOKEN.fullmatch(text) is None)
+        return (
+            not self.is_executor(s)
+            and s["role"] != "system"
+            and bool(text)
+            and _END_TOKEN.fullmatch(text) is None
+        )
 
     def is_opening(self, pos: int) -> bool:
         """Whether the step at `pos` hands out the task: the first step, when it is a user/system message
@@ -223,13 +257,19 @@ def final_statement(steps: list[dict[str, Any]]) -> int | None:
     x"), outside code; None when no step does."""
     for pos in range(len(steps) - 1, -1, -1):
         s = steps[pos]
-        if s["role"] != "system" and not _is_exec_reply(s) and _FINAL_STATED.search(_FENCED.sub("\n", s["content"])):
+        if (
+            s["role"] != "system"
+            and not _is_exec_reply(s)
+            and _FINAL_STATED.search(_FENCED.sub("\n", s["content"]))
+        ):
             return pos
     return None
 
 
 def _is_exec_reply(s: dict[str, Any]) -> bool:
-    return s["role"] == "tool" or s["tool_name"] is not None or _EXECUTOR_REPLY.match(s["content"]) is not None
+    return (
+        s["role"] == "tool" or s["tool_name"] is not None or _EXECUTOR_REPLY.match(s["content"]) is not None
+    )
 
 
 def _quote(text: str, rx: re.Pattern[str] | None = None) -> str:
@@ -246,22 +286,37 @@ def _quote(text: str, rx: re.Pattern[str] | None = None) -> str:
     return next((ln.strip()[:QUOTE_CHARS] for ln in text.splitlines() if ln.strip()), "")
 
 
-def _finding(c: _Conversation, pos: int, rule: str, kind: str, why: str, rx: re.Pattern[str] | None = None) -> dict[str, Any]:
+def _finding(
+    c: _Conversation, pos: int, rule: str, kind: str, why: str, rx: re.Pattern[str] | None = None
+) -> dict[str, Any]:
     s = c.steps[pos]
     who = s["actor"] or s["role"]
-    return {"step": s["index"], "actor": s["actor"], "kind": kind,
-            "reason": f"{rule}: step {s['index']} ({who}) {why}: \"{_quote(s['content'], rx)}\"",
-            "rule": rule, "confidence": _CONFIDENCE[rule]}
+    return {
+        "step": s["index"],
+        "actor": s["actor"],
+        "kind": kind,
+        "reason": f'{rule}: step {s["index"]} ({who}) {why}: "{_quote(s["content"], rx)}"',
+        "rule": rule,
+        "confidence": _CONFIDENCE[rule],
+    }
 
 
 def _first_action(c: _Conversation) -> dict[str, Any] | None:
     for pos, s in enumerate(c.steps):
         if c.is_agent(s) and _FENCE.search(s["content"]):
-            kind, why = "reasoning_error", "is the first agent step that writes code, committing the team to a method"
+            kind, why = (
+                "reasoning_error",
+                "is the first agent step that writes code, committing the team to a method",
+            )
             failed = _run_failed(c, pos)
             if failed is not None and not _fixed_later(c, pos, s["actor"]):
-                kind, why = "tool_error_mishandled", (f"is the first agent step that writes code; its run failed "
-                                                      f"(step {c.steps[failed]['index']}) and none of its author's later code ran")
+                kind, why = (
+                    "tool_error_mishandled",
+                    (
+                        f"is the first agent step that writes code; its run failed "
+                        f"(step {c.steps[failed]['index']}) and none of its author's later code ran"
+                    ),
+                )
             elif _FABRICATED.search(s["content"]):
                 kind, why = "wrong_information", "is the first agent step that writes code, on invented data"
             return _finding(c, pos, "first_action", kind, why, _CODE_LINE)
@@ -274,7 +329,9 @@ def _first_claim(c: _Conversation) -> dict[str, Any] | None:
     pick = after[0] if after else agent[0] if agent else None
     if pick is None:
         return None
-    return _finding(c, pick, "first_claim", "wrong_information", "is the first agent step after the task message")
+    return _finding(
+        c, pick, "first_claim", "wrong_information", "is the first agent step after the task message"
+    )
 
 
 def _wrong_answer(c: _Conversation) -> dict[str, Any] | None:
@@ -292,12 +349,23 @@ def _wrong_answer(c: _Conversation) -> dict[str, Any] | None:
                 if c.is_executor(s):
                     author = c.author(pos)
                     if author is not None:
-                        return _finding(c, author, "wrong_answer", "reasoning_error",
-                                        f"wrote the code whose output (step {s['index']}) states an answer "
-                                        f"that contradicts the ground truth ({claim[:40]!r})", _CODE_LINE)
-                return _finding(c, pos, "wrong_answer", "wrong_information",
-                                "is the first to state an answer that contradicts the ground truth",
-                                re.compile(re.escape(claim)))
+                        return _finding(
+                            c,
+                            author,
+                            "wrong_answer",
+                            "reasoning_error",
+                            f"wrote the code whose output (step {s['index']}) states an answer "
+                            f"that contradicts the ground truth ({claim[:40]!r})",
+                            _CODE_LINE,
+                        )
+                return _finding(
+                    c,
+                    pos,
+                    "wrong_answer",
+                    "wrong_information",
+                    "is the first to state an answer that contradicts the ground truth",
+                    re.compile(re.escape(claim)),
+                )
     return None
 
 
@@ -314,8 +382,14 @@ def _claims(text: str) -> Iterator[str]:
 def _fabricated(c: _Conversation) -> dict[str, Any] | None:
     for pos, s in enumerate(c.steps):
         if c.is_agent(s) and not c.is_opening(pos) and _FABRICATED.search(s["content"]):
-            return _finding(c, pos, "fabricated_data", "wrong_information",
-                            "is the first agent step that invents its input", _FABRICATED)
+            return _finding(
+                c,
+                pos,
+                "fabricated_data",
+                "wrong_information",
+                "is the first agent step that invents its input",
+                _FABRICATED,
+            )
     return None
 
 
@@ -360,12 +434,23 @@ def _answer_origin(c: _Conversation) -> dict[str, Any] | None:
     if c.is_executor(c.steps[pos]):
         author = c.author(pos)
         if author is not None:
-            return _finding(c, author, "answer_origin", "reasoning_error",
-                            f"wrote the code whose output (step {c.steps[pos]['index']}) is the first to give "
-                            f"{value!r}, the wrong final answer's value", _CODE_LINE)
-    return _finding(c, pos, "answer_origin", "wrong_information",
-                    f"is the first to state {value!r}, the wrong final answer's value",
-                    re.compile(re.escape(value), re.IGNORECASE))
+            return _finding(
+                c,
+                author,
+                "answer_origin",
+                "reasoning_error",
+                f"wrote the code whose output (step {c.steps[pos]['index']}) is the first to give "
+                f"{value!r}, the wrong final answer's value",
+                _CODE_LINE,
+            )
+    return _finding(
+        c,
+        pos,
+        "answer_origin",
+        "wrong_information",
+        f"is the first to state {value!r}, the wrong final answer's value",
+        re.compile(re.escape(value), re.IGNORECASE),
+    )
 
 
 def _unfixed_failure(c: _Conversation) -> dict[str, Any] | None:
@@ -373,9 +458,14 @@ def _unfixed_failure(c: _Conversation) -> dict[str, Any] | None:
         if c.is_executor(s) and _FAILED_RUN.search(s["content"]):
             author = c.author(pos)
             if author is not None and not _fixed_later(c, pos, c.steps[author]["actor"]):
-                return _finding(c, author, "unfixed_failure", "tool_error_mishandled",
-                                f"wrote code that failed (step {s['index']}), and none of its author's later code ran",
-                                _CODE_LINE)
+                return _finding(
+                    c,
+                    author,
+                    "unfixed_failure",
+                    "tool_error_mishandled",
+                    f"wrote code that failed (step {s['index']}), and none of its author's later code ran",
+                    _CODE_LINE,
+                )
     return None
 
 
@@ -434,6 +524,9 @@ def suspect_mistake(run: Any, rule: Any = None) -> dict[str, Any] | None:
     if not fired:
         return None
     best = min(fired, key=lambda f: (f["step"], COMBINATION.index(f["rule"])))
-    others = [{k: f[k] for k in ("rule", "step", "actor", "kind", "reason")}
-              for name, f in findings.items() if f is not None and name != best["rule"]]
+    others = [
+        {k: f[k] for k in ("rule", "step", "actor", "kind", "reason")}
+        for name, f in findings.items()
+        if f is not None and name != best["rule"]
+    ]
     return {**best, "others": others}

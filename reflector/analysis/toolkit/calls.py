@@ -195,8 +195,15 @@ def tool_calls(run: Any, limit: Any = None) -> list[dict[str, Any]]:
 
 
 def _new_call(c: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
-    return {"step": s["index"], "name": c["name"], "args": parse_args(c["arguments"]), "result": None,
-            "result_step": None, "is_error": False, "actor": s["actor"]}
+    return {
+        "step": s["index"],
+        "name": c["name"],
+        "args": parse_args(c["arguments"]),
+        "result": None,
+        "result_step": None,
+        "is_error": False,
+        "actor": s["actor"],
+    }
 
 
 def _answer(call: dict[str, Any], s: dict[str, Any]) -> None:
@@ -246,8 +253,13 @@ def _step_calls(run: dict[str, Any], limit: int | None) -> list[dict[str, Any]]:
     return calls
 
 
-def _pending_for(s: dict[str, Any], answers: str | None, pending: list[int], calls: list[dict[str, Any]],
-                 call_ids: list[str | None]) -> int | None:
+def _pending_for(
+    s: dict[str, Any],
+    answers: str | None,
+    pending: list[int],
+    calls: list[dict[str, Any]],
+    call_ids: list[str | None],
+) -> int | None:
     """The pending call a tool step answers: the one with its call id, else the first of its tool name
     (among calls without an id of their own), else (a result without a name) the first pending call."""
     if answers is not None:
@@ -277,15 +289,17 @@ def _with_actions(actions: list[Any], calls: list[dict[str, Any]], limit: int | 
         match = same.pop(0) if same else None
         args = a["args"] if "args" in a else a.get("arguments")
         flag = a.get("is_error")
-        out.append({
-            "step": step,
-            "name": name,
-            "args": parse_args(args),
-            "result": match["result"] if match else None,
-            "result_step": match["result_step"] if match else None,
-            "is_error": flag if isinstance(flag, bool) else bool(match and match["is_error"]),
-            "actor": match["actor"] if match else None,
-        })
+        out.append(
+            {
+                "step": step,
+                "name": name,
+                "args": parse_args(args),
+                "result": match["result"] if match else None,
+                "result_step": match["result_step"] if match else None,
+                "is_error": flag if isinstance(flag, bool) else bool(match and match["is_error"]),
+                "actor": match["actor"] if match else None,
+            }
+        )
     return out
 
 
@@ -297,7 +311,11 @@ def _id(value: Any) -> str | None:
 
 
 def _parts(content: Any, *types: str) -> list[dict[str, Any]]:
-    return [p for p in content if isinstance(p, dict) and p.get("type") in types] if isinstance(content, list) else []
+    return (
+        [p for p in content if isinstance(p, dict) and p.get("type") in types]
+        if isinstance(content, list)
+        else []
+    )
 
 
 def _message_ids(msg: Any, n_steps: int) -> list[_IdRow] | None:
@@ -310,7 +328,9 @@ def _message_ids(msg: Any, n_steps: int) -> list[_IdRow] | None:
     items = raw if isinstance(raw, list) else [raw] if isinstance(raw, dict) else []
     made = [_id(item.get("id")) for item in items if isinstance(item, dict)]
     made += [_id(p.get("id")) for p in _parts(msg.get("content"), "tool_use", "toolCall")]
-    results: list[_IdRow] = [([], _id(p.get("tool_use_id"))) for p in _parts(msg.get("content"), "tool_result")]
+    results: list[_IdRow] = [
+        ([], _id(p.get("tool_use_id"))) for p in _parts(msg.get("content"), "tool_result")
+    ]
     if n_steps == len(results) + 1:
         return [(made, None), *results]
     if n_steps == len(results) and not made:
@@ -331,7 +351,13 @@ def _call_ids(run: dict[str, Any], steps: list[dict[str, Any]]) -> list[_IdRow] 
             if fmt == "tau-bench" and isinstance(raw, dict):
                 msgs = dict.get(raw, "traj")
             elif fmt == "messages":
-                msgs = raw if isinstance(raw, list) else dict.get(raw, "messages") if isinstance(raw, dict) else None
+                msgs = (
+                    raw
+                    if isinstance(raw, list)
+                    else dict.get(raw, "messages")
+                    if isinstance(raw, dict)
+                    else None
+                )
             elif fmt == "ace" and isinstance(raw, dict):
                 msgs = dict.get(raw, "messages")
             if not isinstance(msgs, list):

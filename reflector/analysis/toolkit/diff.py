@@ -141,7 +141,11 @@ def _diff(e: Any, a: Any, path: str, out: list[dict[str, Any]], stop_at_first: b
     if _same_leaf(e, a):
         return False
     item: dict[str, Any] = {"path": path, "expected": e, "actual": a}
-    if isinstance(e, str) and isinstance(a, str) and " ".join(e.lower().split()) == " ".join(a.lower().split()):
+    if (
+        isinstance(e, str)
+        and isinstance(a, str)
+        and " ".join(e.lower().split()) == " ".join(a.lower().split())
+    ):
         item["note"] = "differs only in case or whitespace"
     out.append(item)
     return True

@@ -47,8 +47,14 @@ def _actions(value: Any, what: str) -> list[dict[str, Any]]:
             raise TypeError(f"diff_actions: {what}[{i}] is not an action dict with a 'name'")
         args = a["args"] if "args" in a else a.get("arguments", a.get("kwargs"))
         step = a.get("step")
-        out.append({"name": a["name"], "args": canon(parse_args(args)),
-                    "step": step if type(step) is int else None, "is_error": bool(a.get("is_error"))})
+        out.append(
+            {
+                "name": a["name"],
+                "args": canon(parse_args(args)),
+                "step": step if type(step) is int else None,
+                "is_error": bool(a.get("is_error")),
+            }
+        )
     return out
 
 
@@ -69,8 +75,14 @@ def diff_actions(expected: Any, actual: Any, writes_only: Any = True) -> dict[st
     matched: list[dict[str, int]] = []
     unmatched: list[int] = []
     for i in todo:
-        j = next((j for j in free if did[j]["name"] == want[i]["name"]
-                  and same_value(want[i]["args"], did[j]["args"])), None)
+        j = next(
+            (
+                j
+                for j in free
+                if did[j]["name"] == want[i]["name"] and same_value(want[i]["args"], did[j]["args"])
+            ),
+            None,
+        )
         if j is None:
             unmatched.append(i)
         else:
@@ -90,9 +102,16 @@ def diff_actions(expected: Any, actual: Any, writes_only: Any = True) -> dict[st
         else:
             free.remove(best[1])
             wrong.append({"expected": i, "actual": best[1], "name": want[i]["name"], "differences": best[2]})
-    extra = [{"actual": j, "name": did[j]["name"], "args": did[j]["args"], "step": did[j]["step"]} for j in free]
-    return {"matched": matched, "wrong_arguments": wrong, "missing": missing, "extra": extra,
-            "equal": not (wrong or missing or extra)}
+    extra = [
+        {"actual": j, "name": did[j]["name"], "args": did[j]["args"], "step": did[j]["step"]} for j in free
+    ]
+    return {
+        "matched": matched,
+        "wrong_arguments": wrong,
+        "missing": missing,
+        "extra": extra,
+        "equal": not (wrong or missing or extra),
+    }
 
 
 def first_divergence(run: Any) -> dict[str, Any] | None:
@@ -110,7 +129,9 @@ def first_divergence(run: Any) -> dict[str, Any] | None:
     run = check_run(run, "first_divergence")
     want = expected_actions(run)
     outputs = dict.get(run, "expected_outputs")
-    outputs = as_data(outputs, "first_divergence: expected_outputs") if isinstance(outputs, (list, tuple)) else []
+    outputs = (
+        as_data(outputs, "first_divergence: expected_outputs") if isinstance(outputs, (list, tuple)) else []
+    )
     if want is None and not outputs:
         return None
     texts = assistant_texts(run, "first_divergence")
@@ -121,14 +142,19 @@ def first_divergence(run: Any) -> dict[str, Any] | None:
         d = diff_actions(want, calls)
         n_expected = len(d["matched"]) + len(d["wrong_arguments"]) + len(d["missing"])
         n_matched = len(d["matched"])
-        reads = diff_actions(want, calls, False)["matched"]  # expected reads taken too: they place a missing write
+        reads = diff_actions(want, calls, False)[
+            "matched"
+        ]  # expected reads taken too: they place a missing write
         found = _candidates(d, want, calls, agent_steps, reads)
         if found:
             # the task's order first: the first expected write not taken as expected (wrong arguments or
             # missing); only when every expected write was taken, the first extra write by step
             best = min(found, key=_decisive)
-            others = [{"kind": c["kind"], "step": c["step"], "tool": c["tool"]}
-                      for c in sorted(found, key=_decisive) if c is not best]
+            others = [
+                {"kind": c["kind"], "step": c["step"], "tool": c["tool"]}
+                for c in sorted(found, key=_decisive)
+                if c is not best
+            ]
             del best["_order"]
             return {**best, "n_expected": n_expected, "n_matched": n_matched, "others": others[:10]}
     unsaid = missing_outputs([str(o) for o in outputs], [t for _i, t in texts])
@@ -158,44 +184,79 @@ def _decisive(c: dict[str, Any]) -> tuple[int, int, int]:
     return (0, c["_order"], _KIND_ORDER[c["kind"]])
 
 
-def _candidates(d: dict[str, Any], want: list[dict[str, Any]], calls: list[dict[str, Any]],
-                agent_steps: list[int], reads: list[dict[str, int]]) -> list[dict[str, Any]]:
+def _candidates(
+    d: dict[str, Any],
+    want: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    agent_steps: list[int],
+    reads: list[dict[str, int]],
+) -> list[dict[str, Any]]:
     """Every divergence of the alignment `d`, each placed at a step (`_order`: a tie-breaker)."""
     found: list[dict[str, Any]] = []
     for w in d["wrong_arguments"]:
         i, j = w["expected"], w["actual"]
         first = w["differences"][0] if w["differences"] else {}
-        found.append({
-            "kind": "wrong_arguments", "step": calls[j]["step"], "tool": w["name"],
-            "argument": first.get("path") or None, "actual": first.get("actual"), "expected": first.get("expected"),
-            "expected_action": {"index": i, **want[i]}, "agent_call": {"index": j, **calls[j]},
-            "where": "the agent's call", "differences": w["differences"], "_order": i,
-        })
+        found.append(
+            {
+                "kind": "wrong_arguments",
+                "step": calls[j]["step"],
+                "tool": w["name"],
+                "argument": first.get("path") or None,
+                "actual": first.get("actual"),
+                "expected": first.get("expected"),
+                "expected_action": {"index": i, **want[i]},
+                "agent_call": {"index": j, **calls[j]},
+                "where": "the agent's call",
+                "differences": w["differences"],
+                "_order": i,
+            }
+        )
     for x in d["extra"]:
         j = x["actual"]
-        found.append({
-            "kind": "extra_action", "step": calls[j]["step"], "tool": x["name"], "argument": None,
-            "actual": calls[j]["args"], "expected": None, "expected_action": None,
-            "agent_call": {"index": j, **calls[j]},
-            "where": "the agent's call: a state-changing call the task does not expect", "_order": j,
-        })
+        found.append(
+            {
+                "kind": "extra_action",
+                "step": calls[j]["step"],
+                "tool": x["name"],
+                "argument": None,
+                "actual": calls[j]["args"],
+                "expected": None,
+                "expected_action": None,
+                "agent_call": {"index": j, **calls[j]},
+                "where": "the agent's call: a state-changing call the task does not expect",
+                "_order": j,
+            }
+        )
     pairs = {p["expected"]: p["actual"] for p in [*reads, *d["matched"], *d["wrong_arguments"]]}
-    diverging = sorted([(calls[x["actual"]]["step"], x["name"]) for x in d["extra"]]
-                       + [(calls[w["actual"]]["step"], w["name"]) for w in d["wrong_arguments"]],
-                       key=lambda t: t[0] if t[0] is not None else 1 << 62)
+    diverging = sorted(
+        [(calls[x["actual"]]["step"], x["name"]) for x in d["extra"]]
+        + [(calls[w["actual"]]["step"], w["name"]) for w in d["wrong_arguments"]],
+        key=lambda t: t[0] if t[0] is not None else 1 << 62,
+    )
     for m in d["missing"]:
         i = m["expected"]
         step, where = _missing_step(i, pairs, want, calls, agent_steps)
         start = _after_step(i, pairs, calls)
-        instead = next(((s, n) for s, n in diverging if s is not None and s > start and (step is None or s <= step)),
-                       None)
+        instead = next(
+            ((s, n) for s, n in diverging if s is not None and s > start and (step is None or s <= step)),
+            None,
+        )
         if instead is not None:  # the agent changed the state otherwise there: that is where it went wrong
             step, where = instead[0], f"step {instead[0]}, where the agent called {instead[1]} instead"
-        found.append({
-            "kind": "missing_action", "step": step, "tool": m["name"], "argument": None, "actual": None,
-            "expected": want[i]["args"], "expected_action": {"index": i, **want[i]}, "agent_call": None,
-            "where": where, "_order": i,
-        })
+        found.append(
+            {
+                "kind": "missing_action",
+                "step": step,
+                "tool": m["name"],
+                "argument": None,
+                "actual": None,
+                "expected": want[i]["args"],
+                "expected_action": {"index": i, **want[i]},
+                "agent_call": None,
+                "where": where,
+                "_order": i,
+            }
+        )
     return found
 
 
@@ -205,8 +266,13 @@ def _after_step(i: int, pairs: dict[int, int], calls: list[dict[str, Any]]) -> i
     return max(steps, default=-1)
 
 
-def _missing_step(i: int, pairs: dict[int, int], want: list[dict[str, Any]], calls: list[dict[str, Any]],
-                  agent_steps: list[int]) -> tuple[int | None, str]:
+def _missing_step(
+    i: int,
+    pairs: dict[int, int],
+    want: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    agent_steps: list[int],
+) -> tuple[int | None, str]:
     """Where the agent should have taken expected action `i`, and the rule that says so."""
     before = [k for k in pairs if k < i and calls[pairs[k]]["step"] is not None]
     last = agent_steps[-1] if agent_steps else None
@@ -215,8 +281,12 @@ def _missing_step(i: int, pairs: dict[int, int], want: list[dict[str, Any]], cal
         at = calls[pairs[k]]["step"]
         after = next((s for s in agent_steps if s > at), None)
         if after is not None:
-            return after, (f"the first agent step after step {at}, where the expected action before it "
-                           f"({want[k]['name']}) was taken")
-        return last, (f"the agent's last step: the expected action before it ({want[k]['name']}, step {at}) "
-                      "was its last move")
+            return after, (
+                f"the first agent step after step {at}, where the expected action before it "
+                f"({want[k]['name']}) was taken"
+            )
+        return last, (
+            f"the agent's last step: the expected action before it ({want[k]['name']}, step {at}) "
+            "was its last move"
+        )
     return last, "the end of the conversation: the agent took none of the expected actions before this one"

@@ -32,8 +32,17 @@ def failing_calls(run: Any) -> list[dict[str, Any]]:
     for pos, c in enumerate(calls):
         if not c["is_error"]:
             continue
-        g = groups.setdefault(c["name"], {"tool": c["name"], "attempts": [], "identical_retries": 0,
-                                          "changes": [], "recovered": False, "recovered_step": None})
+        g = groups.setdefault(
+            c["name"],
+            {
+                "tool": c["name"],
+                "attempts": [],
+                "identical_retries": 0,
+                "changes": [],
+                "recovered": False,
+                "recovered_step": None,
+            },
+        )
         if g["attempts"]:
             prev = g["attempts"][-1]
             diffs = diff_values(prev["args"], c["args"])
@@ -44,8 +53,14 @@ def failing_calls(run: Any) -> list[dict[str, Any]]:
         g["attempts"].append({"step": c["step"], "args": c["args"], "error": c["result"]})
         last_failure[c["name"]] = pos
     for name, g in groups.items():
-        later = next((c for c in calls[last_failure[name] + 1 :] if c["name"] == name and not c["is_error"]
-                      and c["result_step"] is not None), None)
+        later = next(
+            (
+                c
+                for c in calls[last_failure[name] + 1 :]
+                if c["name"] == name and not c["is_error"] and c["result_step"] is not None
+            ),
+            None,
+        )
         if later is not None:
             g["recovered"], g["recovered_step"] = True, later["step"]
     return list(groups.values())

@@ -23,8 +23,11 @@ MAX_RULES = 60  # rules `requirements` reads from a policy
 _RULE_CHARS = 300
 
 
-_RULE_WORDS = re.compile(r"\b(must|before|never|only if|only when|do not|don't|should not|must not|cannot|"
-                         r"can not|not allowed|always|at most|at least|required?|first)\b", re.IGNORECASE)
+_RULE_WORDS = re.compile(
+    r"\b(must|before|never|only if|only when|do not|don't|should not|must not|cannot|"
+    r"can not|not allowed|always|at most|at least|required?|first)\b",
+    re.IGNORECASE,
+)
 
 
 _CONFIRM = re.compile(r"\bconfirm(?:ation|ed|s)?\b|\bexplicit", re.IGNORECASE)
@@ -33,16 +36,44 @@ _CONFIRM = re.compile(r"\bconfirm(?:ation|ed|s)?\b|\bexplicit", re.IGNORECASE)
 _BEFORE = re.compile(r"\bbefore\b|\bfirst\b|\bprior to\b", re.IGNORECASE)
 
 
-_NEVER = re.compile(r"\bnever\b|\bdo not\b|\bdon't\b|\bshould not\b|\bmust not\b|\bcannot\b|\bcan not\b"
-                    r"|\bnot allowed\b", re.IGNORECASE)
+_NEVER = re.compile(
+    r"\bnever\b|\bdo not\b|\bdon't\b|\bshould not\b|\bmust not\b|\bcannot\b|\bcan not\b"
+    r"|\bnot allowed\b",
+    re.IGNORECASE,
+)
 
 
-_YES = re.compile(r"\b(yes|yeah|yep|confirm(?:ed)?|proceed|go ahead|sure|ok(?:ay)?|please do|correct|"
-                  r"that'?s right|do it|sounds good)\b", re.IGNORECASE)
+_YES = re.compile(
+    r"\b(yes|yeah|yep|confirm(?:ed)?|proceed|go ahead|sure|ok(?:ay)?|please do|correct|"
+    r"that'?s right|do it|sounds good)\b",
+    re.IGNORECASE,
+)
 
 
-_GENERIC_TOKENS = {"get", "search", "list", "find", "read", "lookup", "details", "info", "by", "id", "all", "the",
-                   "to", "of", "for", "and", "a", "an", "new", "current", "data", "tool"}
+_GENERIC_TOKENS = {
+    "get",
+    "search",
+    "list",
+    "find",
+    "read",
+    "lookup",
+    "details",
+    "info",
+    "by",
+    "id",
+    "all",
+    "the",
+    "to",
+    "of",
+    "for",
+    "and",
+    "a",
+    "an",
+    "new",
+    "current",
+    "data",
+    "tool",
+}
 
 
 # -- requirements -------------------------------------------------------------------------------------
@@ -87,7 +118,7 @@ def _tool_words(name: str) -> list[str]:
 
 
 def _mentions(rule_low: str, word: str) -> bool:
-    stem = word[:max(4, len(word) - 2)] if len(word) > 4 else word
+    stem = word[: max(4, len(word) - 2)] if len(word) > 4 else word
     return re.search(r"\b" + re.escape(stem), rule_low) is not None
 
 
@@ -123,15 +154,34 @@ def _requirements(run: dict[str, Any], steps: list[dict[str, Any]], n: int) -> d
     return {"first_write": first_write, "rules": rules}
 
 
-def _check(rule: str, steps: list[dict[str, Any]], calls: list[tuple[int, str]], names: list[str],
-           first_write: int | None) -> dict[str, Any]:
+def _check(
+    rule: str,
+    steps: list[dict[str, Any]],
+    calls: list[tuple[int, str]],
+    names: list[str],
+    first_write: int | None,
+) -> dict[str, Any]:
     low = rule.lower()
     tools = [t for t in names if any(_mentions(low, w) for w in _tool_words(t))]
     if _NEVER.search(rule) and not _CONFIRM.search(rule):
         tools = [t for t in tools if is_write(t)]  # what a rule forbids is an action, not a lookup
-    kind = ("confirm" if _CONFIRM.search(rule) else "never" if _NEVER.search(rule)
-            else "before" if _BEFORE.search(rule) else "must")
-    out: dict[str, Any] = {"rule": rule, "kind": kind, "tools": tools, "honoured": [], "broken": [], "checked": False}
+    kind = (
+        "confirm"
+        if _CONFIRM.search(rule)
+        else "never"
+        if _NEVER.search(rule)
+        else "before"
+        if _BEFORE.search(rule)
+        else "must"
+    )
+    out: dict[str, Any] = {
+        "rule": rule,
+        "kind": kind,
+        "tools": tools,
+        "honoured": [],
+        "broken": [],
+        "checked": False,
+    }
     writes = [(i, t) for i, t in calls if is_write(t) and t not in NO_EFFECT_TOOLS]
     if kind == "confirm":
         window = [(i, t) for i, t in writes if first_write is not None and i <= first_write]

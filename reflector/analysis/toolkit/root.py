@@ -55,22 +55,42 @@ from reflector.analysis.toolkit.trace_back import (
 
 __all__ = ["root_cause", "ROOT_RULES"]
 
-ROOT_RULES = ("made_up", "misread_output", "misunderstood_request", "wrong_source", "repeated_attempt",
-              "unsupported_value", "refusal", "unconfirmed_write", "symptom")
+ROOT_RULES = (
+    "made_up",
+    "misread_output",
+    "misunderstood_request",
+    "wrong_source",
+    "repeated_attempt",
+    "unsupported_value",
+    "refusal",
+    "unconfirmed_write",
+    "symptom",
+)
 # How sure each placement is, by what it rests on (not measured on any labelled set): a value traced to
 # where it was introduced is direct evidence; a refusal before a missing action is circumstantial.
-_CONFIDENCE = {"made_up": 0.7, "misread_output": 0.65, "misunderstood_request": 0.65, "wrong_source": 0.6,
-               "repeated_attempt": 0.75, "unsupported_value": 0.55, "refusal": 0.4, "unconfirmed_write": 0.6}
+_CONFIDENCE = {
+    "made_up": 0.7,
+    "misread_output": 0.65,
+    "misunderstood_request": 0.65,
+    "wrong_source": 0.6,
+    "repeated_attempt": 0.75,
+    "unsupported_value": 0.55,
+    "refusal": 0.4,
+    "unconfirmed_write": 0.6,
+}
 _REFUSAL = re.compile(
     r"\b(?:I'?m unable to|I am unable to|I (?:can ?not|can't|could not|couldn't|am not able to)\b|unable to "
     r"(?:process|proceed|provide|access|assist|find|modify|cancel|change)|(?:is|are|was) not (?:possible|"
     r"allowed|eligible|permitted)|not eligible|cannot be (?:modified|changed|cancell?ed|refunded|done)"
-    r"|unfortunately|I'?m sorry, but)", re.IGNORECASE)
+    r"|unfortunately|I'?m sorry, but)",
+    re.IGNORECASE,
+)
 
 
 def _text_of(s: dict[str, Any]) -> str:
-    calls = "\n".join(f"{c['name']}({c['arguments'] if isinstance(c['arguments'], str) else ''})"
-                      for c in s["tool_calls"])
+    calls = "\n".join(
+        f"{c['name']}({c['arguments'] if isinstance(c['arguments'], str) else ''})" for c in s["tool_calls"]
+    )
     return "\n".join(x for x in (s["content"], calls) if x)
 
 
@@ -88,20 +108,29 @@ def _mentions(key: str, s: dict[str, Any]) -> tuple[int, int, str] | None:
 
 def _place(rule: str, s: dict[str, Any], why: str, hit: tuple[int, int, str] | None = None) -> dict[str, Any]:
     quote = _snippet(hit[2], hit[0], hit[1]) if hit else " ".join(s["content"].split())[:160]
-    return {"step": s["index"], "actor": s["actor"], "rule": rule, "reason": f"{rule}: step {s['index']} {why}",
-            "quote": quote}
+    return {
+        "step": s["index"],
+        "actor": s["actor"],
+        "rule": rule,
+        "reason": f"{rule}: step {s['index']} {why}",
+        "quote": quote,
+    }
 
 
 def _differences(d: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    diffs = [(str(x.get("path")), x.get("actual"), x.get("expected")) for x in d.get("differences") or []
-             if isinstance(x, dict)]
+    diffs = [
+        (str(x.get("path")), x.get("actual"), x.get("expected"))
+        for x in d.get("differences") or []
+        if isinstance(x, dict)
+    ]
     if not diffs and d.get("kind") == "wrong_arguments":
         diffs = [(str(d.get("argument")), d.get("actual"), d.get("expected"))]
     return diffs
 
 
-def _trace_value(steps: list[dict[str, Any]], upto: int, path: str, actual: Any, expected: Any,
-                 tool: str | None) -> list[dict[str, Any]]:
+def _trace_value(
+    steps: list[dict[str, Any]], upto: int, path: str, actual: Any, expected: Any, tool: str | None
+) -> list[dict[str, Any]]:
     """Where the wrong value `actual` (at `path` of a `tool` call, the task expecting `expected`) came from."""
     found: list[dict[str, Any]] = []
     before = [s for s in steps if s["index"] < upto]
@@ -111,7 +140,11 @@ def _trace_value(steps: list[dict[str, Any]], upto: int, path: str, actual: Any,
             if c["name"] != tool:
                 continue
             leaves = {p: v for p, _l, v in _leaves(parse_args(c["arguments"]))}
-            if path in leaves and canonical(leaves[path]) == canonical(actual) and canonical(actual) is not None:
+            if (
+                path in leaves
+                and canonical(leaves[path]) == canonical(actual)
+                and canonical(actual) is not None
+            ):
                 found.append(_place("repeated_attempt", s, f"already called {tool} with {path} = {actual!r}"))
                 break
         if found:
@@ -122,13 +155,25 @@ def _trace_value(steps: list[dict[str, Any]], upto: int, path: str, actual: Any,
     first_a = next(((s, h) for s in steps if s["index"] <= upto and (h := _mentions(a_key, s))), None)
     first_e = None
     if e_key is not None and _distinctive(e_key):
-        first_e = next(((s, h) for s in before if step_source(s) in ("tool", "user") and (h := _mentions(e_key, s))),
-                       None)
+        first_e = next(
+            ((s, h) for s in before if step_source(s) in ("tool", "user") and (h := _mentions(e_key, s))),
+            None,
+        )
     if first_a is not None and step_source(first_a[0]) == "agent" and first_a[0]["index"] < upto:
-        where = (f"; the expected {expected!r} was in the {step_source(first_e[0])} step {first_e[0]['index']}"
-                 if first_e else "")
-        found.append(_place("made_up", first_a[0], f"is the first to mention {actual!r} (the agent introduced "
-                            f"it; {path} expected {expected!r}{where})", first_a[1]))
+        where = (
+            f"; the expected {expected!r} was in the {step_source(first_e[0])} step {first_e[0]['index']}"
+            if first_e
+            else ""
+        )
+        found.append(
+            _place(
+                "made_up",
+                first_a[0],
+                f"is the first to mention {actual!r} (the agent introduced "
+                f"it; {path} expected {expected!r}{where})",
+                first_a[1],
+            )
+        )
         return found
     if first_e is not None:
         e_step = first_e[0]["index"]
@@ -138,17 +183,30 @@ def _trace_value(steps: list[dict[str, Any]], upto: int, path: str, actual: Any,
                 continue
             hit = _mentions(a_key, s)
             if hit and not _mentions(e_key or "", s):
-                found.append(_place(rule, s, f"uses {actual!r} where the {step_source(first_e[0])} step {e_step} "
-                                    f"said {expected!r} (verbatim there: \"{_snippet(first_e[1][2], first_e[1][0], first_e[1][1])}\")",
-                                    hit))
+                found.append(
+                    _place(
+                        rule,
+                        s,
+                        f"uses {actual!r} where the {step_source(first_e[0])} step {e_step} "
+                        f'said {expected!r} (verbatim there: "{_snippet(first_e[1][2], first_e[1][0], first_e[1][1])}")',
+                        hit,
+                    )
+                )
                 break
         return found
     if first_a is not None and step_source(first_a[0]) == "tool":
         src = first_a[0]["index"]
         for s in steps:
             if src < s["index"] <= upto and step_source(s) == "agent" and (hit := _mentions(a_key, s)):
-                found.append(_place("wrong_source", s, f"uses {actual!r}, read from the tool output at step {src}; "
-                                    f"the expected {expected!r} appears in no earlier output", hit))
+                found.append(
+                    _place(
+                        "wrong_source",
+                        s,
+                        f"uses {actual!r}, read from the tool output at step {src}; "
+                        f"the expected {expected!r} appears in no earlier output",
+                        hit,
+                    )
+                )
                 break
     return found
 
@@ -160,14 +218,25 @@ def _refusal(steps: list[dict[str, Any]], upto: int) -> dict[str, Any] | None:
         if step_source(s) == "agent" and not s["tool_calls"]:
             m = _REFUSAL.search(s["content"])
             if m:
-                return _place("refusal", s, "declines or denies something, and the expected action is never taken",
-                              (m.start(), m.end(), s["content"]))
+                return _place(
+                    "refusal",
+                    s,
+                    "declines or denies something, and the expected action is never taken",
+                    (m.start(), m.end(), s["content"]),
+                )
     return None
 
 
 def _symptom_of_divergence(d: dict[str, Any]) -> dict[str, Any]:
-    return {"step": d.get("step"), "kind": d.get("kind"), "tool": d.get("tool"), "argument": d.get("argument"),
-            "actual": d.get("actual"), "expected": d.get("expected"), "what": d.get("where")}
+    return {
+        "step": d.get("step"),
+        "kind": d.get("kind"),
+        "tool": d.get("tool"),
+        "argument": d.get("argument"),
+        "actual": d.get("actual"),
+        "expected": d.get("expected"),
+        "what": d.get("where"),
+    }
 
 
 def root_cause(run: Any) -> dict[str, Any] | None:
@@ -179,8 +248,11 @@ def root_cause(run: Any) -> dict[str, Any] | None:
     if not steps:
         return None
     by_index = {s["index"]: s for s in steps}
-    d = first_divergence(run) if isinstance(dict.get(run, "expected_actions"), (list, tuple)) or \
-        dict.get(run, "expected_outputs") else None
+    d = (
+        first_divergence(run)
+        if isinstance(dict.get(run, "expected_actions"), (list, tuple)) or dict.get(run, "expected_outputs")
+        else None
+    )
     candidates: list[dict[str, Any]] = []
     if isinstance(d, dict) and isinstance(d.get("step"), int):
         symptom = _symptom_of_divergence(d)
@@ -212,18 +284,35 @@ def root_cause(run: Any) -> dict[str, Any] | None:
         linked = at is not None and key is not None and _mentions(key, at) is not None
         s = by_index[c["step"]]
         if c["where"] == "message" and linked and c["step"] < upto:
-            candidates.append(_place("made_up", s, f"is the first to state {c['value']!r}, which no earlier step "
-                                     f"supports and the symptom step {upto} uses"))
+            candidates.append(
+                _place(
+                    "made_up",
+                    s,
+                    f"is the first to state {c['value']!r}, which no earlier step "
+                    f"supports and the symptom step {upto} uses",
+                )
+            )
             break
         if c["where"] == "call" and (c["step"] == upto or linked):
-            candidates.append(_place("unsupported_value", s, f"calls {c['tool']} with {c['argument']} = "
-                                     f"{c['value']!r}, which no earlier step supports ({c['kind']})"))
+            candidates.append(
+                _place(
+                    "unsupported_value",
+                    s,
+                    f"calls {c['tool']} with {c['argument']} = "
+                    f"{c['value']!r}, which no earlier step supports ({c['kind']})",
+                )
+            )
             break
     if at is not None and at["tool_calls"]:
         for r in _requirements(run, steps, MAX_RULES)["rules"]:
             if r["kind"] == "confirm" and upto in r["broken"]:
-                candidates.append(_place("unconfirmed_write", at, f"acts without the user's confirmation the policy "
-                                         f"requires (\"{r['rule'][:120]}\")"))
+                candidates.append(
+                    _place(
+                        "unconfirmed_write",
+                        at,
+                        f'acts without the user\'s confirmation the policy requires ("{r["rule"][:120]}")',
+                    )
+                )
                 break
     candidates.sort(key=lambda c: (c["step"], ROOT_RULES.index(c["rule"])))
     if candidates:
@@ -231,8 +320,13 @@ def root_cause(run: Any) -> dict[str, Any] | None:
     else:
         s = at or steps[-1]
         root = _place("symptom", s, "is where the failure shows; no earlier step in the trace explains it")
-    return {"symptom": symptom, "root": root, "same": root["step"] == symptom["step"],
-            "confidence": _CONFIDENCE.get(root["rule"], 0.3), "candidates": candidates[1:6]}
+    return {
+        "symptom": symptom,
+        "root": root,
+        "same": root["step"] == symptom["step"],
+        "confidence": _CONFIDENCE.get(root["rule"], 0.3),
+        "candidates": candidates[1:6],
+    }
 
 
 def _conversation_root(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -243,26 +337,52 @@ def _conversation_root(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict
     stated = final_statement(steps)
     if stated is not None:  # "FINAL ANSWER: x" said before a closing message: that is the answer
         final = steps[stated]["content"]
-    last = (steps[stated] if stated is not None else None) or \
-        next((s for s in reversed(steps) if s["content"].strip() == (final or "").strip()), None) or \
-        next((s for s in reversed(steps) if step_source(s) == "agent" and s["content"].strip()), None)
+    last = (
+        (steps[stated] if stated is not None else None)
+        or next((s for s in reversed(steps) if s["content"].strip() == (final or "").strip()), None)
+        or next((s for s in reversed(steps) if step_source(s) == "agent" and s["content"].strip()), None)
+    )
     guess = suspect_mistake(run)
     if last is None or not (wrong or guess):
         return None
-    symptom = {"step": last["index"], "kind": "wrong_information" if wrong else "reasoning_error", "tool": None,
-               "argument": None, "actual": (final or "")[:200] or None, "expected": (truth or "")[:200] or None,
-               "what": "the final answer" + ("" if wrong else " (not compared: no ground truth)")}
+    symptom = {
+        "step": last["index"],
+        "kind": "wrong_information" if wrong else "reasoning_error",
+        "tool": None,
+        "argument": None,
+        "actual": (final or "")[:200] or None,
+        "expected": (truth or "")[:200] or None,
+        "what": "the final answer" + ("" if wrong else " (not compared: no ground truth)"),
+    }
     if guess is not None:
-        root = {"step": guess["step"], "actor": guess["actor"], "rule": guess["rule"], "reason": guess["reason"],
-                "quote": guess["reason"].rpartition(": ")[2].strip('"'), "kind": guess["kind"]}
+        root = {
+            "step": guess["step"],
+            "actor": guess["actor"],
+            "rule": guess["rule"],
+            "reason": guess["reason"],
+            "quote": guess["reason"].rpartition(": ")[2].strip('"'),
+            "kind": guess["kind"],
+        }
         conf = float(guess["confidence"])
     else:
-        root = _place("symptom", last, "states the final answer, which the ground truth contradicts; no earlier "
-                      "step could be traced as its cause")
+        root = _place(
+            "symptom",
+            last,
+            "states the final answer, which the ground truth contradicts; no earlier "
+            "step could be traced as its cause",
+        )
         conf = 0.2
-    return {"symptom": symptom, "root": root, "same": root["step"] == symptom["step"], "confidence": conf,
-            "candidates": [{k: o[k] for k in ("step", "actor", "rule", "reason")} for o in (guess or {}).get("others", [])
-                           if o.get("rule") not in POSITIONAL][:5]}
+    return {
+        "symptom": symptom,
+        "root": root,
+        "same": root["step"] == symptom["step"],
+        "confidence": conf,
+        "candidates": [
+            {k: o[k] for k in ("step", "actor", "rule", "reason")}
+            for o in (guess or {}).get("others", [])
+            if o.get("rule") not in POSITIONAL
+        ][:5],
+    }
 
 
 def _generic_symptom(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -271,23 +391,47 @@ def _generic_symptom(run: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
     for g in failing_calls(run):
         if g.get("recovered") is False and g.get("attempts"):
             first = g["attempts"][0]
-            return {"step": first.get("step"), "kind": "tool_error_mishandled", "tool": g.get("tool"),
-                    "argument": None, "actual": first.get("error"), "expected": None,
-                    "what": "a failing call no later call of the tool recovered from"}
+            return {
+                "step": first.get("step"),
+                "kind": "tool_error_mishandled",
+                "tool": g.get("tool"),
+                "argument": None,
+                "actual": first.get("error"),
+                "expected": None,
+                "what": "a failing call no later call of the tool recovered from",
+            }
     final, truth = dict.get(run, "final_answer"), dict.get(run, "ground_truth")
     if isinstance(final, str) and isinstance(truth, str) and compare_answers(final, truth)[0] is False:
         last = next((s for s in reversed(steps) if step_source(s) == "agent" and s["content"].strip()), None)
         if last is not None:
-            return {"step": last["index"], "kind": "wrong_information", "tool": None, "argument": None,
-                    "actual": final[:200], "expected": truth[:200], "what": "the final answer"}
+            return {
+                "step": last["index"],
+                "kind": "wrong_information",
+                "tool": None,
+                "argument": None,
+                "actual": final[:200],
+                "expected": truth[:200],
+                "what": "the final answer",
+            }
     reward = dict.get(run, "reward")
     if isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward < 1:
-        writes = [(s, c) for s in steps for c in s["tool_calls"] if c["name"] and is_write(c["name"])
-                  and c["name"] not in NO_EFFECT_TOOLS]
+        writes = [
+            (s, c)
+            for s in steps
+            for c in s["tool_calls"]
+            if c["name"] and is_write(c["name"]) and c["name"] not in NO_EFFECT_TOOLS
+        ]
         if writes:
             s, c = writes[-1]
-            return {"step": s["index"], "kind": "other", "tool": c["name"], "argument": None, "actual": None,
-                    "expected": None, "what": f"the last state-changing call of a failed run (reward {reward})"}
+            return {
+                "step": s["index"],
+                "kind": "other",
+                "tool": c["name"],
+                "argument": None,
+                "actual": None,
+                "expected": None,
+                "what": f"the last state-changing call of a failed run (reward {reward})",
+            }
     return None
 
 
@@ -302,21 +446,42 @@ def _trace_answer(run: dict[str, Any], steps: list[dict[str, Any]], upto: int) -
     keys = [k for k in sorted(text_keys(final)) if k not in given and _distinctive(k)]
     best: dict[str, Any] | None = None
     for key in keys[:6]:
-        first = next(((s, h) for s in steps if s["index"] <= upto and step_source(s) in ("agent", "tool")
-                      and (h := _mentions(key, s))), None)
+        first = next(
+            (
+                (s, h)
+                for s in steps
+                if s["index"] <= upto and step_source(s) in ("agent", "tool") and (h := _mentions(key, s))
+            ),
+            None,
+        )
         if first is None:
             continue
         s, hit = first
         value = key.partition(":")[2]
         if step_source(s) == "agent":
-            found = _place("made_up", s, f"is the first to state {value!r}, a value of the wrong final answer", hit)
+            found = _place(
+                "made_up", s, f"is the first to state {value!r}, a value of the wrong final answer", hit
+            )
         else:
-            use = next(((t, h) for t in steps if s["index"] < t["index"] <= upto and step_source(t) == "agent"
-                        and (h := _mentions(key, t))), None)
+            use = next(
+                (
+                    (t, h)
+                    for t in steps
+                    if s["index"] < t["index"] <= upto
+                    and step_source(t) == "agent"
+                    and (h := _mentions(key, t))
+                ),
+                None,
+            )
             if use is None:
                 continue
-            found = _place("wrong_source", use[0], f"uses {value!r}, read from the tool output at step {s['index']}: "
-                           "a value of the wrong final answer", use[1])
+            found = _place(
+                "wrong_source",
+                use[0],
+                f"uses {value!r}, read from the tool output at step {s['index']}: "
+                "a value of the wrong final answer",
+                use[1],
+            )
         if best is None or found["step"] < best["step"]:
             best = found
     return best

@@ -66,8 +66,14 @@ def search_steps(run: Any, pattern: Any, limit: Any = 20, regex: Any = False) ->
         m = rx.search(body)
         if m is None:
             continue
-        out.append({"step": s["index"], "role": s["role"], "actor": s["actor"],
-                    "snippet": _snippet(body, m.start(), m.end())})
+        out.append(
+            {
+                "step": s["index"],
+                "role": s["role"],
+                "actor": s["actor"],
+                "snippet": _snippet(body, m.start(), m.end()),
+            }
+        )
         if len(out) >= n:
             break
     return out

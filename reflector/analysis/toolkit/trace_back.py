@@ -41,12 +41,18 @@ __all__ = ["provenance", "contradictions", "canonical", "text_keys", "step_sourc
 _SNIPPET = 60  # characters each side of a match
 
 
-_MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
-                                             "nov", "dec"))}
+_MONTHS = {
+    m: i + 1
+    for i, m in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+    )
+}
 
 
-_MONTH = r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?" \
-         r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+_MONTH = (
+    r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?"
+    r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+)
 
 
 _ISO = re.compile(r"(?<!\d)(\d{4})-(\d{1,2})-(\d{1,2})(?!\d)")
@@ -67,11 +73,15 @@ _NUM = re.compile(r"(?<![\w.])[-+]?\$?\d[\d,]*(?:\.\d+)?%?(?![\w])")
 _WORDS = re.compile(r"[a-z0-9]+")
 
 
-_EXECUTOR = re.compile(r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE)
+_EXECUTOR = re.compile(
+    r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE
+)
 
 
-_CLAIM = re.compile(r"\b(?:final answer|answer|result|total|conclusion)[ \t]*(?:is|was|:|=)[ \t]*([^\n]{1,120})",
-                    re.IGNORECASE)
+_CLAIM = re.compile(
+    r"\b(?:final answer|answer|result|total|conclusion)[ \t]*(?:is|was|:|=)[ \t]*([^\n]{1,120})",
+    re.IGNORECASE,
+)
 
 
 _BOXED = re.compile(r"\\boxed\{([^}\n]{1,120})\}")
@@ -183,15 +193,21 @@ def step_source(s: dict[str, Any]) -> str:
 
 
 def _call_text(s: dict[str, Any]) -> str:
-    return "\n".join(f"{c['name']}({c['arguments'] if isinstance(c['arguments'], str) else json.dumps(c['arguments'])})"
-                     for c in s["tool_calls"])
+    return "\n".join(
+        f"{c['name']}({c['arguments'] if isinstance(c['arguments'], str) else json.dumps(c['arguments'])})"
+        for c in s["tool_calls"]
+    )
 
 
-def _has(key: str, text: str, low: str, spans: list[tuple[str, int, int]] | None = None) -> tuple[int, int] | None:
+def _has(
+    key: str, text: str, low: str, spans: list[tuple[str, int, int]] | None = None
+) -> tuple[int, int] | None:
     """Where `text` mentions the value of `key` (its span), or None (`spans`: `_spans(text)` if known)."""
     if key.startswith("text:"):
         words = key[5:]
-        m = re.search(r"(?<![a-z0-9])" + r"[^a-z0-9]+".join(map(re.escape, words.split())) + r"(?![a-z0-9])", low)
+        m = re.search(
+            r"(?<![a-z0-9])" + r"[^a-z0-9]+".join(map(re.escape, words.split())) + r"(?![a-z0-9])", low
+        )
         return (m.start(), m.end()) if m else None
     for k, a, b in _spans(text) if spans is None else spans:
         if k == key:
@@ -229,12 +245,26 @@ def provenance(run: Any, value: Any, limit: Any = 50) -> dict[str, Any]:
                 continue
             count += 1
             if len(rows) < n:
-                rows.append({"step": s["index"], "source": step_source(s), "role": s["role"], "actor": s["actor"],
-                             "where": where, "snippet": _snippet(text, *hit)})
+                rows.append(
+                    {
+                        "step": s["index"],
+                        "source": step_source(s),
+                        "role": s["role"],
+                        "actor": s["actor"],
+                        "where": where,
+                        "snippet": _snippet(text, *hit),
+                    }
+                )
             break
     first = rows[0] if rows else None
-    return {"value": val, "key": key, "introduced_by": first["source"] if first else None, "first": first,
-            "steps": rows, "n_steps": count}
+    return {
+        "value": val,
+        "key": key,
+        "introduced_by": first["source"] if first else None,
+        "first": first,
+        "steps": rows,
+        "n_steps": count,
+    }
 
 
 # -- contradictions -----------------------------------------------------------------------------------
@@ -319,7 +349,9 @@ def _contradictions(steps: Any, n: int) -> list[dict[str, Any]]:
         text = s["content"]
         keys = text_keys(text)
         if source == "agent":
-            found = list(_call_findings(s, seen, told, user_vals, tool_fields)) + list(_message_findings(s, seen))
+            found = list(_call_findings(s, seen, told, user_vals, tool_fields)) + list(
+                _message_findings(s, seen)
+            )
             out.extend(found[: n - len(out)])
             if len(out) >= n:
                 break
@@ -340,8 +372,13 @@ def _contradictions(steps: Any, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _call_findings(s: dict[str, Any], seen: set[str], told_any: set[str], user_vals: list[tuple[int, set[str]]],
-                   tool_fields: list[tuple[int, dict[str, set[str]]]]) -> Iterator[dict[str, Any]]:
+def _call_findings(
+    s: dict[str, Any],
+    seen: set[str],
+    told_any: set[str],
+    user_vals: list[tuple[int, set[str]]],
+    tool_fields: list[tuple[int, dict[str, set[str]]]],
+) -> Iterator[dict[str, Any]]:
     said = set().union(*(v for _i, v in user_vals)) if user_vals else set()
     for c in s["tool_calls"]:
         args = parse_args(c["arguments"])
@@ -352,12 +389,20 @@ def _call_findings(s: dict[str, Any], seen: set[str], told_any: set[str], user_v
             if key is None or key.startswith("text:") or not _distinctive(key):
                 continue
             field = _key_of_path(path)
-            base = {"step": s["index"], "actor": s["actor"], "where": "call", "tool": c["name"], "argument": path,
-                    "value": v}
+            base = {
+                "step": s["index"],
+                "actor": s["actor"],
+                "where": "call",
+                "tool": c["name"],
+                "argument": path,
+                "value": v,
+            }
             fam = _family(key)
             last_tool = next(((i, f[field]) for i, f in reversed(tool_fields) if field in f), None)
-            told = [(i, sorted(_display(k) for k in vals if _family(k) == fam and k != key))
-                    for i, vals in user_vals]
+            told = [
+                (i, sorted(_display(k) for k in vals if _family(k) == fam and k != key))
+                for i, vals in user_vals
+            ]
             told = [(i, vals) for i, vals in told if vals]
             earlier: list[dict[str, Any]] = []
             if last_tool is not None:
@@ -375,8 +420,11 @@ def _call_findings(s: dict[str, Any], seen: set[str], told_any: set[str], user_v
             tool_conflict = bool(earlier)
             user_conflict = fam == "date" and bool(told)
             if tool_conflict or user_conflict:
-                earlier += [{"step": i, "source": "user", "values": vals[:8]} for i, vals in told[-2:]
-                            if user_conflict]
+                earlier += [
+                    {"step": i, "source": "user", "values": vals[:8]}
+                    for i, vals in told[-2:]
+                    if user_conflict
+                ]
                 yield {**base, "kind": "conflict", "earlier": earlier}
 
 
@@ -395,5 +443,13 @@ def _message_findings(s: dict[str, Any], seen: set[str]) -> Iterator[dict[str, A
         if not (key.startswith(("id:", "date:")) or key in claimed):
             continue
         done.add(key)
-        yield {"step": s["index"], "actor": s["actor"], "kind": "ungrounded", "where": "message", "tool": None,
-               "argument": None, "value": text[a:b], "earlier": []}
+        yield {
+            "step": s["index"],
+            "actor": s["actor"],
+            "kind": "ungrounded",
+            "where": "message",
+            "tool": None,
+            "argument": None,
+            "value": text[a:b],
+            "earlier": [],
+        }

@@ -24,13 +24,29 @@ from typing import Any
 
 __all__ = ["CHAT_ROLES", "agent_of", "normalise_agent", "span_agent", "is_chat_role"]
 
-CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "function", "developer",
-                        "model", "human", "ai", "ipython", "toolresult", "tool_result"})
+CHAT_ROLES = frozenset(
+    {
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+        "developer",
+        "model",
+        "human",
+        "ai",
+        "ipython",
+        "toolresult",
+        "tool_result",
+    }
+)
 _AGENT_FIELDS = ("agent_name", "agent", "agent_role", "sender", "source", "speaker")
 _SPAN_FIELDS = ("gen_ai.agent.name", "agent.name")
 _MAX_NAME = 200
 # "X (-> Y)", "X (→ Y)", "X (to Y)", "X -> Y": X addressing Y
-_ADDRESS = re.compile(r"^(?P<who>.+?)\s*(?:\(\s*(?:->|→|=>|to\s)\s*(?P<to>[^()]+?)\s*\)|(?:->|→|=>)\s*(?P<to2>.+?))\s*$")
+_ADDRESS = re.compile(
+    r"^(?P<who>.+?)\s*(?:\(\s*(?:->|→|=>|to\s)\s*(?P<to>[^()]+?)\s*\)|(?:->|→|=>)\s*(?P<to2>.+?))\s*$"
+)
 _SUFFIX = re.compile(r"^(?P<who>.+?)\s*\([^()]*\)\s*$")  # "X (thought)", "X (final answer)"
 
 

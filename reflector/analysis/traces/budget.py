@@ -59,16 +59,22 @@ def explain_refusal(
     if need <= cap:
         return None
     if index_size is None:
-        how = (f"it is read whole{' (' + why_whole + ')' if why_whole else ''}: {_size(HOST_BASE_BYTES)} + "
-               f"{EAGER_FACTOR} x {_size(trace_size)}")
+        how = (
+            f"it is read whole{' (' + why_whole + ')' if why_whole else ''}: {_size(HOST_BASE_BYTES)} + "
+            f"{EAGER_FACTOR} x {_size(trace_size)}"
+        )
         if fmt == "otel":
             fix = "OTel spans are read whole in any container: split the trace (e.g. one file per trace id)"
         else:
-            fix = ("store it as JSON lines (one step, message or run per line) or as a JSON object whose "
-                   "`steps` array holds the steps, which are read lazily")
+            fix = (
+                "store it as JSON lines (one step, message or run per line) or as a JSON object whose "
+                "`steps` array holds the steps, which are read lazily"
+            )
         fix += ", or raise RR_SANDBOX_MAX_MEMORY_BYTES on the workers"
     else:
         how = f"lazy, but its index alone is {_size(index_size)}"
         fix = "split it into several traces (a batch), or raise RR_SANDBOX_MAX_MEMORY_BYTES on the workers"
-    return (f"trace of {trace_size:,} bytes needs a sandbox host of {_size(need)} ({how}), over the "
-            f"limit of {_size(cap)}: {fix}")
+    return (
+        f"trace of {trace_size:,} bytes needs a sandbox host of {_size(need)} ({how}), over the "
+        f"limit of {_size(cap)}: {fix}"
+    )

@@ -41,8 +41,16 @@ from reflector.analysis.traces.scan import ScanHeader, Scanner
 from reflector.analysis.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
 
 __all__ = [
-    "TraceIndex", "build_index", "write_index", "index_path", "INDEX_VERSION",
-    "INDEX_SUFFIX", "SAMPLE_RECORDS", "step_of_record", "run_of_record", "lazy_shape",
+    "TraceIndex",
+    "build_index",
+    "write_index",
+    "index_path",
+    "INDEX_VERSION",
+    "INDEX_SUFFIX",
+    "SAMPLE_RECORDS",
+    "step_of_record",
+    "run_of_record",
+    "lazy_shape",
 ]
 
 INDEX_VERSION = 3  # 3: written as it is built (constant memory), the resolved tool name is a column
@@ -52,8 +60,13 @@ _MAX_CUSTOM = 200  # OpenClaw custom events kept in the metadata (the rest are c
 # The columns, by group (a record group and a step group grow at different rates), with their types.
 _GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "records": (("starts", "q"), ("ends", "q")),
-    "steps": (("step_records", "q"), ("step_subs", "i"), ("step_roles", "h"), ("step_errors", "b"),
-              ("step_tools", "i")),
+    "steps": (
+        ("step_records", "q"),
+        ("step_subs", "i"),
+        ("step_roles", "h"),
+        ("step_errors", "b"),
+        ("step_tools", "i"),
+    ),
 }
 _COLUMNS = {name: code for group in _GROUPS.values() for name, code in group}
 BLOCK_ENTRIES = 65_536  # entries per column a writer holds before it writes them out
@@ -107,10 +120,20 @@ class TraceIndex:
 
     def meta(self) -> dict[str, Any]:
         return {
-            "version": INDEX_VERSION, "format": self.format, "kind": self.kind, "container": self.container,
-            "key": self.key, "record_kind": self.record_kind, "size": self.size, "header": self.header,
-            "outer": self.outer, "tail_steps": self.tail_steps, "roles": self.roles, "tools": self.tools,
-            "call_counts": self.call_counts, "byteorder": sys.byteorder,
+            "version": INDEX_VERSION,
+            "format": self.format,
+            "kind": self.kind,
+            "container": self.container,
+            "key": self.key,
+            "record_kind": self.record_kind,
+            "size": self.size,
+            "header": self.header,
+            "outer": self.outer,
+            "tail_steps": self.tail_steps,
+            "roles": self.roles,
+            "tools": self.tools,
+            "call_counts": self.call_counts,
+            "byteorder": sys.byteorder,
         }
 
     def to_bytes(self) -> bytes:
@@ -137,9 +160,17 @@ class TraceIndex:
             version = head.get("version") if isinstance(head, dict) else None
             raise ValueError(f"trace index version {version!r}, expected {INDEX_VERSION}")
         idx = cls(
-            format=head["format"], kind=head["kind"], container=head["container"], key=head["key"],
-            record_kind=head["record_kind"], size=int(head["size"]), header=head["header"], outer=head["outer"],
-            tail_steps=head["tail_steps"], roles=list(head["roles"]), tools=list(head["tools"]),
+            format=head["format"],
+            kind=head["kind"],
+            container=head["container"],
+            key=head["key"],
+            record_kind=head["record_kind"],
+            size=int(head["size"]),
+            header=head["header"],
+            outer=head["outer"],
+            tail_steps=head["tail_steps"],
+            roles=list(head["roles"]),
+            tools=list(head["tools"]),
             call_counts=dict(head["call_counts"]),
         )
         swap = head.get("byteorder") != sys.byteorder
@@ -163,7 +194,9 @@ class TraceIndex:
             raise ValueError("trace index has a record outside the trace")
         if any(r < 0 or r >= len(idx.starts) for r in idx.step_records):
             raise ValueError("trace index has a step outside the trace")
-        if any(t >= len(idx.tools) for t in idx.step_tools) or any(r >= len(idx.roles) for r in idx.step_roles):
+        if any(t >= len(idx.tools) for t in idx.step_tools) or any(
+            r >= len(idx.roles) for r in idx.step_roles
+        ):
             raise ValueError("trace index is inconsistent (a column names an unknown value)")
         return idx
 
@@ -249,14 +282,20 @@ def lazy_shape(container: str, key: str | None, fmt: str, sample: list[Any]) -> 
 
 
 # -- one record -> its steps / its run (shared by the index pass and the lazy view) ----------------
-def step_of_record(record_kind: str, record: Any, first: int, call_names: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def step_of_record(
+    record_kind: str, record: Any, first: int, call_names: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The canonical steps of one record, numbered from `first`."""
     if record_kind == "ace-step":
         return [_ace_step(first, record)]
     if record_kind == "message":
         return _message_steps(record, {} if call_names is None else call_names, first)
     if record_kind == "openclaw":
-        if isinstance(record, dict) and record.get("type") == "message" and isinstance(record.get("message"), dict):
+        if (
+            isinstance(record, dict)
+            and record.get("type") == "message"
+            and isinstance(record.get("message"), dict)
+        ):
             return [_openclaw_step(first, record["message"])]
         return []
     return []
@@ -308,7 +347,9 @@ class _OpenclawStats:
         etype = ev.get("type")
         self.types[str(etype)] += 1
         if etype == "session":
-            self.session.update({f"session_{k}": v for k, v in ev.items() if k in ("id", "cwd", "timestamp", "version")})
+            self.session.update(
+                {f"session_{k}": v for k, v in ev.items() if k in ("id", "cwd", "timestamp", "version")}
+            )
         elif etype == "custom":
             self.n_custom += 1
             if len(self.custom) < _MAX_CUSTOM:
@@ -319,7 +360,11 @@ class _OpenclawStats:
 
 
 def build_index(
-    fh: IO[bytes], name: str, *, on_record: Callable[[int], None] | None = None, scanner: type[Scanner] = Scanner
+    fh: IO[bytes],
+    name: str,
+    *,
+    on_record: Callable[[int], None] | None = None,
+    scanner: type[Scanner] = Scanner,
 ) -> tuple[str, TraceIndex | None]:
     """(format, index) of the trace in `fh` (binary, at offset 0), built in memory; the index is None
     when the shape is read whole (see the module doc). `write_index` streams it instead."""
@@ -329,7 +374,11 @@ def build_index(
 
 
 def write_index(
-    fh: IO[bytes], name: str, out: IO[bytes], *, on_record: Callable[[int], None] | None = None,
+    fh: IO[bytes],
+    name: str,
+    out: IO[bytes],
+    *,
+    on_record: Callable[[int], None] | None = None,
     scanner: type[Scanner] = Scanner,
 ) -> tuple[str, int | None]:
     """Scan the trace in `fh` (binary, at offset 0) and write its index to `out` as it goes; returns
@@ -356,7 +405,9 @@ def write_index(
             pass
         return fmt, None
     kind, record_kind = shape
-    idx = TraceIndex(format=fmt, kind=kind, container=h.container, key=h.key, record_kind=record_kind, size=0, header={})
+    idx = TraceIndex(
+        format=fmt, kind=kind, container=h.container, key=h.key, record_kind=record_kind, size=0, header={}
+    )
     w = _Writer(out)
     stats = _RunStats()
     oc = _OpenclawStats() if record_kind == "openclaw" else None
@@ -395,8 +446,13 @@ def write_index(
             steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
             for sub, step in enumerate(steps):
                 tool = step.get("tool_name")
-                w.step(rec, sub, _code(roles, step["role"]), 1 if step.get("is_error") else 0,
-                       _code(tools, str(tool)) if tool else -1)
+                w.step(
+                    rec,
+                    sub,
+                    _code(roles, step["role"]),
+                    1 if step.get("is_error") else 0,
+                    _code(tools, str(tool)) if tool else -1,
+                )
                 for call in step.get("tool_calls") or ():
                     calls[str(call.get("name"))] += 1
                 stats.add(step)
@@ -446,7 +502,9 @@ def _checked(fn: Callable[..., Any], fmt: str, rec: int, *args: Any) -> Any:
     try:
         return fn(*args)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
-        raise TraceError(f"record {rec} of the trace does not look like format {fmt!r}: {type(exc).__name__}: {exc}") from None
+        raise TraceError(
+            f"record {rec} of the trace does not look like format {fmt!r}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _finish_run(idx: TraceIndex, stats: _RunStats, oc: _OpenclawStats | None) -> None:
@@ -460,14 +518,18 @@ def _finish_run(idx: TraceIndex, stats: _RunStats, oc: _OpenclawStats | None) ->
         idx.tail_steps = tail
         header = {k: v for k, v in skeleton.items() if k not in ("steps", "raw")}
         out = outer.get("agent_output") or outer.get("generator_output")
-        explicit = outer.get("final_answer") or _ao(outer, "final_answer") or (out if isinstance(out, str) else None)
+        explicit = (
+            outer.get("final_answer") or _ao(outer, "final_answer") or (out if isinstance(out, str) else None)
+        )
         header["final_answer"] = _opt_str(explicit) or stats.last_assistant
         header["metadata"]["n_steps"] = stats.n
     elif fmt == "messages":
         w = outer
         extra = {k: v for k, v in w.items() if isinstance(v, (str, int, float, bool))}
         header = _run_view(
-            "messages", None, [],
+            "messages",
+            None,
+            [],
             question=_opt_str(w.get("question") or w.get("task")) or stats.first_user,
             ground_truth=_opt_str(w.get("ground_truth")),
             feedback=_opt_str(w.get("feedback")),
@@ -484,11 +546,14 @@ def _finish_run(idx: TraceIndex, stats: _RunStats, oc: _OpenclawStats | None) ->
                 meta["custom_not_listed"] = oc.n_custom - len(oc.custom)
         meta["models"] = sorted(oc.models)
         meta["user_turns"] = stats.roles.get("user", 0)
-        header = _run_view("openclaw", None, [], question=stats.first_user, final_answer=stats.last_assistant,
-                           metadata=meta)
+        header = _run_view(
+            "openclaw", None, [], question=stats.first_user, final_answer=stats.last_assistant, metadata=meta
+        )
         header["metadata"]["n_steps"] = stats.n
     else:
-        header = _run_view("unknown", None, [], metadata={"note": "unrecognised shape: explore raw", "raw_keys": []})
+        header = _run_view(
+            "unknown", None, [], metadata={"note": "unrecognised shape: explore raw", "raw_keys": []}
+        )
     header.pop("steps", None)
     header.pop("raw", None)
     idx.header = header

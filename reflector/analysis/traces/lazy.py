@@ -86,16 +86,22 @@ class _Source:
         starts, ends = self.index.starts, self.index.ends
         for run, base, block in self.blocks(numbers):
             if blockwise and block.isascii():
-                yield from _block_hits(block.decode("ascii"), run, [starts[n] - base for n in run],
-                                       [ends[n] - base for n in run], rx)
+                yield from _block_hits(
+                    block.decode("ascii"),
+                    run,
+                    [starts[n] - base for n in run],
+                    [ends[n] - base for n in run],
+                    rx,
+                )
             else:
                 for n in run:
                     if rx.search(block[starts[n] - base : ends[n] - base].decode("utf-8", errors="replace")):
                         yield n
 
 
-def _block_hits(text: str, run: Sequence[int], rel_starts: list[int], rel_ends: list[int],
-                rx: re.Pattern[str]) -> Iterator[int]:
+def _block_hits(
+    text: str, run: Sequence[int], rel_starts: list[int], rel_ends: list[int], rx: re.Pattern[str]
+) -> Iterator[int]:
     """The records of `run` (laid out at `rel_starts`/`rel_ends` in `text`) that contain a match."""
     r = 0
     while r < len(run):
@@ -196,7 +202,9 @@ class LazySeq(Sequence[Any]):
     def to_list(self, limit: int = 10_000) -> list[Any]:
         """The items as a plain list (refused above `limit` items: slice first)."""
         if len(self) > limit:
-            raise ValueError(f"{len(self):,} {self._kind} are more than limit={limit:,}: slice first, or raise limit")
+            raise ValueError(
+                f"{len(self):,} {self._kind} are more than limit={limit:,}: slice first, or raise limit"
+            )
         return list(self)
 
     # -- per kind ----------------------------------------------------------------------------------
@@ -263,7 +271,9 @@ class Steps(LazySeq):
             if p < len(idx.step_records):
                 yield idx.step_records[p]
 
-    def where(self, role: str | None = None, is_error: bool | None = None, tool_name: str | None = None) -> list[int]:
+    def where(
+        self, role: str | None = None, is_error: bool | None = None, tool_name: str | None = None
+    ) -> list[int]:
         """Positions (in this sequence) of the steps with every given `role` / `is_error` / `tool_name`,
         read from the index's columns: nothing is parsed."""
         idx = self._src.index
@@ -284,8 +294,11 @@ class Steps(LazySeq):
             found = list(range(len(indexed)))
         found = [offset + k for k in found]
         for k, t in tail:
-            if ((role is None or t["role"] == role) and (is_error is None or bool(t["is_error"]) == is_error)
-                    and (tool_name is None or t["tool_name"] == tool_name)):
+            if (
+                (role is None or t["role"] == role)
+                and (is_error is None or bool(t["is_error"]) == is_error)
+                and (tool_name is None or t["tool_name"] == tool_name)
+            ):
                 found.append(k)
         return sorted(found) if tail and offset else found
 
@@ -300,7 +313,9 @@ class Steps(LazySeq):
         values = column[_as_slice(indexed)]
         if is_error is not None:
             flags = idx.step_errors[_as_slice(indexed)]
-            values = array(values.typecode, (v for v, e in zip(values, flags, strict=True) if bool(e) == is_error))
+            values = array(
+                values.typecode, (v for v, e in zip(values, flags, strict=True) if bool(e) == is_error)
+            )
         coded: dict[int, int] = {}
         for v in values:
             coded[v] = coded.get(v, 0) + 1
@@ -324,7 +339,11 @@ class Steps(LazySeq):
         idx = self._src.index
         n_indexed = len(idx.step_records)
         r = self._range
-        tail = [(k, idx.tail_steps[p - n_indexed]) for k, p in enumerate(r) if p >= n_indexed] if idx.tail_steps else []
+        tail = (
+            [(k, idx.tail_steps[p - n_indexed]) for k, p in enumerate(r) if p >= n_indexed]
+            if idx.tail_steps
+            else []
+        )
         if not tail:
             return r, 0, []
         if r.step > 0:
@@ -387,7 +406,11 @@ def open_view(fd: int, index: TraceIndex) -> tuple[dict[str, Any], dict[str, Laz
         raw = records
         if index.container == "json-object":
             raw = {**json.loads(json.dumps(index.outer)), str(index.key): records}
-    ordered: dict[str, Any] = {k: view[k] for k in ("format", "question", "ground_truth", "feedback", "final_answer", "reward") if k in view}
+    ordered: dict[str, Any] = {
+        k: view[k]
+        for k in ("format", "question", "ground_truth", "feedback", "final_answer", "reward")
+        if k in view
+    }
     for key in ("steps", "runs"):
         if key in view:
             ordered[key] = view[key]

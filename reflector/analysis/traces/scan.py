@@ -28,9 +28,20 @@ from reflector.analysis.traces.read import MAX_NESTING, TraceError, nesting_dept
 __all__ = ["ScanHeader", "Scanner", "BrokenLine", "iter_records", "RECORD_KEYS", "BUFFER_BYTES"]
 
 BUFFER_BYTES = 1024**2
-FIRST_LINE_MAX = 1024**2  # longest first line read to tell JSONL from JSON (longer: JSONL only for a .jsonl name)
+FIRST_LINE_MAX = (
+    1024**2
+)  # longest first line read to tell JSONL from JSON (longer: JSONL only for a .jsonl name)
 # Fields of a JSON object whose array elements are records (the first of them found in the object).
-RECORD_KEYS: tuple[str, ...] = ("steps", "messages", "trace", "traj", "spans", "runs", "events", "resourceSpans")
+RECORD_KEYS: tuple[str, ...] = (
+    "steps",
+    "messages",
+    "trace",
+    "traj",
+    "spans",
+    "runs",
+    "events",
+    "resourceSpans",
+)
 _WS = " \t\r\n"
 _DECODER = json.JSONDecoder()
 _BOM = "\xef\xbb\xbf"  # the UTF-8 byte order mark, decoded as latin-1
@@ -206,8 +217,12 @@ class Scanner:
                 raise self._error(buf, pos, "expecting ':' after a property name")
             pos = buf.skip_ws(pos + 1)
             if key == self.header.key:  # JSON keeps the last value; the records were the first one
-                raise self._error(buf, pos, f"the field {key!r} appears twice in the object (its first value "
-                                            "was read as the records; remove the duplicate)")
+                raise self._error(
+                    buf,
+                    pos,
+                    f"the field {key!r} appears twice in the object (its first value "
+                    "was read as the records; remove the duplicate)",
+                )
             if self.header.key is None and key in RECORD_KEYS and buf.peek(pos) == "[":
                 self.header.key = key
                 self.header.outer_before = list(outer)
@@ -308,7 +323,9 @@ class Scanner:
     def _expect_end(self, buf: _Buffer, pos: int) -> None:
         pos = buf.skip_ws(pos)
         if pos < len(buf.text):
-            raise self._error(buf, pos, "Extra data after the JSON document (JSON lines need one record per line)")
+            raise self._error(
+                buf, pos, "Extra data after the JSON document (JSON lines need one record per line)"
+            )
 
     def _error(self, buf: _Buffer, pos: int, msg: str) -> TraceError:
         return TraceError(f"invalid JSON in {self.name} at byte {buf.base + pos:,}: {msg}")

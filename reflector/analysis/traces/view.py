@@ -57,9 +57,17 @@ def looks_like_error(content: str) -> bool:
         return True
     # the regex is the rule; the substring tests (its words, spelled out: a generator over them
     # cost a tenth of a large trace's index pass) only skip it when none of its words can match
-    if not ("error" in low or "exception" in low or "traceback" in low or "not found" in low
-            or "invalid" in low or "no such file" in low or "enoent" in low or "permission denied" in low
-            or "exited with code" in low):
+    if not (
+        "error" in low
+        or "exception" in low
+        or "traceback" in low
+        or "not found" in low
+        or "invalid" in low
+        or "no such file" in low
+        or "enoent" in low
+        or "permission denied" in low
+        or "exited with code" in low
+    ):
         return False
     return bool(_ERROR_RE.search(low))
 

@@ -68,13 +68,15 @@ from reflector.contract import (
 
 __all__ = ["build_audit", "audit_bundle", "audit_workflow", "audit_file"]
 
-_WT_EVENTS = frozenset({
-    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
-    EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
-    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
-    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
-})
+_WT_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+    }
+)
 _END_STATUS = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
@@ -83,11 +85,26 @@ _END_STATUS = {
     EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
 }
 _CHILD_END = {
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: ("completed", "child_workflow_execution_completed_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: ("failed", "child_workflow_execution_failed_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: ("canceled", "child_workflow_execution_canceled_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: ("timed out", "child_workflow_execution_timed_out_event_attributes"),
-    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: ("terminated", "child_workflow_execution_terminated_event_attributes"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: (
+        "completed",
+        "child_workflow_execution_completed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: (
+        "failed",
+        "child_workflow_execution_failed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: (
+        "canceled",
+        "child_workflow_execution_canceled_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: (
+        "timed out",
+        "child_workflow_execution_timed_out_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: (
+        "terminated",
+        "child_workflow_execution_terminated_event_attributes",
+    ),
 }
 
 
@@ -127,8 +144,9 @@ class _SessionWalk:
     def _charge(self, event_id: int, label: str, requests: int, tokens: int) -> None:
         self.requests += requests
         self.tokens += tokens
-        self.session.budget.append(BudgetPoint(event_id=event_id, label=label, requests=self.requests,
-                                               tokens=self.tokens))
+        self.session.budget.append(
+            BudgetPoint(event_id=event_id, label=label, requests=self.requests, tokens=self.tokens)
+        )
 
     # -------------------------------------------------------------------------------- runs
 
@@ -148,11 +166,15 @@ class _SessionWalk:
             self._task_started(e)
         elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
             wt = e.workflow_task_timed_out_event_attributes
-            self._incident(e, "workflow task timed out", TimeoutType.Name(wt.timeout_type).removeprefix("TIMEOUT_TYPE_"))
+            self._incident(
+                e, "workflow task timed out", TimeoutType.Name(wt.timeout_type).removeprefix("TIMEOUT_TYPE_")
+            )
         elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             wf = e.workflow_task_failed_event_attributes
             cause = WorkflowTaskFailedCause.Name(wf.cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
-            self._incident(e, "workflow task failed", f"{cause}: {failure_text(wf.failure)}", worker=wf.identity)
+            self._incident(
+                e, "workflow task failed", f"{cause}: {failure_text(wf.failure)}", worker=wf.identity
+            )
         elif et == EventType.EVENT_TYPE_MARKER_RECORDED:
             self._marker(e)
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -200,16 +222,37 @@ class _SessionWalk:
         worker = e.workflow_task_started_event_attributes.identity
         if self.last_worker and worker and worker != self.last_worker:
             gap = event_time(e) - self.last_progress if self.last_progress is not None else None
-            self._incident(e, "worker changed", f"{self.last_worker} -> {worker}", worker=worker,
-                           previous=self.last_worker, gap_s=gap)
+            self._incident(
+                e,
+                "worker changed",
+                f"{self.last_worker} -> {worker}",
+                worker=worker,
+                previous=self.last_worker,
+                gap_s=gap,
+            )
         if worker:
             self.last_worker = worker
 
-    def _incident(self, e: HistoryEvent, what: str, detail: str, *, worker: str = "", previous: str = "",
-                  gap_s: float | None = None) -> None:
-        self.session.items.append(IncidentItem(event_id=e.event_id, what=what, detail=detail, worker=worker,
-                                               previous_worker=previous,
-                                               gap_s=None if gap_s is None else round(gap_s, 3)))
+    def _incident(
+        self,
+        e: HistoryEvent,
+        what: str,
+        detail: str,
+        *,
+        worker: str = "",
+        previous: str = "",
+        gap_s: float | None = None,
+    ) -> None:
+        self.session.items.append(
+            IncidentItem(
+                event_id=e.event_id,
+                what=what,
+                detail=detail,
+                worker=worker,
+                previous_worker=previous,
+                gap_s=None if gap_s is None else round(gap_s, 3),
+            )
+        )
 
     # -------------------------------------------------------------------------------- activities
 
@@ -218,8 +261,11 @@ class _SessionWalk:
         if m is None:
             return
         if m.attempt > 1:
-            self._incident(e, "local activity retried", f"{m.activity_type}: {m.attempt} attempts"
-                           + (f"; failed: {m.failure}" if m.failure else ""))
+            self._incident(
+                e,
+                "local activity retried",
+                f"{m.activity_type}: {m.attempt} attempts" + (f"; failed: {m.failure}" if m.failure else ""),
+            )
         elif m.failure:
             self._incident(e, "local activity failed", f"{m.activity_type}: {m.failure}")
         self._dispatch(e.event_id, m.activity_type, m.attempt, m.result, m.failure, local=True, inputs=None)
@@ -230,19 +276,35 @@ class _SessionWalk:
         if a.attempt > 1:
             name = self.scheduled.get(a.scheduled_event_id, ("?", None))[0]
             last = failure_text(a.last_failure) if a.HasField("last_failure") else "unknown"
-            self._incident(e, "activity retried", f"{name}: attempt {a.attempt} (last failure: {last})",
-                           worker=a.identity)
+            self._incident(
+                e,
+                "activity retried",
+                f"{name}: attempt {a.attempt} (last failure: {last})",
+                worker=a.identity,
+            )
 
     def _activity_done(self, e: HistoryEvent, scheduled_id: int, result: Any, failure: str | None) -> None:
         name, inputs = self.scheduled.get(scheduled_id, ("?", None))
         attempts = self.attempts.get(scheduled_id, 1)
         if failure is not None:
-            self._incident(e, "activity timed out" if failure.startswith("timed out") else "activity failed",
-                           f"{name} after {attempts} attempt(s): {failure}")
+            self._incident(
+                e,
+                "activity timed out" if failure.startswith("timed out") else "activity failed",
+                f"{name} after {attempts} attempt(s): {failure}",
+            )
         self._dispatch(e.event_id, name, attempts, result, failure, local=False, inputs=inputs)
 
-    def _dispatch(self, event_id: int, name: str, attempts: int, result: Any, failure: str | None, *,
-                  local: bool, inputs: Any) -> None:
+    def _dispatch(
+        self,
+        event_id: int,
+        name: str,
+        attempts: int,
+        result: Any,
+        failure: str | None,
+        *,
+        local: bool,
+        inputs: Any,
+    ) -> None:
         value = result if isinstance(result, dict) else {}
         if _is_model_request(name) or name == RERUN_RESPONSE_ACTIVITY:
             self._model_request(event_id, name, attempts, result, failure, local, inputs)
@@ -255,8 +317,16 @@ class _SessionWalk:
         elif name == RERUN_CHILD_ACTIVITY:
             self._reused_child(event_id, value)
 
-    def _model_request(self, event_id: int, name: str, attempts: int, response: Any, failure: str | None,
-                       local: bool, inputs: Any) -> None:
+    def _model_request(
+        self,
+        event_id: int,
+        name: str,
+        attempts: int,
+        response: Any,
+        failure: str | None,
+        local: bool,
+        inputs: Any,
+    ) -> None:
         self.step += 1
         given = self.captures[self.cap_index] if self.cap_index < len(self.captures) else None
         self.cap_index += 1
@@ -264,21 +334,35 @@ class _SessionWalk:
         if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict) and "messages" in inputs[0]:
             wire = inputs[0]
             mrp = wire.get("model_request_parameters") or {}
-            tools = [str(t.get("name")) for key in ("function_tools", "output_tools")
-                     for t in mrp.get(key, []) or [] if isinstance(t, dict)]
+            tools = [
+                str(t.get("name"))
+                for key in ("function_tools", "output_tools")
+                for t in mrp.get(key, []) or []
+                if isinstance(t, dict)
+            ]
             given = summarise_messages(wire.get("messages") or [], tools, "activity input")
         reused = name == RERUN_RESPONSE_ACTIVITY
-        item = ModelRequestItem(event_id=event_id, step=self.step, agent=AGENT_NAME if reused else _agent_of(name),
-                                path="reused" if reused else "local activity" if local else "activity",
-                                attempts=attempts, given=given, failed=failure)
+        item = ModelRequestItem(
+            event_id=event_id,
+            step=self.step,
+            agent=AGENT_NAME if reused else _agent_of(name),
+            path="reused" if reused else "local activity" if local else "activity",
+            attempts=attempts,
+            given=given,
+            failed=failure,
+        )
         if isinstance(response, dict):
             item.model = str(response.get("model_name") or "")
             for part in response.get("parts") or []:
                 kind = part.get("part_kind")
                 if kind == "tool-call":
-                    item.tool_calls.append(ToolCall(tool=str(part.get("tool_name", "")),
-                                                    call_id=str(part.get("tool_call_id") or ""),
-                                                    args=part.get("args") if part.get("args") is not None else {}))
+                    item.tool_calls.append(
+                        ToolCall(
+                            tool=str(part.get("tool_name", "")),
+                            call_id=str(part.get("tool_call_id") or ""),
+                            args=part.get("args") if part.get("args") is not None else {},
+                        )
+                    )
                 elif kind == "text":
                     item.text += str(part.get("content", ""))
             usage = response.get("usage") or {}
@@ -287,7 +371,9 @@ class _SessionWalk:
         self.pending_code = [c for c in item.tool_calls if c.tool == EXECUTE_CODE_TOOL]
         self.pending_recurse = [c for c in item.tool_calls if c.tool == RECURSE_TOOL]
         self.session.items.append(item)
-        if failure is None and not reused:  # a reused step was paid by the origin (the ledger does not charge it)
+        if (
+            failure is None and not reused
+        ):  # a reused step was paid by the origin (the ledger does not charge it)
             self._charge(event_id, f"request {self.step}", 1, item.input_tokens + item.output_tokens)
 
     def _next_call(self) -> ToolCall | None:
@@ -300,16 +386,26 @@ class _SessionWalk:
                 return call
         return None
 
-    def _cell(self, event_id: int, attempts: int, out: dict[str, Any], failure: str | None, *,
-              reused: bool = False) -> None:
+    def _cell(
+        self, event_id: int, attempts: int, out: dict[str, Any], failure: str | None, *, reused: bool = False
+    ) -> None:
         seq = int(out.get("seq") or 0) or self.seq + 1
         self.seq = seq
-        item = CellItem(event_id=event_id, workflow_id=self.session.workflow_id, seq=seq, attempts=attempts,
-                        ok=bool(out.get("ok", failure is None)), output=str(out.get("output", "")),
-                        error=out.get("error") or failure, duration_ms=float(out.get("duration_ms", 0.0) or 0.0),
-                        host_restarted=bool(out.get("host_restarted")), cells_replayed=int(out.get("cells_replayed", 0) or 0),
-                        truncated=bool(out.get("truncated")), submitted=out.get("submitted") is not None,
-                        reused=reused)
+        item = CellItem(
+            event_id=event_id,
+            workflow_id=self.session.workflow_id,
+            seq=seq,
+            attempts=attempts,
+            ok=bool(out.get("ok", failure is None)),
+            output=str(out.get("output", "")),
+            error=out.get("error") or failure,
+            duration_ms=float(out.get("duration_ms", 0.0) or 0.0),
+            host_restarted=bool(out.get("host_restarted")),
+            cells_replayed=int(out.get("cells_replayed", 0) or 0),
+            truncated=bool(out.get("truncated")),
+            submitted=out.get("submitted") is not None,
+            reused=reused,
+        )
         if self.archive_ref is not None:
             item.origin, item.code = "compaction", f'history.extend(ARCHIVE("{self.archive_ref}"))'
             self.archive_ref = None
@@ -324,20 +420,37 @@ class _SessionWalk:
     def _prefill(self, event_id: int, attempts: int, prep: dict[str, Any], failure: str | None) -> None:
         seq = 1  # the prefill is cell 1; the workflow's own cells start after `next_seq - 1`
         self.seq = int(prep.get("next_seq", 2) or 2) - 1
-        shown = str(prep.get("preview", ""))  # what the prefill printed (the task prompt shows its first 4,000 chars)
+        shown = str(
+            prep.get("preview", "")
+        )  # what the prefill printed (the task prompt shows its first 4,000 chars)
         self.outputs[seq] = shown
-        self.session.items.append(CellItem(
-            event_id=event_id, workflow_id=self.session.workflow_id, seq=seq, code=PREFILL_CODE, origin="prefill",
-            ok=failure is None and prep.get("context_error") is None, output=shown, attempts=attempts,
-            error=failure or prep.get("context_error"),
-        ))
+        self.session.items.append(
+            CellItem(
+                event_id=event_id,
+                workflow_id=self.session.workflow_id,
+                seq=seq,
+                code=PREFILL_CODE,
+                origin="prefill",
+                ok=failure is None and prep.get("context_error") is None,
+                output=shown,
+                attempts=attempts,
+                error=failure or prep.get("context_error"),
+            )
+        )
 
-    def _summary(self, event_id: int, attempts: int, res: dict[str, Any], failure: str | None, *,
-                 reused: bool = False) -> None:
-        item = CompactionItem(event_id=event_id, summary=str(res.get("summary", failure or "")),
-                              archive_ref=str(res.get("archive_ref", "")), model=str(res.get("model", "")),
-                              input_tokens=int(res.get("input_tokens", 0) or 0),
-                              output_tokens=int(res.get("output_tokens", 0) or 0), attempts=attempts, reused=reused)
+    def _summary(
+        self, event_id: int, attempts: int, res: dict[str, Any], failure: str | None, *, reused: bool = False
+    ) -> None:
+        item = CompactionItem(
+            event_id=event_id,
+            summary=str(res.get("summary", failure or "")),
+            archive_ref=str(res.get("archive_ref", "")),
+            model=str(res.get("model", "")),
+            input_tokens=int(res.get("input_tokens", 0) or 0),
+            output_tokens=int(res.get("output_tokens", 0) or 0),
+            attempts=attempts,
+            reused=reused,
+        )
         self.session.items.append(item)
         if failure is None:
             self.archive_ref = item.archive_ref
@@ -350,9 +463,13 @@ class _SessionWalk:
         a = e.start_child_workflow_execution_initiated_event_attributes
         inp = first_json(a.input, self.blob_dir) or {}
         call = self.pending_recurse.pop(0) if self.pending_recurse else None
-        item = ChildItem(event_id=e.event_id, workflow_id=a.workflow_id, call_id=call.call_id if call else "",
-                         prompt=str(inp.get("question", "")) if isinstance(inp, dict) else "",
-                         context_code=str(inp.get("context_code", "")) if isinstance(inp, dict) else "")
+        item = ChildItem(
+            event_id=e.event_id,
+            workflow_id=a.workflow_id,
+            call_id=call.call_id if call else "",
+            prompt=str(inp.get("question", "")) if isinstance(inp, dict) else "",
+            context_code=str(inp.get("context_code", "")) if isinstance(inp, dict) else "",
+        )
         self.children[e.event_id] = item
         self.session.items.append(item)
 
@@ -362,12 +479,20 @@ class _SessionWalk:
         raw = out.get("raw", {}) if isinstance(out, dict) else {}
         call = self.pending_recurse.pop(0) if self.pending_recurse else None
         usage = raw.get("usage", {}) or {}
-        self.session.items.append(ChildItem(
-            event_id=event_id, workflow_id=str(value.get("workflow_id", "")), call_id=call.call_id if call else "",
-            prompt=str((value.get("call") or {}).get("prompt", "")), status="reused",
-            stop_reason=(raw.get("rr_trace") or {}).get("stop_reason"), key_insight=str(out.get("key_insight", "")),
-            requests=int(usage.get("requests", 0) or 0), tokens=int(usage.get("total_tokens", 0) or 0), reused=True,
-        ))
+        self.session.items.append(
+            ChildItem(
+                event_id=event_id,
+                workflow_id=str(value.get("workflow_id", "")),
+                call_id=call.call_id if call else "",
+                prompt=str((value.get("call") or {}).get("prompt", "")),
+                status="reused",
+                stop_reason=(raw.get("rr_trace") or {}).get("stop_reason"),
+                key_insight=str(out.get("key_insight", "")),
+                requests=int(usage.get("requests", 0) or 0),
+                tokens=int(usage.get("total_tokens", 0) or 0),
+                reused=True,
+            )
+        )
 
     def _child_ended(self, e: HistoryEvent, status: str, attr: str) -> None:
         a = getattr(e, attr)
@@ -404,25 +529,48 @@ class _SessionWalk:
         raw = out.get("raw") or {}
         r.raw = raw
         r.stop_reason = (raw.get("rr_trace") or {}).get("stop_reason")
-        for key in ("reasoning", "error_identification", "root_cause_analysis", "correct_approach", "key_insight"):
+        for key in (
+            "reasoning",
+            "error_identification",
+            "root_cause_analysis",
+            "correct_approach",
+            "key_insight",
+        ):
             setattr(r, key, str(out.get(key, "")))
         learnings = [ExtractedLearning.model_validate(x) for x in out.get("extracted_learnings") or []]
         if "citations" in out:
             source = "workflow"
-            cited = [(int(c["learning"]), CitationAudit(cell=int(c["cell"]), exists=bool(c["exists"]),
-                                                        printed=bool(c.get("printed", True)),
-                                                        quote=str(c.get("quote", ""))))
-                     for c in out.get("citations") or []]
+            cited = [
+                (
+                    int(c["learning"]),
+                    CitationAudit(
+                        cell=int(c["cell"]),
+                        exists=bool(c["exists"]),
+                        printed=bool(c.get("printed", True)),
+                        quote=str(c.get("quote", "")),
+                    ),
+                )
+                for c in out.get("citations") or []
+            ]
         else:  # recorded before the workflow checked citations: the same check, on the outputs the history shows
             source = "audit"
-            cited = [(c.learning, CitationAudit(cell=c.cell, exists=c.exists, printed=c.printed, quote=c.quote))
-                     for c in check_citations(learnings, self.outputs)]
+            cited = [
+                (c.learning, CitationAudit(cell=c.cell, exists=c.exists, printed=c.printed, quote=c.quote))
+                for c in check_citations(learnings, self.outputs)
+            ]
         for i, learning in enumerate(learnings):
             mine = [c for n, c in cited if n == i]
             for c in mine:
                 c.anchor = cell_anchor(self.session.workflow_id, c.cell) if c.exists else ""
-            r.learnings.append(LearningAudit(index=i, learning=learning.learning, evidence=learning.evidence,
-                                             citations=mine, source=source))
+            r.learnings.append(
+                LearningAudit(
+                    index=i,
+                    learning=learning.learning,
+                    evidence=learning.evidence,
+                    citations=mine,
+                    source=source,
+                )
+            )
 
 
 def build_audit(bundle: HistoryBundle, capture: ReplayCapture, blob_dir: Path | str, source: str) -> Audit:
@@ -447,8 +595,12 @@ def build_audit(bundle: HistoryBundle, capture: ReplayCapture, blob_dir: Path | 
     last = root.budget[-1] if root.budget else None
     rebuilt = all(r.given is not None for s in sessions for r in s.requests())
     return Audit(
-        root_id=bundle.root_id, source=source, model=root.model, trace=root.trace,
-        stop_reason=root.reflection.stop_reason, status=root.reflection.status,
+        root_id=bundle.root_id,
+        source=source,
+        model=root.model,
+        trace=root.trace,
+        stop_reason=root.reflection.stop_reason,
+        status=root.reflection.status,
         requests=int(usage.get("requests", last.requests if last else 0) or 0),
         tokens=int(usage.get("total_tokens", last.tokens if last else 0) or 0),
         cells=sum(1 for s in sessions for c in s.cells() if c.origin == "model"),
@@ -464,7 +616,12 @@ def build_audit(bundle: HistoryBundle, capture: ReplayCapture, blob_dir: Path | 
 
 async def audit_bundle(bundle: HistoryBundle, blob_dir: Path | str, source: str, hooks: ReplayHooks) -> Audit:
     """The audit of `bundle`; `hooks` (`worker.audit_replay_hooks()`) replay it to rebuild the model inputs."""
-    capture = await replay_inputs([r.history for r in bundle.runs], blob_dir, hooks, models_of((r.history.events[0] for r in bundle.runs if r.history.events), blob_dir) or None)
+    capture = await replay_inputs(
+        [r.history for r in bundle.runs],
+        blob_dir,
+        hooks,
+        models_of((r.history.events[0] for r in bundle.runs if r.history.events), blob_dir) or None,
+    )
     return build_audit(bundle, capture, blob_dir, source)
 
 

@@ -26,7 +26,14 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-__all__ = ["ToolResultSeen", "RequestInput", "ReplayCapture", "ReplayHooks", "summarise_messages", "replay_inputs"]
+__all__ = [
+    "ToolResultSeen",
+    "RequestInput",
+    "ReplayCapture",
+    "ReplayHooks",
+    "summarise_messages",
+    "replay_inputs",
+]
 
 EXCERPT_CHARS = 400
 REFUSAL = "REFUSED:"  # how a tool says it did not run (the loop guard's refusal of a repeated failing cell)
@@ -40,8 +47,12 @@ RequestCallback = Callable[[Any], None]
 class ReplayHooks:
     """What replaying for an audit needs from the composition root (`worker.audit_replay_hooks`)."""
 
-    make_replayer: Callable[[Path | str, Sequence[str] | None], Replayer]  # (blob dir, models used) -> replayer
-    install: Callable[[RequestCallback | None], RequestCallback | None]  # sets the workflow-side hook, returns the old
+    make_replayer: Callable[
+        [Path | str, Sequence[str] | None], Replayer
+    ]  # (blob dir, models used) -> replayer
+    install: Callable[
+        [RequestCallback | None], RequestCallback | None
+    ]  # sets the workflow-side hook, returns the old
 
 
 class ToolResultSeen(BaseModel):
@@ -60,7 +71,9 @@ class RequestInput(BaseModel):
     chars: int = 0
     tools_offered: list[str] = Field(default_factory=list)
     last_tool_results: list[ToolResultSeen] = Field(default_factory=list)
-    refused_calls: list[str] = Field(default_factory=list)  # call ids whose result was a refusal (no cell ran)
+    refused_calls: list[str] = Field(
+        default_factory=list
+    )  # call ids whose result was a refusal (no cell ran)
     source: str = "replay"  # "replay" or "activity input"
 
 
@@ -117,12 +130,24 @@ def summarise_messages(messages: Sequence[Any], tools: Sequence[str], source: st
             chars += len(text)
             if _part_kind(part) in ("tool-return", "retry-prompt") and _attr(part, "tool_name"):
                 call_id = _attr(part, "tool_call_id")
-                results.append(ToolResultSeen(tool=_attr(part, "tool_name"), call_id=call_id, chars=len(text),
-                                              excerpt=text[:EXCERPT_CHARS]))
+                results.append(
+                    ToolResultSeen(
+                        tool=_attr(part, "tool_name"),
+                        call_id=call_id,
+                        chars=len(text),
+                        excerpt=text[:EXCERPT_CHARS],
+                    )
+                )
                 if call_id and text.startswith(REFUSAL):
                     refused.append(call_id)
-    return RequestInput(messages=len(messages), chars=chars, tools_offered=sorted(tools),
-                        last_tool_results=results[-LAST_RESULTS:], refused_calls=refused, source=source)
+    return RequestInput(
+        messages=len(messages),
+        chars=chars,
+        tools_offered=sorted(tools),
+        last_tool_results=results[-LAST_RESULTS:],
+        refused_calls=refused,
+        source=source,
+    )
 
 
 def _tools_of(params: Any) -> list[str]:
@@ -142,7 +167,11 @@ class _Collector:
     def __call__(self, params: Any) -> None:
         try:
             target = self.target
-            if target is None or workflow.info().workflow_id != target[0] or not workflow.unsafe.is_replaying():
+            if (
+                target is None
+                or workflow.info().workflow_id != target[0]
+                or not workflow.unsafe.is_replaying()
+            ):
                 return  # another workflow of this process (a live worker's), never ours
             summary = summarise_messages(getattr(params, "messages", []) or [], _tools_of(params), "replay")
             with self.lock:
@@ -154,8 +183,12 @@ class _Collector:
 _install_lock = threading.Lock()
 
 
-async def replay_inputs(histories: Sequence[WorkflowHistory], blob_dir: Path | str, hooks: ReplayHooks,
-                        models: Sequence[str] | None = None) -> ReplayCapture:
+async def replay_inputs(
+    histories: Sequence[WorkflowHistory],
+    blob_dir: Path | str,
+    hooks: ReplayHooks,
+    models: Sequence[str] | None = None,
+) -> ReplayCapture:
     """Replay `histories` one after the other and capture every model request's input (`models`: the
     models they use, prepared for the replay; None: every shipped provider family)."""
     collector = _Collector()

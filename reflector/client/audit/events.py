@@ -13,8 +13,16 @@ from temporalio.api.history.v1 import HistoryEvent
 
 from reflector.runtime.storage.payloads import resolve
 
-__all__ = ["payload_json", "first_json", "event_time", "failure_text", "LocalActivityMarker", "local_activity",
-           "started_model", "models_of"]
+__all__ = [
+    "payload_json",
+    "first_json",
+    "event_time",
+    "failure_text",
+    "LocalActivityMarker",
+    "local_activity",
+    "started_model",
+    "models_of",
+]
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 

@@ -65,14 +65,16 @@ __all__ = [
 EXPORT_VERSION = 1
 DEFAULT_CONCURRENCY = 8  # histories fetched at once (and child subtrees held ahead of the one being yielded)
 
-CLOSE_EVENTS = frozenset({
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
-    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
-})
+CLOSE_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    }
+)
 # every external-storage reference (current and legacy form) carries one of these in its bytes
 _REFERENCE_MARKS = (b"ExternalStorageReference", b"external-storage-reference")
 
@@ -104,7 +106,9 @@ class RunHistory:
     def continued(self) -> bool:
         """The run ended by continuing as new (a later run of the chain follows)."""
         events = self.history.events
-        return bool(events) and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        return (
+            bool(events) and events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        )
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,10 @@ def _stored(payload: Payload, store: BlobStore) -> Payload:
     try:
         data = store.get_bytes(digest)
     except BlobNotFound:
-        raise BlobNotFound(f"payload blob sha256:{digest} is missing from {store.root} (is RR_BLOB_DIR the store "
-                           "this reflection was run with?)") from None
+        raise BlobNotFound(
+            f"payload blob sha256:{digest} is missing from {store.root} (is RR_BLOB_DIR the store "
+            "this reflection was run with?)"
+        ) from None
     if hashlib.sha256(data).hexdigest() != digest:
         raise BundleError(f"payload blob sha256:{digest} in {store.root} is corrupt")
     out = Payload()
@@ -235,7 +241,9 @@ class _Fetcher:
 
 def _started(history: WorkflowHistory) -> Any:
     if not history.events or not history.events[0].HasField("workflow_execution_started_event_attributes"):
-        raise BundleError(f"the history of {history.workflow_id} does not begin with WorkflowExecutionStarted")
+        raise BundleError(
+            f"the history of {history.workflow_id} does not begin with WorkflowExecutionStarted"
+        )
     return history.events[0].workflow_execution_started_event_attributes
 
 
@@ -243,10 +251,15 @@ def _children(history: WorkflowHistory) -> list[tuple[str, str]]:
     """(workflow id, first run id) of every child this run started, in start order: the order the workflow
     initiated them (deterministic; concurrent children's `ChildWorkflowExecutionStarted` events come in the
     order the server confirmed them)."""
-    started = [ev.child_workflow_execution_started_event_attributes for ev in history.events
-               if ev.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED]
-    return [(a.workflow_execution.workflow_id, a.workflow_execution.run_id)
-            for a in sorted(started, key=lambda a: a.initiated_event_id)]
+    started = [
+        ev.child_workflow_execution_started_event_attributes
+        for ev in history.events
+        if ev.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+    ]
+    return [
+        (a.workflow_execution.workflow_id, a.workflow_execution.run_id)
+        for a in sorted(started, key=lambda a: a.initiated_event_id)
+    ]
 
 
 def _next_run(history: WorkflowHistory) -> str | None:
@@ -256,8 +269,9 @@ def _next_run(history: WorkflowHistory) -> str | None:
     return None
 
 
-async def _chain(f: _Fetcher, workflow_id: str, first_run: str | None, parent: str | None
-                 ) -> AsyncGenerator[RunHistory, None]:
+async def _chain(
+    f: _Fetcher, workflow_id: str, first_run: str | None, parent: str | None
+) -> AsyncGenerator[RunHistory, None]:
     """The runs of one chain, in order: the root's from its run ids, a child's forward from its first run."""
     known = await f.root_chain(workflow_id) if first_run is None else None
     run_id: str | None = known[0] if known else first_run
@@ -272,8 +286,9 @@ async def _chain(f: _Fetcher, workflow_id: str, first_run: str | None, parent: s
             run_id = _next_run(history)
 
 
-async def _walk(f: _Fetcher, workflow_id: str, first_run: str | None, parent: str | None
-                ) -> AsyncGenerator[RunHistory, None]:
+async def _walk(
+    f: _Fetcher, workflow_id: str, first_run: str | None, parent: str | None
+) -> AsyncGenerator[RunHistory, None]:
     children: list[tuple[str, str]] = []
     async for run in _chain(f, workflow_id, first_run, parent):
         children.extend(_children(run.history))
@@ -302,8 +317,9 @@ async def _subtree(f: _Fetcher, workflow_id: str, first_run: str, parent: str) -
     return [run async for run in _walk(f, workflow_id, first_run, parent)]
 
 
-async def iter_runs(client: Client, workflow_id: str, blob_dir: Path | str, *,
-                    concurrency: int = DEFAULT_CONCURRENCY) -> AsyncGenerator[RunHistory, None]:
+async def iter_runs(
+    client: Client, workflow_id: str, blob_dir: Path | str, *, concurrency: int = DEFAULT_CONCURRENCY
+) -> AsyncGenerator[RunHistory, None]:
     """The runs `collect` returns, streamed in the same order (payloads inlined)."""
     f = _Fetcher(client, Path(blob_dir), concurrency)
     async for run in _walk(f, workflow_id, None, None):
@@ -379,12 +395,24 @@ class ExportSummary:
     files: list[Path] = field(default_factory=list)  # with a split directory
 
     def to_json(self) -> dict[str, Any]:
-        return {"root": self.root_id, "histories": self.histories, "events": self.events, "partial": self.partial,
-                "files": [str(f) for f in self.files]}
+        return {
+            "root": self.root_id,
+            "histories": self.histories,
+            "events": self.events,
+            "partial": self.partial,
+            "files": [str(f) for f in self.files],
+        }
 
 
-async def export(client: Client, workflow_id: str, blob_dir: Path | str, *, out: TextIO | None = None,
-                 split_dir: Path | None = None, concurrency: int = DEFAULT_CONCURRENCY) -> ExportSummary:
+async def export(
+    client: Client,
+    workflow_id: str,
+    blob_dir: Path | str,
+    *,
+    out: TextIO | None = None,
+    split_dir: Path | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> ExportSummary:
     """Stream the histories of `workflow_id` into an export file on `out` and/or one plain history per run
     into `split_dir`; nothing is written to `out` before the first history has been read."""
     summary = ExportSummary(workflow_id)
@@ -427,7 +455,9 @@ def _history(workflow_id: str, events: Any, where: str) -> WorkflowHistory:
 def _entries(data: dict[str, Any], path: Path) -> Iterator[RunHistory]:
     version = data.get("rr_export")
     if version != EXPORT_VERSION:
-        raise BundleError(f"{path}: rr export format {version!r} is not supported (this rr reads {EXPORT_VERSION})")
+        raise BundleError(
+            f"{path}: rr export format {version!r} is not supported (this rr reads {EXPORT_VERSION})"
+        )
     entries = data.get("histories")
     if not isinstance(entries, list):
         raise BundleError(f"{path}: an rr export file without a list of histories")
@@ -449,7 +479,9 @@ def _entries(data: dict[str, Any], path: Path) -> Iterator[RunHistory]:
 def _plain(data: dict[str, Any], path: Path) -> RunHistory:
     history = _history(path.stem, data.get("events"), str(path))
     started = _started(history)
-    workflow_id = started.workflow_id or path.stem  # servers record the id in the start event; older ones did not
+    workflow_id = (
+        started.workflow_id or path.stem
+    )  # servers record the id in the start event; older ones did not
     if workflow_id != history.workflow_id:
         history = WorkflowHistory(workflow_id, history.events)
     parent = started.parent_workflow_execution.workflow_id or None
@@ -486,7 +518,9 @@ def load_bundle(path: Path) -> HistoryBundle:
     except json.JSONDecodeError as e:
         raise BundleError(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(data, dict):
-        raise BundleError(f"{path}: neither an rr export file nor a Temporal JSON history (a JSON {type(data).__name__})")
+        raise BundleError(
+            f"{path}: neither an rr export file nor a Temporal JSON history (a JSON {type(data).__name__})"
+        )
     if "rr_export" in data:
         runs = list(_entries(data, path))
         root = data.get("root")
@@ -494,4 +528,6 @@ def load_bundle(path: Path) -> HistoryBundle:
     if "events" in data:
         run = _plain(data, path)
         return HistoryBundle(run.workflow_id, [run])
-    raise BundleError(f"{path}: neither an rr export file (no \"rr_export\") nor a Temporal JSON history (no \"events\")")
+    raise BundleError(
+        f'{path}: neither an rr export file (no "rr_export") nor a Temporal JSON history (no "events")'
+    )

@@ -103,27 +103,41 @@ def _request(item: ModelRequestItem) -> str:
         tags.append(_tag(f"{item.attempts} attempts", "warn"))
     if item.failed:
         tags.append(_tag("failed", "bad"))
-    out = [f'<div class="item request" id="request-{_e(item.event_id)}"><b>request {item.step}</b> {"".join(tags)} '
-           f'<span class="label">tokens in {item.input_tokens}, out {item.output_tokens}</span>']
+    out = [
+        f'<div class="item request" id="request-{_e(item.event_id)}"><b>request {item.step}</b> {"".join(tags)} '
+        f'<span class="label">tokens in {item.input_tokens}, out {item.output_tokens}</span>'
+    ]
     g = item.given
     if g is None:
         out.append('<div class="label">given: not rebuilt (the replay failed)</div>')
     else:
-        out.append(f'<div class="label">given ({_e(g.source)}): {g.messages} messages, {g.chars} chars; tools: '
-                   f'{_e(", ".join(g.tools_offered) or "-")}</div>')
+        out.append(
+            f'<div class="label">given ({_e(g.source)}): {g.messages} messages, {g.chars} chars; tools: '
+            f"{_e(', '.join(g.tools_offered) or '-')}</div>"
+        )
         if g.last_tool_results:
-            rows = "".join(f"<li>{_e(r.tool)} {_e(r.call_id)} ({r.chars} chars): <code>{_e(r.excerpt[:200])}</code></li>"
-                           for r in g.last_tool_results)
-            out.append(f'<details><summary class="label">last tool results it saw</summary><ul>{rows}</ul></details>')
+            rows = "".join(
+                f"<li>{_e(r.tool)} {_e(r.call_id)} ({r.chars} chars): <code>{_e(r.excerpt[:200])}</code></li>"
+                for r in g.last_tool_results
+            )
+            out.append(
+                f'<details><summary class="label">last tool results it saw</summary><ul>{rows}</ul></details>'
+            )
     for call in item.tool_calls:
-        args = call.args if isinstance(call.args, str) else json.dumps(call.args, indent=1, ensure_ascii=False)
+        args = (
+            call.args if isinstance(call.args, str) else json.dumps(call.args, indent=1, ensure_ascii=False)
+        )
         if call.tool == EXECUTE_CODE_TOOL:
-            out.append(f'<div>decided: <b>{EXECUTE_CODE_TOOL}</b> <span class="label">{_e(call.call_id)}</span></div>')
+            out.append(
+                f'<div>decided: <b>{EXECUTE_CODE_TOOL}</b> <span class="label">{_e(call.call_id)}</span></div>'
+            )
         else:
-            out.append(f'<details><summary>decided: <b>{_e(call.tool)}</b> <span class="label">{_e(call.call_id)}'
-                       f'</span></summary>{_pre(args, "args")}</details>')
+            out.append(
+                f'<details><summary>decided: <b>{_e(call.tool)}</b> <span class="label">{_e(call.call_id)}'
+                f"</span></summary>{_pre(args, 'args')}</details>"
+            )
     if item.text.strip():
-        out.append(f'<div>text: {_e(item.text[:2000])}</div>')
+        out.append(f"<div>text: {_e(item.text[:2000])}</div>")
     if item.failed:
         out.append(f'<div class="label">failure: {_e(item.failed)}</div>')
     out.append("</div>")
@@ -145,26 +159,36 @@ def _cell(item: CellItem) -> str:
         tags.append(_tag("final answer submitted", "ok"))
     if item.reused:
         tags.append(_tag("reused from the origin"))
-    body = [f'<div class="label">code</div>{_pre(item.code or "(code not in the history)", "code")}',
-            f'<div class="label">output</div>{_pre(item.output or "(no output)", "output")}']
+    body = [
+        f'<div class="label">code</div>{_pre(item.code or "(code not in the history)", "code")}',
+        f'<div class="label">output</div>{_pre(item.output or "(no output)", "output")}',
+    ]
     if item.error:
         body.append(f'<div class="label">error</div>{_pre(item.error, "error")}')
     first = next((line for line in item.code.splitlines() if line.strip()), "")
     more = "&hellip;" if len(first) > 90 or "\n" in item.code.strip() else ""
     peek = f' <code class="peek">{_e(first[:90])}{more}</code>'
-    return (f'<details class="item cell" id="{_e(item.anchor)}"><summary>[cell {item.seq}] {"".join(tags)}{peek}</summary>'
-            f'{"".join(body)}</details>')
+    return (
+        f'<details class="item cell" id="{_e(item.anchor)}"><summary>[cell {item.seq}] {"".join(tags)}{peek}</summary>'
+        f"{''.join(body)}</details>"
+    )
 
 
 def _child(item: ChildItem) -> str:
-    head = (f'<div class="item child"><b>child</b> {_e(item.workflow_id)} {_tag(item.status)}'
-            f'{_tag("stop " + (item.stop_reason or "-"))} <span class="label">requests {item.requests}, tokens '
-            f'{item.tokens}</span><div class="label">prompt</div>{_pre(item.prompt, "prompt")}')
+    head = (
+        f'<div class="item child"><b>child</b> {_e(item.workflow_id)} {_tag(item.status)}'
+        f'{_tag("stop " + (item.stop_reason or "-"))} <span class="label">requests {item.requests}, tokens '
+        f'{item.tokens}</span><div class="label">prompt</div>{_pre(item.prompt, "prompt")}'
+    )
     if item.context_code:
         head += f'<div class="label">context_code</div>{_pre(item.context_code, "code")}'
-    inner = (f'<details class="nested" open><summary>its session</summary>{_session(item.session)}</details>'
-             if item.session is not None else '<div class="label">(reused from the rerun\'s origin)</div>' if item.reused
-             else '<div class="label">(its history is not in this audit)</div>')
+    inner = (
+        f'<details class="nested" open><summary>its session</summary>{_session(item.session)}</details>'
+        if item.session is not None
+        else '<div class="label">(reused from the rerun\'s origin)</div>'
+        if item.reused
+        else '<div class="label">(its history is not in this audit)</div>'
+    )
     return head + inner + "</div>"
 
 
@@ -176,10 +200,12 @@ def _item(item: Item) -> str:
     if isinstance(item, ChildItem):
         return _child(item)
     if isinstance(item, CompactionItem):
-        return (f'<details class="item compaction"><summary><b>compaction</b> {_tag(item.model or "?")}'
-                f'{_tag("reused from the origin") if item.reused else ""} '
-                f'<span class="label">tokens in {item.input_tokens}, out {item.output_tokens}</span></summary>'
-                f'{_pre(item.summary, "summary")}<div class="label">archive {_e(item.archive_ref)}</div></details>')
+        return (
+            f'<details class="item compaction"><summary><b>compaction</b> {_tag(item.model or "?")}'
+            f"{_tag('reused from the origin') if item.reused else ''} "
+            f'<span class="label">tokens in {item.input_tokens}, out {item.output_tokens}</span></summary>'
+            f'{_pre(item.summary, "summary")}<div class="label">archive {_e(item.archive_ref)}</div></details>'
+        )
     if isinstance(item, IncidentItem):
         gap = f", {item.gap_s:.1f} s without progress" if item.gap_s is not None else ""
         return f'<div class="item incident">&#9888; <b>{_e(item.what)}</b>: {_e(item.detail)}{_e(gap)}</div>'
@@ -193,7 +219,11 @@ def _citations(learning: LearningAudit) -> str:
         return _tag("uncited: the evidence names no cell", "warn")
     links = []
     for c in learning.citations:
-        why = "" if c.supported else (" (unsupported: no such cell)" if not c.exists else " (unsupported: quote not printed)")
+        why = (
+            ""
+            if c.supported
+            else (" (unsupported: no such cell)" if not c.exists else " (unsupported: quote not printed)")
+        )
         quote = f" &ldquo;{_e(c.quote[:120])}&rdquo;" if c.quote else ""
         cls = "cite" + ("" if c.supported else " unsupported")
         if c.exists and c.anchor:
@@ -205,8 +235,11 @@ def _citations(learning: LearningAudit) -> str:
 
 def _reflection(s: Session) -> str:
     r = s.reflection
-    out = [f'<div class="reflection"><div>status {_tag(r.status)}'
-           + (_tag("stop " + r.stop_reason) if r.stop_reason else "") + "</div>"]
+    out = [
+        f'<div class="reflection"><div>status {_tag(r.status)}'
+        + (_tag("stop " + r.stop_reason) if r.stop_reason else "")
+        + "</div>"
+    ]
     if r.failure:
         out.append(f'<div class="label">failure</div>{_pre(r.failure, "error")}')
     for key in ("error_identification", "root_cause_analysis", "correct_approach", "key_insight"):
@@ -214,21 +247,25 @@ def _reflection(s: Session) -> str:
         if text:
             out.append(f'<div class="label">{_e(key.replace("_", " "))}</div><div>{_e(text)}</div>')
     for learning in r.learnings:
-        out.append(f'<div class="learning" id="learning-{_e(s.workflow_id)}-{learning.index + 1}">'
-                   f'<b>learning {learning.index + 1}</b>: {_e(learning.learning)}'
-                   f'<div class="label">evidence: {_e(learning.evidence)}</div>'
-                   f'<div>cites: {_citations(learning)}</div></div>')
+        out.append(
+            f'<div class="learning" id="learning-{_e(s.workflow_id)}-{learning.index + 1}">'
+            f"<b>learning {learning.index + 1}</b>: {_e(learning.learning)}"
+            f'<div class="label">evidence: {_e(learning.evidence)}</div>'
+            f"<div>cites: {_citations(learning)}</div></div>"
+        )
     out.append("</div>")
     return "".join(out)
 
 
 def _session(s: Session) -> str:
-    head = (f'<div class="session" id="session-{_e(s.workflow_id)}"><div class="label">session {_e(s.workflow_id)} '
-            f'&middot; depth {s.depth} &middot; {len(s.run_ids)} run(s) &middot; {s.events} events</div>')
+    head = (
+        f'<div class="session" id="session-{_e(s.workflow_id)}"><div class="label">session {_e(s.workflow_id)} '
+        f"&middot; depth {s.depth} &middot; {len(s.run_ids)} run(s) &middot; {s.events} events</div>"
+    )
     if s.replay_failure:
         head += f'<div class="item incident">replay failed, model inputs not rebuilt: {_e(s.replay_failure)}</div>'
     items = "".join(_item(i) for i in s.items)
-    return head + items + f'<h3>reflection of {_e(s.workflow_id)}</h3>' + _reflection(s) + "</div>"
+    return head + items + f"<h3>reflection of {_e(s.workflow_id)}</h3>" + _reflection(s) + "</div>"
 
 
 def _budget_svg(points: list[BudgetPoint], max_requests: int) -> str:
@@ -242,21 +279,29 @@ def _budget_svg(points: list[BudgetPoint], max_requests: int) -> str:
     def x(i: int) -> float:
         return pad + (w - 2 * pad) * (i / max(1, n - 1))
 
-    tokens = " ".join(f"{x(i):.1f},{h - pad - (h - 2 * pad) * p.tokens / top_t:.1f}" for i, p in enumerate(points))
-    reqs = " ".join(f"{x(i):.1f},{h - pad - (h - 2 * pad) * p.requests / top_r:.1f}" for i, p in enumerate(points))
-    dots = "".join(f'<circle cx="{x(i):.1f}" cy="{h - pad - (h - 2 * pad) * p.tokens / top_t:.1f}" r="2.5" '
-                   f'fill="#2f5fb3"><title>{_e(p.label)}: {p.requests} requests, {p.tokens} tokens</title></circle>'
-                   for i, p in enumerate(points))
-    return (f'<svg class="budget" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
-            f'aria-label="budget over time">'
-            f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#aab"/>'
-            f'<polyline points="{tokens}" fill="none" stroke="#2f5fb3" stroke-width="2"/>'
-            f'<polyline points="{reqs}" fill="none" stroke="#9a6700" stroke-width="1.5" stroke-dasharray="4 3"/>{dots}'
-            f'<text x="{pad}" y="16" font-size="11" fill="#2f5fb3">tokens (max {top_t})</text>'
-            f'<text x="{pad + 170}" y="16" font-size="11" fill="#9a6700">requests (scale {top_r})</text>'
-            f'<text x="{pad}" y="{h - 10}" font-size="11" fill="#5d6876">{_e(points[0].label)}</text>'
-            f'<text x="{w - pad}" y="{h - 10}" font-size="11" fill="#5d6876" text-anchor="end">'
-            f'{_e(points[-1].label)}: {points[-1].requests} requests, {points[-1].tokens} tokens</text></svg>')
+    tokens = " ".join(
+        f"{x(i):.1f},{h - pad - (h - 2 * pad) * p.tokens / top_t:.1f}" for i, p in enumerate(points)
+    )
+    reqs = " ".join(
+        f"{x(i):.1f},{h - pad - (h - 2 * pad) * p.requests / top_r:.1f}" for i, p in enumerate(points)
+    )
+    dots = "".join(
+        f'<circle cx="{x(i):.1f}" cy="{h - pad - (h - 2 * pad) * p.tokens / top_t:.1f}" r="2.5" '
+        f'fill="#2f5fb3"><title>{_e(p.label)}: {p.requests} requests, {p.tokens} tokens</title></circle>'
+        for i, p in enumerate(points)
+    )
+    return (
+        f'<svg class="budget" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="budget over time">'
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#aab"/>'
+        f'<polyline points="{tokens}" fill="none" stroke="#2f5fb3" stroke-width="2"/>'
+        f'<polyline points="{reqs}" fill="none" stroke="#9a6700" stroke-width="1.5" stroke-dasharray="4 3"/>{dots}'
+        f'<text x="{pad}" y="16" font-size="11" fill="#2f5fb3">tokens (max {top_t})</text>'
+        f'<text x="{pad + 170}" y="16" font-size="11" fill="#9a6700">requests (scale {top_r})</text>'
+        f'<text x="{pad}" y="{h - 10}" font-size="11" fill="#5d6876">{_e(points[0].label)}</text>'
+        f'<text x="{w - pad}" y="{h - 10}" font-size="11" fill="#5d6876" text-anchor="end">'
+        f"{_e(points[-1].label)}: {points[-1].requests} requests, {points[-1].tokens} tokens</text></svg>"
+    )
 
 
 def _header(a: Audit) -> str:
@@ -268,8 +313,11 @@ def _header(a: Audit) -> str:
         ("stop reason", a.stop_reason or "-"),
         ("requests / tokens", f"{a.requests} / {a.tokens}"),
         ("cells / children / compactions", f"{a.cells} / {a.children} / {a.compactions}"),
-        ("incidents survived", f"{a.incidents} (retries, timeouts, worker changes); {a.cells_rebuilt} cell(s) "
-                               "rebuilt on a new sandbox host"),
+        (
+            "incidents survived",
+            f"{a.incidents} (retries, timeouts, worker changes); {a.cells_rebuilt} cell(s) "
+            "rebuilt on a new sandbox host",
+        ),
         ("source", a.source),
     ]
     if a.rerun:
@@ -285,13 +333,15 @@ def _header(a: Audit) -> str:
 def render_html(audit: Audit) -> str:
     body = (
         _header(audit)
-        + "<h2>Budget over time</h2>" + _budget_svg(audit.session.budget, 0)
-        + "<h2>Timeline</h2>" + _session(audit.session)
+        + "<h2>Budget over time</h2>"
+        + _budget_svg(audit.session.budget, 0)
+        + "<h2>Timeline</h2>"
+        + _session(audit.session)
     )
     nonce = hashlib.sha256(body.encode()).hexdigest()[:32]
     csp = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-{nonce}'; img-src data:"
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>rr audit {_e(audit.root_id)}</title><style>{CSS}</style></head><body>"

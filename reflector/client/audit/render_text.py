@@ -46,17 +46,23 @@ def _args(args: dict[str, object] | str) -> str:
 
 
 def _request(item: ModelRequestItem, pad: str) -> list[str]:
-    head = (f"{pad}request {item.step} [{item.agent}, {item.model or '?'}, {item.path}"
-            + (f", {item.attempts} attempts" if item.attempts > 1 else "")
-            + f"] tokens in {item.input_tokens} out {item.output_tokens}")
+    head = (
+        f"{pad}request {item.step} [{item.agent}, {item.model or '?'}, {item.path}"
+        + (f", {item.attempts} attempts" if item.attempts > 1 else "")
+        + f"] tokens in {item.input_tokens} out {item.output_tokens}"
+    )
     out = [head]
     g = item.given
     if g is None:
         out.append(f"{pad}  given: (not rebuilt: the replay failed)")
     else:
-        out.append(f"{pad}  given ({g.source}): {g.messages} messages, {g.chars} chars, tools {', '.join(g.tools_offered) or '-'}")
+        out.append(
+            f"{pad}  given ({g.source}): {g.messages} messages, {g.chars} chars, tools {', '.join(g.tools_offered) or '-'}"
+        )
         for r in g.last_tool_results:
-            out.append(f"{pad}    saw {r.tool}{' ' + r.call_id if r.call_id else ''} ({r.chars} chars): {short(r.excerpt, 100)}")
+            out.append(
+                f"{pad}    saw {r.tool}{' ' + r.call_id if r.call_id else ''} ({r.chars} chars): {short(r.excerpt, 100)}"
+            )
     if item.failed:
         out.append(f"{pad}  FAILED: {short(item.failed)}")
     for call in item.tool_calls:
@@ -97,8 +103,10 @@ def _item(item: Item, pad: str) -> list[str]:
     if isinstance(item, CellItem):
         return _cell(item, pad)
     if isinstance(item, ChildItem):
-        head = (f"{pad}child {item.workflow_id} ({item.status}, stop {item.stop_reason or '-'}, "
-                f"requests {item.requests}, tokens {item.tokens})")
+        head = (
+            f"{pad}child {item.workflow_id} ({item.status}, stop {item.stop_reason or '-'}, "
+            f"requests {item.requests}, tokens {item.tokens})"
+        )
         out = [head, f"{pad}  prompt: {short(item.prompt)}"]
         if item.context_code:
             out.append(f"{pad}  context_code: {short(item.context_code)}")
@@ -112,8 +120,10 @@ def _item(item: Item, pad: str) -> list[str]:
             out.append(f"{pad}  child's key insight: {short(item.key_insight)}")
         return out
     if isinstance(item, CompactionItem):
-        return [f"{pad}COMPACTION{' (reused)' if item.reused else ''}: summary by {item.model or '?'} (tokens in {item.input_tokens} out "
-                f"{item.output_tokens}, archive {item.archive_ref[:24]})"] + _block(item.summary, OUTPUT_LINES, pad + "  | ")
+        return [
+            f"{pad}COMPACTION{' (reused)' if item.reused else ''}: summary by {item.model or '?'} (tokens in {item.input_tokens} out "
+            f"{item.output_tokens}, archive {item.archive_ref[:24]})"
+        ] + _block(item.summary, OUTPUT_LINES, pad + "  | ")
     if isinstance(item, IncidentItem):
         gap = f", {item.gap_s:.1f} s without progress" if item.gap_s is not None else ""
         return [f"{pad}! {item.what}: {short(item.detail)}{gap} (event {item.event_id})"]
@@ -146,7 +156,11 @@ def _reflection(s: Session, pad: str) -> list[str]:
         if learning.uncited:
             out.append(f"{pad}    UNCITED (the evidence names no cell)")
         for c in learning.citations:
-            mark = "ok" if c.supported else ("UNSUPPORTED: no such cell" if not c.exists else "UNSUPPORTED: not printed")
+            mark = (
+                "ok"
+                if c.supported
+                else ("UNSUPPORTED: no such cell" if not c.exists else "UNSUPPORTED: not printed")
+            )
             quote = f' "{short(c.quote, 80)}"' if c.quote else ""
             out.append(f"{pad}    cites cell {c.cell}{quote}: {mark}")
     return out
@@ -157,7 +171,10 @@ def _budget(s: Session) -> list[str]:
         return []
     points = s.budget
     keep = points if len(points) <= 12 else [points[i * (len(points) - 1) // 11] for i in range(12)]
-    return ["budget over time (requests / tokens): " + ", ".join(f"{p.label}: {p.requests}/{p.tokens}" for p in keep)]
+    return [
+        "budget over time (requests / tokens): "
+        + ", ".join(f"{p.label}: {p.requests}/{p.tokens}" for p in keep)
+    ]
 
 
 def render_text(audit: Audit) -> str:
@@ -171,8 +188,10 @@ def render_text(audit: Audit) -> str:
         f"incidents {audit.incidents}; cells rebuilt on a new sandbox host {audit.cells_rebuilt}",
     ]
     if audit.rerun:
-        lines.append(f"rerun of {audit.rerun.get('origin') or audit.rerun.get('workflow_id') or audit.rerun}"
-                     + (f" from step {audit.rerun['from_step']}" if "from_step" in audit.rerun else ""))
+        lines.append(
+            f"rerun of {audit.rerun.get('origin') or audit.rerun.get('workflow_id') or audit.rerun}"
+            + (f" from step {audit.rerun['from_step']}" if "from_step" in audit.rerun else "")
+        )
     if not audit.inputs_rebuilt:
         lines.append("note: some model inputs could not be rebuilt by replay (shown as not rebuilt)")
     lines += _budget(audit.session)

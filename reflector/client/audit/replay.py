@@ -36,8 +36,19 @@ from temporalio.worker import (
 
 from reflector.client.audit.histories import RunHistory
 
-__all__ = ["Divergence", "RunReplay", "ReplayReport", "CommandRecorder", "recording_replayer", "as_stream", "replay_runs", "replay_all",
-           "divergence_of", "render_line", "render_summary"]
+__all__ = [
+    "Divergence",
+    "RunReplay",
+    "ReplayReport",
+    "CommandRecorder",
+    "recording_replayer",
+    "as_stream",
+    "replay_runs",
+    "replay_all",
+    "divergence_of",
+    "render_line",
+    "render_summary",
+]
 
 _LA_MARKER = "core_local_activity"
 _PATCH_MARKER = "core_patch"
@@ -73,16 +84,25 @@ class RunReplay:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "workflow_id": self.workflow_id, "run_id": self.run_id, "parent_workflow_id": self.parent_workflow_id,
-            "chain_index": self.chain_index, "workflow_type": self.workflow_type, "events": self.events,
-            "running": self.running, "ok": self.ok,
+            "workflow_id": self.workflow_id,
+            "run_id": self.run_id,
+            "parent_workflow_id": self.parent_workflow_id,
+            "chain_index": self.chain_index,
+            "workflow_type": self.workflow_type,
+            "events": self.events,
+            "running": self.running,
+            "ok": self.ok,
         }
         if self.failure is not None:
             out["failure"] = self.failure
         if self.divergence is not None:
             d = self.divergence
-            out["divergence"] = {"event_id": d.event_id, "event_type": d.event_type, "code_did": d.code_did,
-                                 "message": d.message}
+            out["divergence"] = {
+                "event_id": d.event_id,
+                "event_type": d.event_type,
+                "code_did": d.code_did,
+                "message": d.message,
+            }
         return out
 
 
@@ -115,9 +135,16 @@ class ReplayReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": self.root_id, "source": self.source, "ok": self.ok, "histories": len(self.runs),
-            "events": self.events, "seconds": round(self.seconds, 4), "events_per_s": round(self.events_per_s, 1),
-            "failed": len(self.failed), "partial": len(self.partial), "runs": [r.to_json() for r in self.runs],
+            "root": self.root_id,
+            "source": self.source,
+            "ok": self.ok,
+            "histories": len(self.runs),
+            "events": self.events,
+            "seconds": round(self.seconds, 4),
+            "events_per_s": round(self.events_per_s, 1),
+            "failed": len(self.failed),
+            "partial": len(self.partial),
+            "runs": [r.to_json() for r in self.runs],
         }
 
 
@@ -243,11 +270,18 @@ def _command_label(c: WorkflowCommand) -> tuple[str, str] | None:
     return None  # queries, patches, upserts, cancellations of its own commands: not compared
 
 
-_EVENT_WORDS = {"local activity": "MarkerRecorded", "activity": "ActivityTaskScheduled", "timer": "TimerStarted",
-                "child workflow": "StartChildWorkflowExecutionInitiated", "complete": "WorkflowExecutionCompleted",
-                "fail": "WorkflowExecutionFailed", "continue as new": "WorkflowExecutionContinuedAsNew",
-                "cancel": "WorkflowExecutionCanceled", "signal external": "SignalExternalWorkflowExecutionInitiated",
-                "cancel external": "RequestCancelExternalWorkflowExecutionInitiated"}
+_EVENT_WORDS = {
+    "local activity": "MarkerRecorded",
+    "activity": "ActivityTaskScheduled",
+    "timer": "TimerStarted",
+    "child workflow": "StartChildWorkflowExecutionInitiated",
+    "complete": "WorkflowExecutionCompleted",
+    "fail": "WorkflowExecutionFailed",
+    "continue as new": "WorkflowExecutionContinuedAsNew",
+    "cancel": "WorkflowExecutionCanceled",
+    "signal external": "SignalExternalWorkflowExecutionInitiated",
+    "cancel external": "RequestCancelExternalWorkflowExecutionInitiated",
+}
 
 
 def _type_name(ev: HistoryEvent) -> str:
@@ -268,7 +302,9 @@ def _describe_event(ev: HistoryEvent) -> str:
 
 def _describe_command(label: tuple[str, str] | None) -> str:
     if label is None:
-        return "issued no further command (its code had returned or was waiting on something the history lacks)"
+        return (
+            "issued no further command (its code had returned or was waiting on something the history lacks)"
+        )
     what, detail = label
     return {
         "local activity": f"scheduled local activity {detail}",
@@ -299,8 +335,11 @@ def _event_for_seq(events: Iterable[HistoryEvent], kind: str, seq: int) -> Histo
     children = 0
     for ev in events:
         t = ev.event_type
-        if kind == "LocalActivity" and t == EventType.EVENT_TYPE_MARKER_RECORDED \
-                and ev.marker_recorded_event_attributes.marker_name == _LA_MARKER:
+        if (
+            kind == "LocalActivity"
+            and t == EventType.EVENT_TYPE_MARKER_RECORDED
+            and ev.marker_recorded_event_attributes.marker_name == _LA_MARKER
+        ):
             if _marker_data(ev, "data").get("seq") == seq:
                 return ev
         elif kind == "Activity" and t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -309,15 +348,19 @@ def _event_for_seq(events: Iterable[HistoryEvent], kind: str, seq: int) -> Histo
         elif kind == "Timer" and t == EventType.EVENT_TYPE_TIMER_STARTED:
             if ev.timer_started_event_attributes.timer_id == str(seq):
                 return ev
-        elif kind.startswith("ChildWorkflow") and t == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+        elif (
+            kind.startswith("ChildWorkflow")
+            and t == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        ):
             children += 1
             if children == seq:
                 return ev
     return None
 
 
-def divergence_of(failure: BaseException, history: WorkflowHistory,
-                  commands: list[WorkflowCommand]) -> Divergence | None:
+def divergence_of(
+    failure: BaseException, history: WorkflowHistory, commands: list[WorkflowCommand]
+) -> Divergence | None:
     """The first diverging event of `history` under `failure`, and what the code (`commands`) did there.
 
     None for a failure that is not a nondeterminism error (e.g. the workflow task raised) when neither its
@@ -331,8 +374,9 @@ def divergence_of(failure: BaseException, history: WorkflowHistory,
         named = by_id.get(int(m.group(1) or m.group(2)))
     elif (m := _SEQ_IN_MESSAGE.search(message)) is not None:
         named = _event_for_seq(history.events, m.group(1), int(m.group(2)))
-    first_mismatch = next((i for i, (_ev, lab) in enumerate(history_cmds) if i >= len(code) or code[i] != lab),
-                          None)
+    first_mismatch = next(
+        (i for i, (_ev, lab) in enumerate(history_cmds) if i >= len(code) or code[i] != lab), None
+    )
     if named is None and first_mismatch is None and not isinstance(failure, workflow.NondeterminismError):
         return None
     index: int | None
@@ -350,8 +394,13 @@ def divergence_of(failure: BaseException, history: WorkflowHistory,
         did = "(the recorded commands do not show it)"
     if target is None:
         if len(code) > len(history_cmds):
-            return Divergence(None, f"past the end of the history ({_EVENT_WORDS[code[len(history_cmds)][0]]} "
-                                    "expected by the code)", did, message)
+            return Divergence(
+                None,
+                f"past the end of the history ({_EVENT_WORDS[code[len(history_cmds)][0]]} "
+                "expected by the code)",
+                did,
+                message,
+            )
         return Divergence(None, "(not found in the history)", did, message)
     return Divergence(target.event_id, _describe_event(target), did, message)
 
@@ -378,15 +427,17 @@ ReplayerFactory = Callable[[Path | str, WorkflowRunner, Sequence[str] | None], R
 reflector/ never imports the workflows itself. `models`: the ones the histories use (None: every family)."""
 
 
-def recording_replayer(blob_dir: Path | str, make_replayer: ReplayerFactory,
-                       models: Sequence[str] | None = None) -> tuple[Replayer, CommandRecorder]:
+def recording_replayer(
+    blob_dir: Path | str, make_replayer: ReplayerFactory, models: Sequence[str] | None = None
+) -> tuple[Replayer, CommandRecorder]:
     """A replayer from `make_replayer` with a `CommandRecorder` as its runner (building it loads the models)."""
     recorder = CommandRecorder()
     return make_replayer(blob_dir, recorder, models), recorder
 
 
-async def replay_runs(runs: AsyncIterator[RunHistory], *,
-                      replayer: tuple[Replayer, CommandRecorder]) -> AsyncIterator[RunReplay]:
+async def replay_runs(
+    runs: AsyncIterator[RunHistory], *, replayer: tuple[Replayer, CommandRecorder]
+) -> AsyncIterator[RunReplay]:
     """Replay each run as it comes (one replayer for all); yields one `RunReplay` per run, in order."""
     replayer_, recorder = replayer
     pushed: deque[RunHistory] = deque()
@@ -399,23 +450,39 @@ async def replay_runs(runs: AsyncIterator[RunHistory], *,
     async with replayer_.workflow_replay_iterator(histories()) as results:
         async for result in results:
             run = pushed.popleft()
-            commands = recorder.commands.pop(run.history.run_id, None) or recorder.commands.pop(run.run_id, None) or []
+            commands = (
+                recorder.commands.pop(run.history.run_id, None)
+                or recorder.commands.pop(run.run_id, None)
+                or []
+            )
             recorder.commands.clear()
             failure = result.replay_failure
             divergence = None
             if failure is not None:
                 divergence = divergence_of(failure, run.history, commands)
             yield RunReplay(
-                workflow_id=run.workflow_id, run_id=run.run_id, parent_workflow_id=run.parent_workflow_id,
-                chain_index=run.chain_index, workflow_type=run.workflow_type, events=run.events,
-                running=run.running, failure=None if failure is None else _failure_text(failure),
+                workflow_id=run.workflow_id,
+                run_id=run.run_id,
+                parent_workflow_id=run.parent_workflow_id,
+                chain_index=run.chain_index,
+                workflow_type=run.workflow_type,
+                events=run.events,
+                running=run.running,
+                failure=None if failure is None else _failure_text(failure),
                 divergence=divergence,
             )
 
 
-async def replay_all(runs: AsyncIterator[RunHistory], *, root_id: str, source: str, blob_dir: Path | str,
-                     make_replayer: ReplayerFactory, models: Sequence[str] | None = None,
-                     on_run: Callable[[RunReplay], None] | None = None) -> ReplayReport:
+async def replay_all(
+    runs: AsyncIterator[RunHistory],
+    *,
+    root_id: str,
+    source: str,
+    blob_dir: Path | str,
+    make_replayer: ReplayerFactory,
+    models: Sequence[str] | None = None,
+    on_run: Callable[[RunReplay], None] | None = None,
+) -> ReplayReport:
     """`replay_runs`, gathered into a report with its wall time (which includes reading a streamed source);
     `on_run` sees each result as it comes."""
     report = ReplayReport(root_id, source)
@@ -444,13 +511,17 @@ def render_line(r: RunReplay) -> str:
 
 def render_summary(report: ReplayReport) -> str:
     n = len(report.runs)
-    head = (f"replay of {report.root_id} ({report.source}) {'OK' if report.ok else 'FAILED'}: {n} "
-            f"histor{'y' if n == 1 else 'ies'}, {report.events} events in {report.seconds:.2f} s "
-            f"({report.events_per_s:,.0f} events/s) against the current code")
+    head = (
+        f"replay of {report.root_id} ({report.source}) {'OK' if report.ok else 'FAILED'}: {n} "
+        f"histor{'y' if n == 1 else 'ies'}, {report.events} events in {report.seconds:.2f} s "
+        f"({report.events_per_s:,.0f} events/s) against the current code"
+    )
     notes = []
     if report.failed:
         notes.append(f"{len(report.failed)} failed")
     if report.partial:
-        notes.append(f"partial history of a running reflection: {len(report.partial)} of the runs had not closed "
-                     "(replayed as far as they go)")
+        notes.append(
+            f"partial history of a running reflection: {len(report.partial)} of the runs had not closed "
+            "(replayed as far as they go)"
+        )
     return head + (f"; {', '.join(notes)}" if notes else "")

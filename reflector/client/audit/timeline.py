@@ -52,7 +52,9 @@ class ModelRequestItem(BaseModel):
     step: int  # 1-based, per session (across its runs)
     agent: str = ""  # the activity type names the agent (rr_reflector, rr_synthesizer)
     model: str = ""
-    path: Literal["local activity", "activity", "reused"] = "local activity"  # reused: `rr rerun`, from the origin
+    path: Literal["local activity", "activity", "reused"] = (
+        "local activity"  # reused: `rr rerun`, from the origin
+    )
     attempts: int = 1
     given: RequestInput | None = None  # None: not rebuilt (replay failed)
     tool_calls: list[ToolCall] = Field(default_factory=list)

@@ -29,7 +29,15 @@ from reflector.runtime.storage.blobs import BlobStore
 if TYPE_CHECKING:
     from reflector.runtime.storage.s3 import S3Location
 
-__all__ = ["STORE_ID_FILE", "store_id", "store_id_of", "store_queue", "store_label", "StoreMismatch", "check_same_store"]
+__all__ = [
+    "STORE_ID_FILE",
+    "store_id",
+    "store_id_of",
+    "store_queue",
+    "store_label",
+    "StoreMismatch",
+    "check_same_store",
+]
 
 STORE_ID_FILE = "rr-store-id"
 _ID = re.compile(r"[0-9a-f]{16}")
@@ -58,12 +66,15 @@ def store_id_of(store: BlobStore) -> str:
     remote = store.remote
     key: tuple[str, ...] = (
         ("s3", remote.location.url, str(getattr(getattr(remote.client, "meta", None), "endpoint_url", "")))
-        if remote is not None else ("file", str(store.root.expanduser().resolve()))
+        if remote is not None
+        else ("file", str(store.root.expanduser().resolve()))
     )
     with _lock:
         found = _cache.get(key)
         if found is None:
-            found = _cache[key] = _s3_id(remote.location, remote.client) if remote is not None else _file_id(store.root)
+            found = _cache[key] = (
+                _s3_id(remote.location, remote.client) if remote is not None else _file_id(store.root)
+            )
         return found
 
 
@@ -75,7 +86,9 @@ def store_queue(settings: Settings) -> str:
 def _valid(text: str, where: str) -> str:
     value = text.strip()
     if not _ID.fullmatch(value):
-        raise OSError(f"{where} is not an rr store id (16 hex characters); remove it to let rr write a new one")
+        raise OSError(
+            f"{where} is not an rr store id (16 hex characters); remove it to let rr write a new one"
+        )
     return value
 
 
@@ -122,8 +135,9 @@ def _s3_id(location: S3Location, client: Any) -> str:
     if found is not None:
         return found
     try:
-        client.put_object(Bucket=location.bucket, Key=key, Body=(secrets.token_hex(8) + "\n").encode(),
-                          IfNoneMatch="*")
+        client.put_object(
+            Bucket=location.bucket, Key=key, Body=(secrets.token_hex(8) + "\n").encode(), IfNoneMatch="*"
+        )
     except Exception as exc:  # 412: another process wrote it first (read it below); anything else is an error
         code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
         if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict"):

@@ -31,7 +31,15 @@ from reflector.contract import BatchRun, ManifestPage, ManifestRef, RunRecord, T
 from reflector.runtime.storage.blobs import BlobStore, blob_uri
 from reflector.runtime.storage.identity import store_id_of
 
-__all__ = ["RunSource", "expand_paths", "iter_sources", "split_file", "write_manifest", "read_manifest_page", "load_records"]
+__all__ = [
+    "RunSource",
+    "expand_paths",
+    "iter_sources",
+    "split_file",
+    "write_manifest",
+    "read_manifest_page",
+    "load_records",
+]
 
 TRACE_SUFFIXES = (".json", ".jsonl")
 _ID_KEYS = ("run_id", "id", "session_id", "trace_id")
@@ -56,8 +64,10 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if p.is_dir():
             files = sorted(
-                f for f in p.rglob("*")
-                if f.is_file() and f.suffix.lower() in TRACE_SUFFIXES
+                f
+                for f in p.rglob("*")
+                if f.is_file()
+                and f.suffix.lower() in TRACE_SUFFIXES
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
             )
             if not files:
@@ -98,25 +108,40 @@ def split_file(path: Path, store: BlobStore, max_bytes: int | None = None) -> It
         for i, (start, end, value) in enumerate(iter_records(scan, name, yield_broken=True)):
             source = f"{name}#{i}"
             if isinstance(value, BrokenLine):
-                yield RunSource(run_id=source, source=source,
-                                error=f"broken JSONL in {name}: line {value.lineno} is not valid JSON: {value.error}")
+                yield RunSource(
+                    run_id=source,
+                    source=source,
+                    error=f"broken JSONL in {name}: line {value.lineno} is not valid JSON: {value.error}",
+                )
                 continue
             if not isinstance(value, dict | list) or not value:
                 shown = json.dumps(value)[:80] if not isinstance(value, dict | list) else json.dumps(value)
-                yield RunSource(run_id=source, source=source,
-                                error=f"record {i} of {name} is not a run (a non-empty JSON object or array): {shown}")
+                yield RunSource(
+                    run_id=source,
+                    source=source,
+                    error=f"record {i} of {name} is not a run (a non-empty JSON object or array): {shown}",
+                )
                 continue
             size = end - start
             if max_bytes is not None and size > max_bytes:
-                yield RunSource(run_id=_run_id(value) or source, source=source,
-                                error=f"record {i} of {name} is {size:,} bytes, over the limit of {max_bytes:,} bytes "
-                                      "(raise it with RR_MAX_TRACE_BYTES)")
+                yield RunSource(
+                    run_id=_run_id(value) or source,
+                    source=source,
+                    error=f"record {i} of {name} is {size:,} bytes, over the limit of {max_bytes:,} bytes "
+                    "(raise it with RR_MAX_TRACE_BYTES)",
+                )
                 continue
             raw.seek(start)
             data = raw.read(size)
             digest = store.put_bytes(data)
-            ref = TraceRef(uri=blob_uri(digest), sha256=digest, size=size, format=detect_format(value),
-                           store_id=store_id_of(store), store_url=store.where)
+            ref = TraceRef(
+                uri=blob_uri(digest),
+                sha256=digest,
+                size=size,
+                format=detect_format(value),
+                store_id=store_id_of(store),
+                store_url=store.where,
+            )
             yield RunSource(run_id=_run_id(value) or source, source=source, trace=ref)
 
 
@@ -158,7 +183,9 @@ def write_manifest(sources: Iterable[RunSource], store: BlobStore) -> ManifestRe
     return ManifestRef(sha256=digest, size=size, n_runs=n)
 
 
-def read_manifest_page(store: BlobStore, ref: ManifestRef, offset: int, first_index: int, limit: int) -> ManifestPage:
+def read_manifest_page(
+    store: BlobStore, ref: ManifestRef, offset: int, first_index: int, limit: int
+) -> ManifestPage:
     """Up to `limit` runs from byte `offset` of the manifest, the first of them number `first_index`."""
     runs: list[BatchRun] = []
     with open(store.fetch(ref.sha256), "rb") as f:
@@ -169,10 +196,13 @@ def read_manifest_page(store: BlobStore, ref: ManifestRef, offset: int, first_in
                 break
             run = BatchRun.model_validate_json(line)
             if run.index != first_index + len(runs):
-                raise ValueError(f"manifest {ref.sha256[:12]} is out of order at byte {offset}: run {run.index}, "
-                                 f"expected {first_index + len(runs)}")
+                raise ValueError(
+                    f"manifest {ref.sha256[:12]} is out of order at byte {offset}: run {run.index}, "
+                    f"expected {first_index + len(runs)}"
+                )
             runs.append(run)
         return ManifestPage(runs=runs, next_offset=f.tell())
+
 
 def load_records(store: BlobStore, blobs: list[str]) -> list[RunRecord]:
     """Every record of the given blobs (each a JSON list of records: a page, or all of a batch's), in order."""

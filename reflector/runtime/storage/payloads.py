@@ -133,10 +133,14 @@ class BlobStorageDriver(StorageDriver):
     # Inline file I/O, not `asyncio.to_thread`: blobs are small page-cache reads/writes (well under a
     # millisecond), while under load the default executor (cpu+4 threads) queued them for seconds and
     # delayed activity starts past their heartbeat timeout (measured in bench/throughput.py).
-    async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+    async def store(
+        self, context: StorageDriverStoreContext, payloads: Sequence[Payload]
+    ) -> list[StorageDriverClaim]:
         return self._put(payloads)
 
-    async def retrieve(self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
         return self._get(claims)
 
 
@@ -204,7 +208,9 @@ def external_storage(
     return ExternalStorage(drivers=[driver], payload_size_threshold=limit)
 
 
-def s3_external_storage(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> ExternalStorage:
+def s3_external_storage(
+    settings: Settings, *, read_only: bool = False, threshold: int | None = None
+) -> ExternalStorage:
     """`ExternalStorage` on S3 (`RR_BLOB_URL=s3://...`): temporalio's `S3StorageDriver` stores large payloads
     (keys `v0/ns/<namespace>/...` in the bucket); references an earlier file-store run wrote (`rr-blobs`)
     still resolve from the local directory. A replayer (`read_only`) stores nothing: its large payloads
@@ -233,7 +239,9 @@ def replay_storage(blob_dir: Path | str, settings: Settings) -> ExternalStorage:
     return external_storage(blob_dir, read_only=True)
 
 
-def data_converter(settings: Settings, *, read_only: bool = False, threshold: int | None = None) -> DataConverter:
+def data_converter(
+    settings: Settings, *, read_only: bool = False, threshold: int | None = None
+) -> DataConverter:
     """The data converter for clients, workers (`read_only=False`) and replayers (`read_only=True`).
 
     The payload converter is pydantic-ai's, instantiated once per process (`SharedPayloadConverter`);
@@ -262,7 +270,9 @@ def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
         return s3_payload(dict(ref.claim_data))
     if ref.driver_name != PAYLOAD_DRIVER_NAME:
         raise ValueError(f"payload is stored by driver {ref.driver_name!r}, not {PAYLOAD_DRIVER_NAME!r}")
-    [stored] = BlobStorageDriver(blob_dir, store_at(blob_dir))._get([StorageDriverClaim(claim_data=dict(ref.claim_data))])
+    [stored] = BlobStorageDriver(blob_dir, store_at(blob_dir))._get(
+        [StorageDriverClaim(claim_data=dict(ref.claim_data))]
+    )
     return stored
 
 
@@ -284,7 +294,9 @@ def s3_payload(claim: dict[str, str], settings: Settings | None = None) -> Paylo
     settings = settings or Settings.from_env()
     mirror = mirror_for(settings)
     if mirror is None:
-        raise ForeignReference("a payload is stored in S3 (driver rr-s3) but RR_BLOB_URL names no S3 store here")
+        raise ForeignReference(
+            "a payload is stored in S3 (driver rr-s3) but RR_BLOB_URL names no S3 store here"
+        )
     bucket, key, digest = claim.get("bucket", ""), claim.get("key", ""), claim.get("hash_value", "")
     if not bucket or not key or len(digest) != 64:
         raise ForeignReference(f"{PAYLOAD_S3_DRIVER_NAME}: malformed claim {claim!r}")

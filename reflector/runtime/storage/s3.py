@@ -117,8 +117,9 @@ def s3_client(addressing_style: str = "auto", region: str | None = None, endpoin
                 connect_timeout=10,
                 read_timeout=60,
             )
-            _clients[key] = boto3.session.Session().client("s3", config=config, region_name=region,
-                                                           endpoint_url=endpoint)
+            _clients[key] = boto3.session.Session().client(
+                "s3", config=config, region_name=region, endpoint_url=endpoint
+            )
         return _clients[key]
 
 
@@ -199,8 +200,9 @@ class S3Mirror:
             return
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=_MULTIPART_CHUNK, multipart_chunksize=_MULTIPART_CHUNK,
-                                use_threads=True)
+        config = TransferConfig(
+            multipart_threshold=_MULTIPART_CHUNK, multipart_chunksize=_MULTIPART_CHUNK, use_threads=True
+        )
         try:
             self.client.upload_file(str(src), self.location.bucket, self.key(path), Config=config)
         except Exception as exc:
@@ -239,7 +241,9 @@ class S3Mirror:
                 body.close()
                 from boto3.s3.transfer import TransferConfig
 
-                config = TransferConfig(multipart_threshold=_MULTIPART_CHUNK, multipart_chunksize=_MULTIPART_CHUNK)
+                config = TransferConfig(
+                    multipart_threshold=_MULTIPART_CHUNK, multipart_chunksize=_MULTIPART_CHUNK
+                )
                 self.client.download_file(self.location.bucket, key, dest, Config=config)
                 return
             with open(dest, "wb") as out:
@@ -252,8 +256,9 @@ class S3Mirror:
         keys = [{"Key": self.key(p)} for p in paths]
         for i in range(0, len(keys), 1000):
             try:
-                self.client.delete_objects(Bucket=self.location.bucket, Delete={"Objects": keys[i : i + 1000],
-                                                                                 "Quiet": True})
+                self.client.delete_objects(
+                    Bucket=self.location.bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True}
+                )
             except Exception as exc:
                 raise _explain(self.location, exc) from exc
 
@@ -314,8 +319,10 @@ class S3Mirror:
             self.client.head_bucket(Bucket=self.location.bucket)
         except Exception as exc:
             if _is_missing(exc):
-                raise S3Unavailable(f"S3 blob store {self.location.url}: the bucket {self.location.bucket!r} "
-                                    "does not exist (rr does not create buckets)") from exc
+                raise S3Unavailable(
+                    f"S3 blob store {self.location.url}: the bucket {self.location.bucket!r} "
+                    "does not exist (rr does not create buckets)"
+                ) from exc
             raise _explain(self.location, exc) from exc
 
 
@@ -343,7 +350,9 @@ class S3DriverClient(S3StorageDriverClient):
         return {"blob_url": self.mirror.location.url, **({"client_region": region} if region else {})}
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        await self.mirror.run(functools.partial(self.mirror.client.put_object, Bucket=bucket, Key=key, Body=data))
+        await self.mirror.run(
+            functools.partial(self.mirror.client.put_object, Bucket=bucket, Key=key, Body=data)
+        )
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
         def head() -> bool:

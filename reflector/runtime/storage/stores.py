@@ -41,13 +41,19 @@ def mirror_for(settings: Settings) -> S3Mirror | None:
     from reflector.runtime.storage.s3 import S3Mirror, parse_s3_url, s3_client
 
     root = str(Path(settings.blob_dir).resolve())
-    key = (settings.s3_url, root, f"{settings.s3_addressing_style}/{settings.s3_region}/{settings.s3_endpoint}")
+    key = (
+        settings.s3_url,
+        root,
+        f"{settings.s3_addressing_style}/{settings.s3_region}/{settings.s3_endpoint}",
+    )
     with _lock:
         mirror = _mirrors.get(key)
         if mirror is None:
-            mirror = _mirrors[key] = S3Mirror(root, parse_s3_url(settings.s3_url),
-                                              s3_client(settings.s3_addressing_style, settings.s3_region,
-                                                        settings.s3_endpoint))
+            mirror = _mirrors[key] = S3Mirror(
+                root,
+                parse_s3_url(settings.s3_url),
+                s3_client(settings.s3_addressing_style, settings.s3_region, settings.s3_endpoint),
+            )
     assert isinstance(mirror, S3Mirror)
     return mirror
 

@@ -43,11 +43,18 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
         steps.append(_step(len(steps), "assistant", _text(reasoning)))
     if isinstance(out, str) and out.strip():
         steps.append(_step(len(steps), "assistant", out))
-    answer = d.get("answer")  # ACE's EvaluateStep trace: {"question", "reasoning", "answer", "skill_ids", ...}
+    answer = d.get(
+        "answer"
+    )  # ACE's EvaluateStep trace: {"question", "reasoning", "answer", "skill_ids", ...}
     if isinstance(answer, str) and answer.strip():
         steps.append(_step(len(steps), "assistant", answer))
-    final = (d.get("final_answer") or out_d.get("final_answer") or (out if isinstance(out, str) else None)
-             or (answer if isinstance(answer, str) else None) or _agent_steps_answer(d))
+    final = (
+        d.get("final_answer")
+        or out_d.get("final_answer")
+        or (out if isinstance(out, str) else None)
+        or (answer if isinstance(answer, str) else None)
+        or _agent_steps_answer(d)
+    )
     skill_ids = d.get("skill_ids") or out_d.get("skill_ids") or _agent_steps_skill_ids(d)
     meta: dict[str, Any] = {
         k: v
@@ -78,8 +85,11 @@ def _norm_ace_run(d: dict[str, Any]) -> dict[str, Any]:
 def _is_agent_step(raw: dict[str, Any]) -> bool:
     """ACE's own step shape (`{"role": "agent", "reasoning", "answer", "skill_ids"}`, as its RR builds it from an
     `AgentOutput`): a structured record, not a chat message (no `content`, no tool calls)."""
-    return ("content" not in raw and "tool_calls" not in raw
-            and bool({"reasoning", "answer", "final_answer", "skill_ids"} & raw.keys()))
+    return (
+        "content" not in raw
+        and "tool_calls" not in raw
+        and bool({"reasoning", "answer", "final_answer", "skill_ids"} & raw.keys())
+    )
 
 
 def _agent_steps(d: dict[str, Any]) -> list[dict[str, Any]]:

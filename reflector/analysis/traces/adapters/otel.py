@@ -98,4 +98,6 @@ def _span_step(index: int, span: dict[str, Any]) -> dict[str, Any]:
     tool = attrs.get("tool.name") or (name if kind == "tool" else None)
     calls = [{"name": str(tool), "arguments": _args_str(attrs.get("tool.parameters") or inp)}] if tool else []
     actor, addressee = span_agent(attrs)
-    return _step(index, kind, content, calls, str(tool) if tool else None, err, actor=actor, addressee=addressee)
+    return _step(
+        index, kind, content, calls, str(tool) if tool else None, err, actor=actor, addressee=addressee
+    )
