@@ -87,7 +87,9 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     failures: list[str] = []
     try:
         yield _info(server)
-        _replayed, failures = asyncio.run(replay_server_histories(server.address, EXTRA_BLOB_DIRS))
+        _replayed, failures = asyncio.run(
+            replay_server_histories(server.address, EXTRA_BLOB_DIRS, root / "failed-replays")
+        )
     finally:
         server.stop()
     assert not failures, "histories that do not replay against the current code:\n" + "\n".join(failures)

@@ -75,8 +75,14 @@ def _replayer_over(dirs: Sequence[Path]) -> Replayer:
     return Replayer(**config, plugins=base.plugins)
 
 
-async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tuple[int, list[str]]:
-    """(histories replayed, failures): every closed `ReflectionWorkflow` / `BatchReflectionWorkflow` run."""
+async def replay_server_histories(
+    address: str, blob_dirs: Sequence[Path], keep_failed: Path | None = None
+) -> tuple[int, list[str]]:
+    """(histories replayed, failures): every closed `ReflectionWorkflow` / `BatchReflectionWorkflow` run.
+
+    `keep_failed`: a directory where each history that fails is written (JSON, as `temporal workflow show
+    --output json`), named in its failure: the server is gone after the session, and a failure that depends
+    on how the run went (its workflow tasks' timing) may not come back when the tests are run again."""
     from reflector.client import connect
     from reflector.contract import BATCH_WORKFLOW_NAME, WORKFLOW_NAME
     from reflector.runtime.settings import Settings
@@ -116,21 +122,34 @@ async def replay_server_histories(address: str, blob_dirs: Sequence[Path]) -> tu
             async for result in results:
                 if result.replay_failure is not None:
                     wid, run_id = runs[done]
-                    failures.append(f"{wid}/{run_id}: {str(result.replay_failure)[:2000]}")
+                    kept = _keep(keep_failed, f"{wid}--{run_id}", await fetches[done])
+                    failures.append(f"{wid}/{run_id}: {str(result.replay_failure)[:2000]}{kept}")
                 done += 1
     except BlobNotFound:
         # a payload no store holds: name every history of the rest that cannot be replayed, one by one
         rest = [
             (f"{wid}/{run_id}", await f) for (wid, run_id), f in zip(runs[done:], fetches[done:], strict=True)
         ]
-        failures += await _one_by_one(rest, dirs)
+        failures += await _one_by_one(rest, dirs, keep_failed)
     finally:
         for f in fetches:
             f.cancel()
     return len(runs), failures
 
 
-async def _one_by_one(histories: Sequence[tuple[str, WorkflowHistory]], dirs: Sequence[Path]) -> list[str]:
+def _keep(keep_failed: Path | None, name: str, history: WorkflowHistory) -> str:
+    """Write a history that failed to replay into `keep_failed`; the note naming the file (or "")."""
+    if keep_failed is None:
+        return ""
+    keep_failed.mkdir(parents=True, exist_ok=True)
+    path = keep_failed / f"{name.replace('/', '--')}.json"
+    path.write_text(history.to_json(), encoding="utf-8")
+    return f" (history: {path})"
+
+
+async def _one_by_one(
+    histories: Sequence[tuple[str, WorkflowHistory]], dirs: Sequence[Path], keep_failed: Path | None = None
+) -> list[str]:
     """Each history in a replay worker of its own, with each store in turn until one holds its payloads."""
     import worker
 
@@ -148,5 +167,5 @@ async def _one_by_one(histories: Sequence[tuple[str, WorkflowHistory]], dirs: Se
         if result is None:
             failures.append(f"{name}: no blob store of {list(dirs)} holds its payloads")
         elif result.replay_failure is not None:
-            failures.append(f"{name}: {str(result.replay_failure)[:2000]}")
+            failures.append(f"{name}: {str(result.replay_failure)[:2000]}{_keep(keep_failed, name, history)}")
     return failures
