@@ -79,6 +79,9 @@ def _no_retry_provider(name: str) -> Provider[Any]:
         from openai import AsyncOpenAI
         from pydantic_ai.providers.openai import OpenAIProvider
 
+        from reflector import lean_openai
+
+        lean_openai.install()  # the SDK's request-body walk, skipped where it provably changes nothing
         return OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0, timeout=_provider_timeout_s()))
     if name == "anthropic":
         from anthropic import AsyncAnthropic
