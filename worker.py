@@ -29,6 +29,7 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import (
     FixedSizeSlotSupplier,
+    PollerBehaviorSimpleMaximum,
     Replayer,
     UnsandboxedWorkflowRunner,
     Worker,
@@ -44,7 +45,7 @@ from activities.provider_failures import CompactProviderFailures
 from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector import telemetry
-from reflector.admission import AdmissionControl, StartDelay
+from reflector.admission import WORKFLOW_TASK_POLLS, AdmissionControl, StartDelay
 from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
@@ -185,6 +186,9 @@ def build_worker(
     }))
     sticky = sticky_timeout_s if sticky_timeout_s is not None else settings.sticky_timeout_s
     kwargs: dict[str, object] = {}
+    if isinstance(workflow_slots, AdmissionControl):
+        # more sticky polls than temporalio's 4: each waits a loop turn for its slot (reflector/admission.py)
+        kwargs["workflow_task_poller_behavior"] = PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS)
     if max_cached_workflows is not None:
         kwargs["max_cached_workflows"] = max_cached_workflows
     return Worker(
