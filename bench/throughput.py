@@ -18,6 +18,7 @@ Either way the script is `--steps` cells, then the answer (steps + 1 model reque
     python -m bench.throughput --latency 3000 --concurrency 500
     python -m bench.throughput [--concurrency 50 200] [--steps 10] [--latency 200] [--kinds anchor rr]
                                [--transport http|function] [--worker-processes N]
+    python -m bench.throughput --point 200:50 --point 3000:300 --repeat 3   # both ends, interleaved, medians
 
 Columns: steps/s (model requests the reflections report, per second of wall time); CPU ms/step of the worker (hosts included)
 and of the server; wall / latency bound (the bound is (steps+1) x latency: a reflection cannot be
@@ -417,6 +418,8 @@ if __name__ == "__main__":
     ap.add_argument("--transport", default="http", choices=["http", "function"])
     ap.add_argument("--worker-processes", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1, help="run the points this many times (medians reported)")
+    ap.add_argument("--point", action="append", default=[], metavar="LATENCY_MS:IN_FLIGHT",
+                    help="a grid point (repeatable), instead of --latency x --concurrency")
     a = ap.parse_args()
     if a.transport == "function" and any((a.steps, lat) not in {(s, x) for s in scripts.STEPS
                                                                  for x in (*scripts.LATENCIES_MS, *GRID_LATENCIES_MS)}
@@ -424,4 +427,6 @@ if __name__ == "__main__":
         ap.error(f"--transport function has scripted models for steps {scripts.STEPS} and latencies "
                  f"{sorted({*scripts.LATENCIES_MS, *GRID_LATENCIES_MS})} ms only")
     lats, concs = (GRID_LATENCIES_MS, GRID_CONCURRENCY) if a.grid else (a.latency, a.concurrency)
-    asyncio.run(main([(lat, n) for lat in lats for n in concs], a.steps, a.kinds, a.transport, a.worker_processes, a.repeat))
+    points = ([(int(p.split(":")[0]), int(p.split(":")[1])) for p in a.point] if a.point
+              else [(lat, n) for lat in lats for n in concs])
+    asyncio.run(main(points, a.steps, a.kinds, a.transport, a.worker_processes, a.repeat))
