@@ -44,7 +44,7 @@ from activities import sandbox as sandbox_activities
 from activities.provider_failures import CompactProviderFailures
 from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
-from reflector import telemetry
+from reflector import lean_openai, lean_schemas, telemetry
 from reflector.admission import WORKFLOW_TASK_POLLS, AdmissionControl, StartDelay
 from reflector.audit.histories import CLOSE_EVENTS
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
@@ -144,6 +144,10 @@ def build_worker(
     settings = settings or Settings.from_env()
     load_plugins(",".join(settings.plugins))
     prepare_workflow_side(models, settings=settings)
+    # model requests: the OpenAI SDK's body walk skipped where it changes nothing, tool schemas customised
+    # once, not at every request (worker CPU per step: reflector/lean_openai.py, reflector/lean_schemas.py)
+    lean_openai.enable()
+    lean_schemas.install()
     # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
     # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
     # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of

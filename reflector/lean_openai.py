@@ -22,9 +22,10 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["install", "has_alias", "plain_json", "lean_body"]
+__all__ = ["install", "enable", "install_if_enabled", "has_alias", "plain_json", "lean_body"]
 
 _installed = False
+_enabled = False
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -68,6 +69,23 @@ def lean_body(data: Mapping[str, Any]) -> dict[str, Any]:
     from openai._utils import is_given
 
     return {k: v for k, v in data.items() if is_given(v)}
+
+
+def enable() -> None:
+    """Use the shortcut in this process (rr's workers): now if the OpenAI SDK is already imported, else when
+    rr first builds an OpenAI provider (`install_if_enabled`). Processes that never call this (e.g. the
+    benchmarks' anchor, a plain pydantic-ai worker) keep the SDK's transform."""
+    global _enabled
+    _enabled = True
+    import sys
+
+    if "openai" in sys.modules:
+        install()
+
+
+def install_if_enabled() -> None:
+    if _enabled:
+        install()
 
 
 def install() -> bool:

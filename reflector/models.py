@@ -81,7 +81,7 @@ def _no_retry_provider(name: str) -> Provider[Any]:
 
         from reflector import lean_openai
 
-        lean_openai.install()  # the SDK's request-body walk, skipped where it provably changes nothing
+        lean_openai.install_if_enabled()  # rr's workers: the SDK's body walk skipped where it changes nothing
         return OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0, timeout=_provider_timeout_s()))
     if name == "anthropic":
         from anthropic import AsyncAnthropic
