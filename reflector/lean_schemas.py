@@ -24,6 +24,7 @@ __all__ = ["install", "cached_customize", "MAX_ENTRIES"]
 MAX_ENTRIES = 256  # distinct (schema, transformer, strict) of one worker: its tools' (a few dozen at most)
 
 _installed = False
+_original: Any = None  # pydantic-ai's own function, once replaced
 _cache: dict[tuple[int, Any, Any], tuple[dict[str, Any], Any]] = {}
 
 
@@ -44,12 +45,12 @@ def cached_customize(original: Any, transformer: Any, tool_def: Any) -> Any:
 
 def install() -> None:
     """Memoise pydantic-ai's per-request tool-schema customisation in this process (once)."""
-    global _installed
+    global _installed, _original
     if _installed:
         return
     import pydantic_ai.models as models
 
-    original = models._customize_tool_def
+    original = _original = models._customize_tool_def
 
     def customize(transformer: Any, tool_def: Any) -> Any:
         return cached_customize(original, transformer, tool_def)

@@ -40,9 +40,8 @@ async def _run_agent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 async def test_memoised_schemas_send_the_same_requests_and_are_customised_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = pai_models._customize_tool_def
-    if lean_schemas._installed:  # another test of this process installed it: reach the function it wraps
-        pytest.skip("pydantic-ai's own customisation is already replaced in this process")
+    original = lean_schemas._original if lean_schemas._installed else pai_models._customize_tool_def
+    monkeypatch.setattr(pai_models, "_customize_tool_def", original)  # pydantic-ai's own, per request
     plain = await _run_agent(monkeypatch)
     calls: list[str] = []
 
