@@ -12,7 +12,10 @@ The model: `--transport http` (default) is a scripted OpenAI-compatible server o
 (`openai-chat:` models, the reply held `--latency` ms), so model requests take the path they take for
 a real provider; `--transport function` is an in-process `FunctionModel` that sleeps (`bench.scripts`).
 Either way the script is `--steps` cells, then the answer (steps + 1 model requests per reflection).
-"bench CPU" is this process (the clients and the scripted HTTP model): it shares the machine too.
+This process shares the machine too: "provider stand-in CPU" is the scripted HTTP model's handler threads
+(thread CPU time per request), "clients CPU" the rest of it (starting reflections, awaiting results).
+"worker+server CPU" is the figure issue 29 judges; "evicted early" counts runs evicted from a worker's
+workflow cache before they ended (`bench.evictions`, from the workers' logs).
 
     python -m bench.throughput --grid                        # latency {200,1000,3000} x in flight {50,200,500}
     python -m bench.throughput --latency 3000 --concurrency 500
