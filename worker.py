@@ -29,6 +29,7 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import (
     FixedSizeSlotSupplier,
+    PollerBehaviorSimpleMaximum,
     Replayer,
     UnsandboxedWorkflowRunner,
     Worker,
@@ -45,8 +46,8 @@ from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.client.audit.histories import CLOSE_EVENTS
-from reflector.runtime import telemetry
-from reflector.runtime.admission import AdmissionControl, StartDelay
+from reflector.runtime import lean_openai, lean_schemas, telemetry
+from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, StartDelay
 from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
 from reflector.runtime.settings import SettingError, Settings, usable_dir
 from reflector.runtime.storage.identity import store_id
@@ -155,6 +156,10 @@ def build_worker(
     settings = settings or Settings.from_env()
     load_plugins(",".join(settings.plugins))
     prepare_workflow_side(models, settings=settings)
+    # model requests: the OpenAI SDK's body walk skipped where it changes nothing, tool schemas customised
+    # once, not at every request (worker CPU per step: reflector/runtime/lean_openai.py, reflector/runtime/lean_schemas.py)
+    lean_openai.enable()
+    lean_schemas.install()
     # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
     # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
     # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of
@@ -209,6 +214,9 @@ def build_worker(
     )
     sticky = sticky_timeout_s if sticky_timeout_s is not None else settings.sticky_timeout_s
     kwargs: dict[str, object] = {}
+    if isinstance(workflow_slots, AdmissionControl):
+        # more sticky polls than temporalio's 4: each waits a loop turn for its slot (reflector/runtime/admission.py)
+        kwargs["workflow_task_poller_behavior"] = PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS)
     if max_cached_workflows is not None:
         kwargs["max_cached_workflows"] = max_cached_workflows
     return Worker(

@@ -15,10 +15,12 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.anchor import AnchorWorkflow
+from bench.evictions import print_evictions
 from reflector.runtime.models import prepare_workflow_side
 
 
 async def main() -> None:
+    print_evictions()
     prepare_workflow_side()  # the served models (RR_WORKER_MODELS), as rr's worker does before polling
     client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=[PydanticAIPlugin()])
     stop = asyncio.Event()

@@ -12,12 +12,16 @@ The model: `--transport http` (default) is a scripted OpenAI-compatible server o
 (`openai-chat:` models, the reply held `--latency` ms), so model requests take the path they take for
 a real provider; `--transport function` is an in-process `FunctionModel` that sleeps (`bench.scripts`).
 Either way the script is `--steps` cells, then the answer (steps + 1 model requests per reflection).
-"bench CPU" is this process (the clients and the scripted HTTP model): it shares the machine too.
+This process shares the machine too: "provider stand-in CPU" is the scripted HTTP model's handler threads
+(thread CPU time per request), "clients CPU" the rest of it (starting reflections, awaiting results).
+"worker+server CPU" is the figure issue 29 judges; "evicted early" counts runs evicted from a worker's
+workflow cache before they ended (`bench.evictions`, from the workers' logs).
 
     python -m bench.throughput --grid                        # latency {200,1000,3000} x in flight {50,200,500}
     python -m bench.throughput --latency 3000 --concurrency 500
     python -m bench.throughput [--concurrency 50 200] [--steps 10] [--latency 200] [--kinds anchor rr]
                                [--transport http|function] [--worker-processes N]
+    python -m bench.throughput --point 200:50 --point 3000:300 --repeat 3   # both ends, interleaved, medians
 
 Columns: steps/s (model requests the reflections report, per second of wall time); CPU ms/step of the worker (hosts included)
 and of the server; wall / latency bound (the bound is (steps+1) x latency: a reflection cannot be
@@ -39,6 +43,7 @@ import argparse
 import asyncio
 import collections
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -54,6 +59,7 @@ from temporalio.client import Client, WorkflowHandle
 import bench.scripts as scripts
 from bench.anchor import AnchorWorkflow
 from bench.common import BenchEnv, start, start_bench_env, table
+from bench.evictions import MARK as EVICTION
 from reflector.client import connect
 from reflector.testing.openai_server import OpenAIServer
 
@@ -186,6 +192,15 @@ class Kind:
     def not_found_warnings(self) -> int:
         return sum(log.read_text(errors="replace").count("Task not found") for log in self.logs)
 
+    def evictions(self) -> collections.Counter[str]:
+        """Evictions from the workers' workflow caches so far, by the reason temporalio gives."""
+        return collections.Counter(
+            line[len(EVICTION) :].strip()
+            for log in self.logs
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith(EVICTION)
+        )
+
 
 def _spawn(module: str, home: Path, tag: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     log = home / f"{tag}.log"
@@ -255,6 +270,15 @@ class Calls:
             return sum(self.server.completed.values())
         return scripts.calls_so_far()
 
+    def cpu(self) -> float:
+        """CPU seconds the scripted HTTP model spent on requests so far (0 for in-process models)."""
+        return self.server.cpu_s if self.server is not None else 0.0
+
+
+def _finished(why: str) -> bool:
+    """An eviction of a run that has ended (temporalio evicts every run from the cache once it completes)."""
+    return "complet" in why.lower()
+
 
 def _requests_used(results: list[Any]) -> tuple[int, collections.Counter[str]]:
     """Model requests the reflections report having made, and their stop reasons."""
@@ -280,6 +304,7 @@ async def run_point(
         calls.count(),
         kind.not_found_warnings(),
     )
+    ev0, p0 = kind.evictions(), calls.cpu()
     d0 = time.process_time()  # this process: the client and the scripted HTTP model
     with MemorySampler(pids) as mem:
         t = time.perf_counter()
@@ -287,7 +312,7 @@ async def run_point(
         results = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
         wall = time.perf_counter() - t
     o1 = own_cpu(pids)
-    w1, s1, d1 = tree_cpu(pids), tree_cpu([env.server.pid or 0]), time.process_time()
+    w1, s1, d1, p1 = tree_cpu(pids), tree_cpu([env.server.pid or 0]), time.process_time(), calls.cpu()
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         raise RuntimeError(
@@ -303,21 +328,29 @@ async def run_point(
         )
     paid_twice = calls.count() - calls0 - used
     timeouts, sticky_fallbacks, wft_failed = await _history_counts(handles)
+    evicted = kind.evictions() - ev0
+    early = {why: k for why, k in evicted.items() if not _finished(why)}
+    if early:
+        print(f"  {kind.name}: evicted before finishing: {early}", flush=True)
     mb = 1024 * 1024
+    worker_ms, server_ms = (w1 - w0) / used * 1000, (s1 - s0) / used * 1000
     return [
         kind.name,
         latency,
         n,
         wall,
         used / wall,
-        (w1 - w0) / used * 1000,
+        worker_ms,
         (o1 - o0) / used * 1000,
-        (s1 - s0) / used * 1000,
-        (d1 - d0) / used * 1000,
+        server_ms,
+        worker_ms + server_ms,
+        (p1 - p0) / used * 1000,
+        (d1 - d0 - (p1 - p0)) / used * 1000,
         wall / ((steps + 1) * latency / 1000) if latency else "-",
         timeouts,  # 0 ms: no latency bound
         kind.not_found_warnings() - nf0,
         sticky_fallbacks,
+        sum(early.values()),
         wft_failed,
         paid_twice,
         mem.worker_peak / mb,
@@ -336,11 +369,14 @@ HEADERS = [
     "worker CPU ms/step",
     "of which worker process",
     "server CPU ms/step",
-    "bench CPU ms/step",
+    "worker+server CPU ms/step",
+    "provider stand-in CPU ms/step",
+    "clients CPU ms/step",
     "wall / latency bound",
     "WFT timeouts",
     "not found",
     "sticky fallbacks",
+    "evicted early",
     "WFT failed",
     "paid twice",
     "worker peak MB",
@@ -348,10 +384,48 @@ HEADERS = [
     "host procs",
     "PSS MB per reflection",
 ]
+# the columns of the summary (medians over the repeats), by header
+SUMMARY = [
+    "steps/s",
+    "worker CPU ms/step",
+    "server CPU ms/step",
+    "worker+server CPU ms/step",
+    "provider stand-in CPU ms/step",
+    "sticky fallbacks",
+    "evicted early",
+    "WFT timeouts",
+    "paid twice",
+    "worker peak MB",
+    "PSS MB per reflection",
+]
+
+
+def summary(rows: list[list[object]]) -> str:
+    """Medians over the repeats of each point and agent, and rr / anchor of each median."""
+    cols = [HEADERS.index(h) for h in SUMMARY]
+    groups: dict[tuple[object, object, object], list[list[object]]] = {}
+    for row in rows:
+        groups.setdefault((row[1], row[2], row[0]), []).append(row)
+    out: list[list[object]] = []
+    for (lat, n, name), rs in groups.items():
+        med = [statistics.median(float(r[c]) for r in rs) for c in cols]  # type: ignore[arg-type]
+        out.append([name, lat, n, len(rs), *med])
+        anchor = groups.get((lat, n, "anchor"))
+        if name == "rr" and anchor:
+            ref = [statistics.median(float(r[c]) for r in anchor) for c in cols]  # type: ignore[arg-type]
+            out.append(
+                ["rr / anchor", lat, n, "", *[m / a if a else "-" for m, a in zip(med, ref, strict=True)]]
+            )
+    return table(["agent", "latency ms", "in flight", "runs", *(f"median {h}" for h in SUMMARY)], out)
 
 
 async def main(
-    points: list[tuple[int, int]], steps: int, kinds: list[str], transport: str, procs: int = 1
+    points: list[tuple[int, int]],
+    steps: int,
+    kinds: list[str],
+    transport: str,
+    procs: int = 1,
+    repeat: int = 1,
 ) -> None:
     env = await start_bench_env()
     home, address = env.home, env.address
@@ -405,21 +479,31 @@ async def main(
                 stderr=subprocess.DEVNULL,
             )
         rows: list[list[object]] = []
-        for latency, n in points:
-            model = HTTP_MODEL if server is not None else scripts.model_name(steps, latency)
-            if server is not None:
-                server.latency_s = latency / 1000
-            for kind in started.values():
-                await run_point(kind, 2, steps, latency, model, env, calls)  # warm-up (not reported)
-            for kind in started.values():
-                row = await run_point(kind, n, steps, latency, model, env, calls)
-                rows.append(row)
-                print(table(HEADERS, [row]).splitlines()[-1], flush=True)
+        for rep in range(repeat):  # the points again and again, the kinds one after the other at each
+            for latency, n in points:
+                model = HTTP_MODEL if server is not None else scripts.model_name(steps, latency)
+                if server is not None:
+                    server.latency_s = latency / 1000
+                if rep == 0:
+                    for kind in started.values():
+                        await run_point(kind, 2, steps, latency, model, env, calls)  # warm-up (not reported)
+                for kind in started.values():
+                    load = os.getloadavg()[0]
+                    row = await run_point(kind, n, steps, latency, model, env, calls)
+                    rows.append(row)
+                    print(
+                        f"[run {rep + 1}/{repeat}, load average before {load:.1f}, after {os.getloadavg()[0]:.1f}] "
+                        + table(HEADERS, [row]).splitlines()[-1],
+                        flush=True,
+                    )
         print(
             f"\n{steps}-step scripted reflections ({transport} model), one worker process per agent + the "
             f"embedded dev server, {os.cpu_count()} cores"
         )
         print(table(HEADERS, rows))
+        if repeat > 1 or len(started) > 1:
+            print()
+            print(summary(rows))
         if spy is not None:
             spy.send_signal(2)
             spy.wait(30)
@@ -447,6 +531,14 @@ if __name__ == "__main__":
     ap.add_argument("--kinds", nargs="+", default=["anchor", "rr"], choices=["anchor", "rr"])
     ap.add_argument("--transport", default="http", choices=["http", "function"])
     ap.add_argument("--worker-processes", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="run the points this many times (medians reported)")
+    ap.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        metavar="LATENCY_MS:IN_FLIGHT",
+        help="a grid point (repeatable), instead of --latency x --concurrency",
+    )
     a = ap.parse_args()
     if a.transport == "function" and any(
         (a.steps, lat)
@@ -458,6 +550,9 @@ if __name__ == "__main__":
             f"{sorted({*scripts.LATENCIES_MS, *GRID_LATENCIES_MS})} ms only"
         )
     lats, concs = (GRID_LATENCIES_MS, GRID_CONCURRENCY) if a.grid else (a.latency, a.concurrency)
-    asyncio.run(
-        main([(lat, n) for lat in lats for n in concs], a.steps, a.kinds, a.transport, a.worker_processes)
+    points = (
+        [(int(p.split(":")[0]), int(p.split(":")[1])) for p in a.point]
+        if a.point
+        else [(lat, n) for lat in lats for n in concs]
     )
+    asyncio.run(main(points, a.steps, a.kinds, a.transport, a.worker_processes, a.repeat))

@@ -12,6 +12,7 @@ import signal
 import bench.scripts  # noqa: F401
 from activities import sandbox as sandbox_activities
 from bench.anchor import AnchorWorkflow
+from bench.evictions import print_evictions
 from reflector.client import connect
 from reflector.runtime.admission import AdmissionControl
 from reflector.runtime.settings import Settings
@@ -34,6 +35,7 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
 
 
 async def main() -> None:
+    print_evictions()
     s = Settings.from_env()
     client = await connect(s.address)
     stop = asyncio.Event()

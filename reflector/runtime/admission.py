@@ -52,7 +52,16 @@ from temporalio.worker import (
     SlotReserveContext,
 )
 
-__all__ = ["AdmissionControl", "AdmissionStats", "StartDelay"]
+__all__ = ["AdmissionControl", "AdmissionStats", "StartDelay", "WORKFLOW_TASK_POLLS"]
+
+# Workflow-task polls a worker keeps open (temporalio's default is 5, of which 4 on the sticky queue). Each poll
+# first reserves a slot through this supplier, i.e. a turn of the worker's event loop; with 4 sticky polls and
+# the loop 0.2-0.5 s late on a busy worker, the sticky queue drained more slowly than reflections continued,
+# and tasks waited past the sticky schedule-to-start timeout (1 s) and went back to the shared queue: 16-66
+# such fallbacks at 50 in flight on a loaded 2-core machine, 224 at 300 (bench/throughput.py). An open poll
+# costs the server a parked request and this worker nothing; idle sticky polls are not counted against the
+# admission limit (`AdmissionControl`), so more of them admit no more work.
+WORKFLOW_TASK_POLLS = 16
 
 log = logging.getLogger("rr.admission")
 
@@ -72,6 +81,14 @@ class AdmissionStats:
     max_lag_s: float = 0.0
     window_max_lag_s: float = 0.0  # worst lag since a reader last reset it
     history: list[tuple[float, int, int]] = field(default_factory=list)  # (lag, limit, in use) per interval
+
+
+class _Permit(SlotPermit):
+    """A granted slot; a sticky poll's permit counts as work only once a task used it."""
+
+    def __init__(self, sticky: bool) -> None:
+        self.sticky = sticky
+        self.used = False
 
 
 class AdmissionControl(CustomSlotSupplier):
@@ -106,7 +123,10 @@ class AdmissionControl(CustomSlotSupplier):
         self.growth = max(1, growth)  # a raise adds limit // growth (at least 1)
         self._tokens = initial_rate
         self._keep_history = keep_history
-        self._outstanding = 0
+        self._outstanding = 0  # slots granted and not released (polls waiting for a task included)
+        self._idle_sticky = (
+            0  # ... of which sticky polls that have no task yet (not work: not held to the limit)
+        )
         self._wanted_slots = False  # a gated poll waited for a slot during this interval
         self._wanted_tokens = False  # ... or for the rate limit
         self._observed = 0.0  # worst start delay reported (`observe`) during this interval
@@ -147,19 +167,24 @@ class AdmissionControl(CustomSlotSupplier):
                     await self._changed.wait_for(self._may_admit)
                 if self.stats.rate:
                     self._tokens -= 1
-        return self._grant()
+        return self._grant(sticky=ctx.is_sticky)
 
     def _below_maximum(self) -> bool:
         return self._outstanding < self.maximum
 
+    def _working(self) -> int:
+        """Slots that hold work, or a poll that may bring new work (idle sticky polls bring only work already
+        admitted here)."""
+        return self._outstanding - self._idle_sticky
+
     def _may_admit(self) -> bool:
-        if self._outstanding >= self.stats.limit or (self.stats.rate and self._tokens <= 0):
+        if self._working() >= self.stats.limit or (self.stats.rate and self._tokens <= 0):
             self._note_demand()  # also called by the condition while a poll waits
             return False
         return True
 
     def _note_demand(self) -> None:
-        if self._outstanding >= self.stats.limit:
+        if self._working() >= self.stats.limit:
             self._wanted_slots = True
         else:
             self._wanted_tokens = True
@@ -177,20 +202,30 @@ class AdmissionControl(CustomSlotSupplier):
         return self._grant()
 
     def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
-        return None
+        permit = ctx.permit
+        if isinstance(permit, _Permit) and permit.sticky and not permit.used:
+            permit.used = True
+            self._idle_sticky = max(0, self._idle_sticky - 1)
+            self.stats.in_use = self._working()
 
     def release_slot(self, ctx: SlotReleaseContext) -> None:
+        permit = ctx.permit
+        if isinstance(permit, _Permit) and permit.sticky and not permit.used:
+            permit.used = True  # released without a task: no longer an idle poll either
+            self._idle_sticky = max(0, self._idle_sticky - 1)
         self._outstanding = max(0, self._outstanding - 1)
-        self.stats.in_use = self._outstanding
+        self.stats.in_use = self._working()
         self._notify()
 
     # ----------------------------------------------------------------------------- the controller
 
-    def _grant(self) -> SlotPermit:
+    def _grant(self, sticky: bool = False) -> SlotPermit:
         self._outstanding += 1
+        if sticky:
+            self._idle_sticky += 1
         self.stats.granted += 1
-        self.stats.in_use = self._outstanding
-        return SlotPermit()
+        self.stats.in_use = self._working()
+        return _Permit(sticky)
 
     def _notify(self) -> None:
         cond = self._changed
@@ -225,7 +260,7 @@ class AdmissionControl(CustomSlotSupplier):
         s.window_max_lag_s = max(s.window_max_lag_s, lag_s)
         if lag_s > self.high_lag_s:
             # stop admitting until the work in progress drains below what the loop could carry
-            cut = max(self.minimum, min(s.limit, math.floor(self._outstanding * 0.9)))
+            cut = max(self.minimum, min(s.limit, math.floor(self._working() * 0.9)))
             if cut < s.limit:
                 s.cuts += 1
                 log.debug("admission: lag %.0f ms, limit %d -> %d", lag_s * 1000, s.limit, cut)

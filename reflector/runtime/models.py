@@ -79,6 +79,9 @@ def _no_retry_provider(name: str) -> Provider[Any]:
         from openai import AsyncOpenAI
         from pydantic_ai.providers.openai import OpenAIProvider
 
+        from reflector.runtime import lean_openai
+
+        lean_openai.install_if_enabled()  # rr's workers: the SDK's body walk skipped where it changes nothing
         return OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0, timeout=_provider_timeout_s()))
     if name == "anthropic":
         from anthropic import AsyncAnthropic

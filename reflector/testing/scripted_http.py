@@ -205,6 +205,9 @@ class ScriptedServer:
     completed: collections.Counter[str] = field(default_factory=collections.Counter)
     answers: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # key -> [(time.time(), path)]
     abandoned: int = 0
+    # CPU seconds the handler threads spent on requests (parsing, routing, writing; not the held latency):
+    # what a benchmark reports as the provider stand-in's cost, apart from the rest of its process
+    cpu_s: float = 0.0
     faults: list[Fault] = field(default_factory=list)  # applied to the next requests, in order
     _faults_at: dict[int, Fault] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -253,6 +256,15 @@ class ScriptedServer:
                 super().setup()
                 if server.nodelay:
                     self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def handle_one_request(self) -> None:
+                t0 = time.thread_time()
+                try:
+                    super().handle_one_request()
+                finally:
+                    spent = time.thread_time() - t0
+                    with server._lock:
+                        server.cpu_s += spent
 
             def do_POST(self) -> None:
                 server._serve(self)

@@ -23,6 +23,12 @@ class _Ctx:
 
 
 @dataclass
+class _Used:
+    permit: object
+    slot_info: None = None
+
+
+@dataclass
 class _Release:
     permit: object
     slot_info: None = None
@@ -65,6 +71,7 @@ async def test_polls_wait_at_the_limit_sticky_ones_too_eager_tasks_do_not() -> N
     await asyncio.sleep(0.05)
     assert not waiting.done()  # a shared-queue poll waits for the rate (one per interval) ...
     sticky = await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    a.mark_slot_used(_Used(sticky))  # type: ignore[arg-type]  # its task came
     assert sticky is not None and a.stats.in_use == 2  # ... a sticky one does not
     blocked = asyncio.create_task(a.reserve_slot(_Ctx(is_sticky=True)))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
@@ -74,6 +81,7 @@ async def test_polls_wait_at_the_limit_sticky_ones_too_eager_tasks_do_not() -> N
     for _ in range(2):
         a.release_slot(_Release(p1))  # type: ignore[arg-type]
     await asyncio.wait_for(blocked, 1)  # below the limit again: the sticky poll gets its slot
+    a.mark_slot_used(_Used(blocked.result()))  # type: ignore[arg-type]
     a.release_slot(_Release(p1))  # type: ignore[arg-type]
     await asyncio.wait_for(waiting, 2)  # and the gated one once the next interval grants its token
     assert a.stats.in_use == 2
@@ -153,7 +161,8 @@ async def test_sticky_polls_pass_a_cut_limit_up_to_the_maximum() -> None:
     for _ in range(6):
         a._grant()
     assert a.adjust(0.5) == 5  # the lag cut the limit below the 6 in use
-    await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    permit = await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    a.mark_slot_used(_Used(permit))  # type: ignore[arg-type]
     assert a.stats.in_use == 7  # continuing work is not held to the cut limit (only to `maximum`)
 
 
@@ -172,3 +181,22 @@ async def test_the_ticker_stops_once_the_worker_holds_and_asks_for_nothing() -> 
     await asyncio.wait_for(a.reserve_slot(_Ctx()), 1)  # type: ignore[arg-type]
     assert a._ticker is not None and a._ticker is not ticker and not a._ticker.done()  # started again
     a._ticker.cancel()
+
+
+async def test_idle_sticky_polls_do_not_hold_back_new_work() -> None:
+    """A sticky poll waiting for a task holds a slot but is not work: new reflections are admitted up to the
+    limit beside any number of idle sticky polls (below `maximum`), and a sticky poll counts once it has a task."""
+    a = AdmissionControl(initial=2, minimum=1, maximum=32)
+    idle = [await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1) for _ in range(12)]  # type: ignore[arg-type]
+    assert a.stats.in_use == 0
+    first = await asyncio.wait_for(a.reserve_slot(_Ctx()), 1)  # type: ignore[arg-type]
+    await asyncio.wait_for(a.reserve_slot(_Ctx()), 1)  # type: ignore[arg-type]
+    assert a.stats.in_use == 2
+    with pytest.raises(TimeoutError):  # at the limit of 2: a third new reflection waits
+        await asyncio.wait_for(a.reserve_slot(_Ctx()), 0.2)  # type: ignore[arg-type]
+    a.mark_slot_used(_Used(idle[0]))  # type: ignore[arg-type]
+    assert a.stats.in_use == 3  # a sticky poll with a task is work
+    a.release_slot(_Release(first))  # type: ignore[arg-type]
+    a.release_slot(_Release(idle[1]))  # type: ignore[arg-type]  # a poll that ended without a task
+    assert a.stats.in_use == 2
+    assert a._idle_sticky == 10
