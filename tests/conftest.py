@@ -36,14 +36,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest test files first: xdist (`--no-loadscope-reorder`) hands them out in this order, so both
-    workers stay busy to the end (tests/support/file_costs.py)."""
-    from tests.support.file_costs import longest_first
-
-    longest_first(items)
-
 
 # --------------------------------------------------------------------------------------------
 # Temporal server
