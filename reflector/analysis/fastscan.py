@@ -73,46 +73,20 @@ class FastScanner(Scanner):
     ) -> None:
         super().__init__(fh, name, chunk=chunk, split_object=split_object, yield_broken=yield_broken)
         self._sep = ""  # the separator between two records as this file writes it (", ", ",\n  ", ...)
+        self._slow_until = -1  # the stdlib path parses the records that start before this offset
 
-    # -- JSON arrays: the stdlib loop, with a bulk step at each record start ------------------------
-    def _array(self, buf: _Buffer, pos: int, *, top: bool) -> Iterator[tuple[int, int, Any]]:
-        depth_above = 1 if top else 2
-        if top:
-            self.header.container = "json-array"
-        pos += 1
-        expect_value = True
-        first = True
-        slow_until = -1  # the stdlib path parses the records that start before this offset
-        while True:
-            pos = buf.drop(buf.skip_ws(pos)) if top or first else buf.skip_ws(pos)
-            if pos >= len(buf.text):
-                raise self._error(buf, pos, "unterminated array (the file ends inside it)")
-            ch = buf.text[pos]
-            if ch == "]" and (first or not expect_value):
-                self._end = pos + 1
-                if top:
-                    self._expect_end(buf, pos + 1)
-                return
-            if not expect_value:
-                if ch != ",":
-                    raise self._error(buf, pos, "expecting ',' or ']' between records")
-                pos += 1
-                expect_value = True
-                continue
-            if buf.base + pos >= slow_until:
-                end = yield from self._bulk(buf, pos, MAX_NESTING - depth_above)
-                if end is not None:
-                    pos, expect_value, first = end, False, False
-                    if not top:
-                        pos = buf.drop(pos)
-                    continue
-                slow_until = buf.base + pos + self.chunk
-            value, end = self._value(buf, pos, depth_above)
-            yield buf.base + pos, buf.base + end, value
-            self.header.n_records += 1
-            pos, expect_value, first = end, False, False
-            if not top:
-                pos = buf.drop(pos)
+    # -- JSON arrays: the stdlib loop (Scanner._array), with a bulk step at each record start ------------------------
+    def _array_records(
+        self, buf: _Buffer, pos: int, depth_above: int
+    ) -> Generator[tuple[int, int, Any], None, int]:
+        """A window of records parsed at once where msgspec takes it; else (and for the next window's worth of
+        bytes) the stdlib scanner's one record."""
+        if buf.base + pos >= self._slow_until:
+            end = yield from self._bulk(buf, pos, MAX_NESTING - depth_above)
+            if end is not None:
+                return end
+            self._slow_until = buf.base + pos + self.chunk
+        return (yield from super()._array_records(buf, pos, depth_above))
 
     def _bulk(self, buf: _Buffer, pos: int, limit: int) -> Generator[tuple[int, int, Any], None, int | None]:
         """Yield the records of a window starting at `pos` (a record's first character); return where

@@ -19,7 +19,7 @@ naming the line or offset, and the nesting limit applied to every record.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -191,12 +191,20 @@ class Scanner:
                 pos += 1
                 expect_value = True
                 continue
-            value, end = self._value(buf, pos, depth_above)
-            yield buf.base + pos, buf.base + end, value
-            self.header.n_records += 1
+            end = yield from self._array_records(buf, pos, depth_above)
             pos, expect_value, first = end, False, False
             if not top:
                 pos = buf.drop(pos)
+
+    def _array_records(
+        self, buf: _Buffer, pos: int, depth_above: int
+    ) -> Generator[tuple[int, int, Any], None, int]:
+        """Yield the record starting at `pos` (one or more: a faster scanner may read a window of them);
+        return where the last one ends."""
+        value, end = self._value(buf, pos, depth_above)
+        yield buf.base + pos, buf.base + end, value
+        self.header.n_records += 1
+        return end
 
     def _object(self, buf: _Buffer, pos: int) -> Iterator[tuple[int, int, Any]]:
         self.header.container = "json-object"
