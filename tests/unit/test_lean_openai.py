@@ -14,12 +14,9 @@ import pytest
 from openai._utils._transform import PropertyInfo
 from openai.resources.chat.completions import completions as sdk_module
 from openai.types.chat import completion_create_params as params
-from pydantic_ai import Agent, ToolOutput
-from pydantic_ai.models.openai import OpenAIChatModel
 
-from reflector.contract import OUTPUT_TOOL, ReflectionDraft
-from reflector.runtime import lean_openai, models
-from reflector.testing.openai_server import OpenAIServer
+from reflector.runtime import lean_openai
+from tests.support.openai_agent import run_agent
 
 NON_STREAMING = params.CompletionCreateParamsNonStreaming
 
@@ -43,26 +40,7 @@ async def _sdk_transform(data: object, expected_type: object) -> Any:
 
 
 async def _run_agent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Three Chat Completions requests of a pydantic-ai agent (two cells, then the answer): the bodies the
-    local server received."""
-    with OpenAIServer(cells=2) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        model = OpenAIChatModel("lean-test", provider=models._no_retry_provider("openai-chat"))
-        agent: Agent[None, ReflectionDraft] = Agent(
-            model,
-            output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL),
-            instructions="Reflect on the trace.",
-        )
-
-        @agent.tool_plain
-        def execute_code(code: str) -> str:
-            """Run a cell."""
-            return f"ran {len(code)} chars"
-
-        result = await agent.run("go", model_settings={"temperature": 0.0})
-        assert isinstance(result.output, ReflectionDraft)
-        return [r.body for r in server.requests]
+    return await run_agent(monkeypatch, "lean-test")
 
 
 async def test_real_requests_take_the_shortcut_and_send_what_the_sdk_sends(

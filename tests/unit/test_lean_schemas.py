@@ -12,34 +12,15 @@ from typing import Any
 
 import pydantic_ai.models as pai_models
 import pytest
-from pydantic_ai import Agent, ToolOutput
-from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.profiles.openai import OpenAIJsonSchemaTransformer
 
-from reflector.contract import OUTPUT_TOOL, ReflectionDraft
-from reflector.runtime import lean_schemas, models
-from reflector.testing.openai_server import OpenAIServer
+from reflector.contract import OUTPUT_TOOL
+from reflector.runtime import lean_schemas
+from tests.support.openai_agent import run_agent
 
 
 async def _run_agent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    with OpenAIServer(cells=2) as server:
-        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        model = OpenAIChatModel("lean-schemas", provider=models._no_retry_provider("openai-chat"))
-        agent: Agent[None, ReflectionDraft] = Agent(
-            model,
-            output_type=ToolOutput(ReflectionDraft, name=OUTPUT_TOOL),
-            instructions="Reflect on the trace.",
-        )
-
-        @agent.tool_plain
-        def execute_code(code: str) -> str:
-            """Run a cell."""
-            return f"ran {len(code)} chars"
-
-        result = await agent.run("go", model_settings={"temperature": 0.0})
-        assert isinstance(result.output, ReflectionDraft)
-        return [r.body for r in server.requests]
+    return await run_agent(monkeypatch, "lean-schemas")
 
 
 async def test_memoised_schemas_send_the_same_requests_and_are_customised_once(
