@@ -58,6 +58,7 @@ def source_files() -> list[Path]:
     os_layer = (
         "isolation.py",
         "confinement.py",
+        "seccomp.py",
         "namespaces.py",
         "cgroups.py",
     )  # sandbox/isolation.py, split
