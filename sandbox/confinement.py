@@ -34,7 +34,8 @@ from sandbox.isolation import (
     _unshare,
 )
 from sandbox.seccomp import _DENIED as _DENIED  # the tests read the filter's tables here too
-from sandbox.seccomp import _SYSCALLS, _arch, _seccomp, seccomp_program
+from sandbox.seccomp import _SYSCALLS as _SYSCALLS
+from sandbox.seccomp import _arch, _seccomp, seccomp_program
 
 __all__ = ["landlock_abi", "lockdown", "seccomp_program"]
 
