@@ -65,13 +65,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from reflector.analysis.traces.lazy import resolve_ref
-from sandbox.host.snapshot_data import (
+from sandbox.host.snapshot_contents import (
     _ATOMIC,
     _EXPORT_KIND,
-    _EXPORT_PIDS,
     _HISTORY,
-    _REFUSED_OPS,
-    _SNAPSHOT_PIDS,
     BUDGET_S,
     EXPORT_MAX_BYTES,
     EXPORT_VAR_MAX_BYTES,
@@ -79,10 +76,9 @@ from sandbox.host.snapshot_data import (
     PROTOCOL,
     SNAPSHOT_VERSION,
     SnapshotRefused,
-    _DataUnpickler,
     _is_class,
-    _load,
 )
+from sandbox.host.snapshot_data import _EXPORT_PIDS, _SNAPSHOT_PIDS, _load
 from sandbox.host.snapshot_pickle import DataIndex, _Clock, _global_of, _Pickler
 
 if TYPE_CHECKING:
@@ -99,22 +95,6 @@ __all__ = [
     "EXPORT_VERSION",
     "BUDGET_S",
 ]
-
-
-for _op, _name in (
-    (pickle.REDUCE, "load_reduce"),
-    (pickle.APPEND, "load_append"),
-    (pickle.APPENDS, "load_appends"),
-    (pickle.SETITEM, "load_setitem"),
-    (pickle.SETITEMS, "load_setitems"),
-    (pickle.ADDITEMS, "load_additems"),
-    (pickle.PROTO, "load_proto"),
-):
-    _DataUnpickler.dispatch[_op[0]] = getattr(_DataUnpickler, _name)
-
-
-for _op in _REFUSED_OPS:
-    _DataUnpickler.dispatch[_op[0]] = _DataUnpickler.refused
 
 
 # -- snapshots --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox.host.guards import CELL_MODULE
-from sandbox.host.snapshot_data import (
+from sandbox.host.snapshot_contents import (
     _ATOMIC,
     _CALLABLE_TYPES,
     _CHECK_EVERY,

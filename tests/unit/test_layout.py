@@ -291,8 +291,6 @@ OVER_THE_CAP: dict[str, int] = {
     "sandbox/executor.py": 576,
     "sandbox/host/main.py": 526,
     "sandbox/host/safe_modules.py": 504,
-    "sandbox/host/snapshot.py": 504,
-    "sandbox/host/snapshot_data.py": 533,
     "sandbox/sessions.py": 606,
     "workflows/reflection.py": 516,
 }
