@@ -61,6 +61,7 @@ from sandbox.host.namespace import SandboxNamespace, format_exception
 from sandbox.host.output import truncate
 from sandbox.host.preload import _preload as _preload  # the zygote preloads through this module
 from sandbox.host.preload import _readable_paths
+from sandbox.host.rlimits import _arm_cpu_budget, apply_rlimits
 from sandbox.host.snapshot import (
     DataIndex,
     SnapshotRefused,
@@ -96,9 +97,6 @@ __all__ = ["main", "apply_rlimits"]
 MAX_ASKS_PER_REQUEST = 64  # ARCHIVE() calls one cell may make (each is a round trip to the worker)
 
 
-CPU_SLACK_S = 1  # added to the per-cell CPU budget to absorb rounding of getrusage
-
-
 class _Null:
     """Stream for sys.stdout/sys.stderr between cells (unraisable hooks, stray writes)."""
 
@@ -107,38 +105,6 @@ class _Null:
 
     def flush(self) -> None:
         pass
-
-
-def apply_rlimits(limits: dict[str, Any]) -> None:
-    """Apply the process-wide OS limits; done first thing in the host, before any model code."""
-
-    def setlim(which: int, value: int) -> None:
-        try:
-            resource.setrlimit(which, (value, value))
-        except (ValueError, OSError):
-            soft, hard = resource.getrlimit(which)
-            capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (capped, hard))
-
-    if limits.get("memory_bytes"):
-        setlim(resource.RLIMIT_AS, int(limits["memory_bytes"]))
-    if limits.get("file_size_bytes") is not None:
-        setlim(resource.RLIMIT_FSIZE, int(limits["file_size_bytes"]))
-    setlim(resource.RLIMIT_CORE, 0)
-    try:
-        setlim(resource.RLIMIT_NPROC, int(limits.get("max_processes", 0)))
-    except (ValueError, OSError):
-        pass  # best effort: root ignores NPROC, and fork is unreachable from cells anyway
-
-
-def _arm_cpu_budget(seconds: int) -> None:
-    """Raise the soft CPU limit to used + budget so each cell gets its own CPU allowance."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(usage.ru_utime + usage.ru_stime) + seconds + CPU_SLACK_S
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 class Host:
