@@ -12,13 +12,8 @@ Fast path: the live host for the session has run exactly seq-1 -> run the cell d
 Recovery path (new worker, dead host, retry of the same seq, host evicted): fresh host, replay the
 journal entries with seq < current in order (output discarded), then run the cell.
 
-Bounded recovery (`snapshot_every=N`): after every N-th journaled cell the host is asked for a
-snapshot of its namespace (`sandbox.host.snapshot`: picklable user variables, helpers as source,
-references into the preloaded data), written atomically next to the journal as
-`snapshot-<seq>.pkl` with a `.json` sidecar holding the host's starting point. Recovery then loads
-the latest snapshot with seq < current and replays only the later entries. Snapshots are skipped
-whenever they could not reproduce the state exactly (a function or class defined in a cell, a
-generator, ...): the full replay stays the fallback, so correctness never depends on them.
+Bounded recovery (`snapshot_every=N`): a periodic snapshot of the host's namespace lets a recovery replay
+only the later entries (`sandbox.recovery` says how, and why correctness never depends on it).
 
 First-cell latency: new hosts come from a `HostPool` of pre-spawned idle hosts (`pool_size`).
 
@@ -55,8 +50,7 @@ import re
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +58,7 @@ from sandbox import isolation as isolation_defaults
 from sandbox.archive import GRANTS_SUFFIX, ArchiveGrants
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
-from sandbox.journal import Journal, RebuildFailed, Replica, inherit_digest, load_inherit
+from sandbox.journal import Journal, RebuildFailed, Replica
 from sandbox.pool import HostPool
 from sandbox.protocol import (
     MAX_LIVE_HOSTS,
@@ -74,6 +68,16 @@ from sandbox.protocol import (
     ExecutorFactory,
     Inherit,
     SandboxLimits,
+)
+from sandbox.recovery import _DISCARD_KINDS as _DISCARD_KINDS  # activities/rerun.py reads it here
+from sandbox.recovery import (
+    _inherit_source,
+    _Live,
+    _start_key,
+    _Stats,
+    fresh_host,
+    replay_journal,
+    take_snapshot,
 )
 
 T = TypeVar("T")
@@ -92,31 +96,11 @@ RESTORED_NOTE = (
     "the session state was restored from the previous cells (this cell's effects are discarded; "
     "variables from earlier completed cells are intact)"
 )
-# Results after which the host's state is not the journal's state: discard the host.
-_DISCARD_KINDS = frozenset({"timeout", "crash", "memory"})
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 
 class SandboxExportError(RuntimeError):
     """The namespace could not be exported (the session cannot be rebuilt, or the host failed)."""
-
-
-@dataclass
-class _Live:
-    executor: Executor
-    last_seq: int
-    start_key: str
-
-
-@dataclass
-class _Stats:
-    rebuilds: int = 0
-    cells_replayed: int = 0
-    evictions: int = 0
-    snapshots_written: int = 0
-    snapshots_refused: int = 0
-    snapshots_restored: int = 0
-    snapshot_restore_failures: int = 0
 
 
 class SessionManager:
@@ -428,37 +412,21 @@ class SessionManager:
         entries = [(s, c) for s, c in self.journal_entries(session_id) if s < seq]
         grants = self.archive_grants(session_id, inherit)
         blob = await _inherit_source(inherit)
-        executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob, grants)
-        snap_seq = 0
-        snapshot = self.journal.latest_snapshot_path(session_id, seq, start_key) if entries else None
-        if snapshot is not None:
-            snap_seq, snap_path = snapshot  # sent from the file in chunks, never read whole here
-            restore = getattr(executor, "restore", None)
-            resp = await restore(snap_path) if restore is not None else {"ok": False}
-            if resp.get("ok"):
-                self.stats.snapshots_restored += 1
-                entries = [(s, c) for s, c in entries if s > snap_seq]
-            else:  # never trust a half-restored host: start over with a full replay
-                self.stats.snapshot_restore_failures += 1
-                snap_seq = 0
-                await executor.close()
-                executor = await self._fresh(trace_path, trace_format, extra_vars, limits, blob, grants)
-        for entry_seq, code in entries:
-            replay = await executor.run_cell(code)
-            if replay.error_kind in _DISCARD_KINDS:
-                await executor.close()
-                raise RebuildFailed(
-                    f"the session could not be rebuilt: replaying cell {entry_seq} failed with "
-                    f"{replay.error_kind}: {replay.error}"
-                )
+
+        def fresh() -> Awaitable[Executor]:
+            return fresh_host(self._factory, trace_path, trace_format, extra_vars, limits, blob, grants)
+
+        executor, replayed, snap_seq = await replay_journal(
+            fresh, self.journal, self.stats, session_id, seq, start_key, entries
+        )
         live = _Live(executor=executor, last_seq=seq - 1, start_key=start_key)
         self._live[session_id] = live
         self._live.move_to_end(session_id)
         await self._evict(keep=session_id)
         self.stats.rebuilds += 1
-        self.stats.cells_replayed += len(entries)
+        self.stats.cells_replayed += replayed
         info: dict[str, Any] = {
-            "cells_replayed": len(entries),
+            "cells_replayed": replayed,
             "rebuild_ms": (time.perf_counter() - t0) * 1000,
         }
         if snap_seq:
@@ -467,64 +435,11 @@ class SessionManager:
             info["journal_synced"] = synced
         return live, info
 
-    async def _fresh(
-        self,
-        trace_path: str | None,
-        trace_format: str,
-        extra_vars: dict[str, Any],
-        limits: SandboxLimits,
-        inherit: bytes | os.PathLike[str] | None = None,
-        grants: ArchiveGrants | None = None,
-    ) -> Executor:
-        executor = self._factory(limits)
-        if grants is not None and hasattr(executor, "archive_allowed"):
-            executor.archive_allowed = grants.allows  # the archived transcripts this session may read
-        try:
-            if inherit is None:
-                await executor.start(trace_path, trace_format, extra_vars)
-            else:  # an Executor that takes an inherited namespace (SubprocessExecutor does)
-                start: Any = executor.start
-                await start(trace_path, trace_format, extra_vars, inherit=inherit)
-        except Exception as exc:
-            await executor.close()
-            raise RebuildFailed(f"the sandbox could not be started: {exc}") from None
-        return executor
-
     async def _maybe_snapshot(self, session_id: str, seq: int, live: _Live, meta: dict[str, Any]) -> None:
         if not self.snapshot_every or seq % self.snapshot_every:
             return
-        take = getattr(live.executor, "snapshot", None)
-        if take is None:
-            return
-        t0 = time.perf_counter()
         keep_from = seq - self.snapshot_every  # keep the newest two
-        take_to = getattr(live.executor, "snapshot_to", None)
-        if take_to is not None:  # streamed into the session's directory: never whole in worker memory
-            path, resp = await take_to(self.journal.session_dir(session_id))
-            if path is None:
-                self.stats.snapshots_refused += 1
-                meta["snapshot"] = f"skipped: {resp.get('error')}"
-                return
-            size = path.stat().st_size
-            try:
-                await self._io(
-                    self.journal.adopt_snapshot, session_id, seq, live.start_key, path, keep_from=keep_from
-                )
-            finally:
-                path.unlink(missing_ok=True)  # adopted: already renamed away
-        else:
-            blob, resp = await take()
-            if blob is None:
-                self.stats.snapshots_refused += 1
-                meta["snapshot"] = f"skipped: {resp.get('error')}"
-                return
-            size = len(blob)
-            await self._io(
-                self.journal.write_snapshot, session_id, seq, live.start_key, blob, keep_from=keep_from
-            )
-        self.stats.snapshots_written += 1
-        meta["snapshot_ms"] = (time.perf_counter() - t0) * 1000
-        meta["snapshot_bytes"] = size
+        await take_snapshot(self.journal, self._io, self.stats, session_id, seq, live, keep_from, meta)
 
     async def _after(
         self,
@@ -575,32 +490,3 @@ class SessionManager:
                 continue
             self.stats.evictions += 1
             await self._drop(session_id)
-
-
-async def _inherit_source(inherit: Inherit | None) -> bytes | os.PathLike[str] | None:
-    """What a host is started with: the export's file stays a path (the executor sends it in chunks
-    and never holds it, whatever size the parent's host wrote), bytes stay bytes; an unreadable file
-    is `RebuildFailed`, as `load_inherit` says."""
-    if inherit is None or isinstance(inherit, bytes | bytearray | memoryview):
-        return await load_inherit(inherit)
-    path = Path(inherit)
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise RebuildFailed(f"the inherited namespace could not be read: {exc}") from None
-    return path
-
-
-def _start_key(
-    trace_path: str | None,
-    trace_format: str,
-    extra_vars: dict[str, Any],
-    limits: SandboxLimits,
-    inherit: Inherit | None = None,
-) -> str:
-    """Identity of a host's starting point: a live host started differently cannot take the fast path."""
-    parts: list[Any] = [trace_path, trace_format, extra_vars, repr(limits)]
-    if inherit is not None:  # sessions without one keep the key (and the snapshots) they had
-        parts.append({"inherit": inherit_digest(inherit)})
-    return json.dumps(parts, sort_keys=True, default=repr)

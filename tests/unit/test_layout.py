@@ -289,7 +289,6 @@ OVER_THE_CAP: dict[str, int] = {
     "reflector/client/audit/histories.py": 533,
     "reflector/client/audit/replay.py": 527,
     "sandbox/executor.py": 576,
-    "sandbox/sessions.py": 606,
     "workflows/reflection.py": 516,
 }
 
