@@ -36,7 +36,6 @@ from typing import IO, TYPE_CHECKING, Any
 
 from sandbox import isolation as isolation_defaults
 from sandbox.hostproc import (
-    _ERROR_KINDS,
     MAX_BLOB_BYTES,
     MAX_REPLY_BYTES,
     START_TIMEOUT_S,
@@ -52,9 +51,9 @@ from sandbox.hostproc import (
     _ProtocolError,
 )
 from sandbox.isolation import IsolationMode
-from sandbox.protocol import CellResult, ErrorKind, SandboxLimits
+from sandbox.protocol import CellResult, SandboxLimits
+from sandbox.results import _ms, death_result, protocol_result, reply_result, stderr_tail
 from sandbox.wire import (
-    CHANNEL_BROKEN_EXIT,
     NOTE_MAX_CHARS,
 )
 
@@ -74,9 +73,6 @@ SNAPSHOT_TIMEOUT_S = 120.0  # pickling / restoring a large namespace (cells keep
 
 
 CLOSE_GRACE_S = 1.0
-
-
-STDERR_TAIL_BYTES = 4096
 
 
 DEFAULT_RESTART_NOTE = "the host was restarted with a fresh namespace (variables from earlier cells are gone)"
@@ -232,7 +228,7 @@ class SubprocessExecutor:
                 return await self._protocol_result(exc, t0, restarted)
             except _HostDied:
                 return await self._death_result(t0, restarted)
-            return self._to_result(resp, t0, restarted)
+            return reply_result(resp, t0, restarted)
 
     async def run_unguarded(self, code: str) -> CellResult:
         """Tests only: run `code` in the host with the language guards off (a simulated breach)."""
@@ -256,7 +252,7 @@ class SubprocessExecutor:
                 return await self._protocol_result(exc, t0, False)
             except _HostDied:
                 return await self._death_result(t0, False)
-            return self._to_result(resp, t0, False)
+            return reply_result(resp, t0, False)
 
     @property
     def _stdout_max(self) -> int:
@@ -395,7 +391,7 @@ class SubprocessExecutor:
                     )
                 self.inherit_info = resp
         except (TimeoutError, _HostDied, OSError) as exc:
-            tail = self._stderr_tail()
+            tail = stderr_tail(self._stderr_path)
             await self._kill()
             if isinstance(exc, _ProtocolError):
                 raise RuntimeError(f"sandbox host failed to start: it sent {exc}") from None
@@ -439,14 +435,7 @@ class SubprocessExecutor:
     async def _protocol_result(self, exc: _ProtocolError, t0: float, restarted: bool) -> CellResult:
         """A host that broke the protocol is stopped; only this cell fails (the session rebuilds)."""
         await self._kill()
-        return CellResult(
-            ok=False,
-            error_kind="crash",
-            error=f"the sandbox host sent {exc} and was stopped; {self.restart_note}.",
-            duration_ms=_ms(t0),
-            host_restarted=restarted,
-            meta={"protocol_error": str(exc)},
-        )
+        return protocol_result(exc, self.restart_note, t0, restarted)
 
     async def _death_result(self, t0: float, restarted: bool) -> CellResult:
         proc = self._proc
@@ -457,91 +446,9 @@ class SubprocessExecutor:
             except TimeoutError:
                 await self._kill()
                 rc = proc.returncode
-        tail = self._stderr_tail()
+        tail = stderr_tail(self._stderr_path)
         await self._kill()
-        meta: dict[str, Any] = {"returncode": rc}
-        if rc == CHANNEL_BROKEN_EXIT:
-            return CellResult(
-                ok=False,
-                error_kind="crash",
-                error=(
-                    "the sandbox host stopped itself: a message between it and the worker broke off half-way "
-                    "(most often the cell had used up its memory, e.g. while ARCHIVE() read a transcript); "
-                    f"{self.restart_note}. Free memory before reading archived transcripts (del large values) "
-                    "or work on smaller pieces."
-                ),
-                duration_ms=_ms(t0),
-                host_restarted=restarted,
-                meta={**meta, "channel_broken": True},
-            )
-        if rc == -signal.SIGXCPU:
-            return CellResult(
-                ok=False,
-                error_kind="timeout",
-                error=(
-                    f"cell exceeded its CPU budget of {self.limits.cpu_seconds_per_cell}s and was killed; "
-                    f"{self.restart_note}."
-                ),
-                duration_ms=_ms(t0),
-                host_restarted=restarted,
-                meta=meta,
-            )
-        memoryish = "MemoryError" in tail or "Cannot allocate memory" in tail or "out of memory" in tail
-        if memoryish:
-            kind, what = "memory", "ran out of memory"
-        elif rc is not None and rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
-            kind, what = "crash", f"was killed by signal {name}"
-        else:
-            kind, what = "crash", f"exited unexpectedly (code {rc})"
-        return CellResult(
-            ok=False,
-            error_kind=kind,  # type: ignore[arg-type]
-            error=f"the sandbox host {what} while running this cell; {self.restart_note}.",
-            duration_ms=_ms(t0),
-            host_restarted=restarted,
-            meta=meta,
-        )
-
-    def _to_result(self, resp: dict[str, Any], t0: float, restarted: bool) -> CellResult:
-        """A cell reply, checked field by field (the host is untrusted; see `MAX_REPLY_BYTES`)."""
-        raw_stdout = resp.get("stdout")  # every field is within its bound already (`_check_reply`)
-        stdout: str = raw_stdout if isinstance(raw_stdout, str) else ""
-        error = resp.get("error")
-        ok = resp.get("ok") is True and error is None
-        kind: ErrorKind | None = resp.get("error_kind") if resp.get("error_kind") in _ERROR_KINDS else None
-        if kind is None and not ok:
-            kind = "crash"
-        if not ok and error is None:
-            error = "the sandbox host reported a failure without a message"
-        truncated = resp.get("truncated") is True
-        has_submission = resp.get("has_submission") is True
-        return CellResult(
-            ok=ok,
-            stdout=stdout,
-            error=error,
-            error_kind=kind,
-            duration_ms=_ms(t0),
-            truncated=truncated,
-            submitted=resp.get("submitted") if has_submission else None,
-            host_restarted=restarted,
-            meta={
-                "host_ms": _number(resp.get("host_ms")),
-                "maxrss_kb": _number(resp.get("maxrss_kb")),
-                "has_submission": has_submission,
-            },
-        )
-
-    def _stderr_tail(self) -> str:
-        if not self._stderr_path:
-            return ""
-        try:
-            with open(self._stderr_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - STDERR_TAIL_BYTES))
-                return fh.read().decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
+        return death_result(rc, tail, self.limits, self.restart_note, t0, restarted)
 
     async def _kill(self) -> None:
         proc = self._proc
@@ -566,11 +473,3 @@ class SubprocessExecutor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), CLOSE_GRACE_S)
         await self._kill()
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000

@@ -288,7 +288,6 @@ OVER_THE_CAP: dict[str, int] = {
     "reflector/client/audit/build.py": 635,
     "reflector/client/audit/histories.py": 533,
     "reflector/client/audit/replay.py": 527,
-    "sandbox/executor.py": 576,
     "workflows/reflection.py": 516,
 }
 
