@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.facts import FACTS_CODE, _facts
+from activities.sandbox_boundary import LANGUAGE_ONLY_WARNING, check_isolation, private_store_dirs
 from reflector.analysis.fastscan import FastScanner
 from reflector.analysis.limits import SKILL_IDS_SHOWN, InputTooLarge
 from reflector.analysis.skillbook import Skill, check_skillbook, look_up, parse_skillbook
@@ -51,12 +52,10 @@ from reflector.contract import (
     session_key,
 )
 from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
-from reflector.runtime.storage.blobs import BLOBS_DIR, RESPONSES_DIR, SESSIONS_DIR, BlobStore
+from reflector.runtime.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
-from sandbox.executor import SubprocessExecutor
 from sandbox.hostproc import sweep_stale_workdirs
-from sandbox.isolation import IsolationReport, IsolationUnavailable
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
 from sandbox.zygote_client import close_zygotes
@@ -75,6 +74,9 @@ __all__ = [
     "hold",
     "release",
     "ACTIVITIES",
+    "LANGUAGE_ONLY_WARNING",
+    "check_isolation",
+    "private_store_dirs",
 ]
 
 
@@ -165,60 +167,12 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     return rt
 
 
-def private_store_dirs(root: Path) -> None:
-    """The blob store's top directories (blobs, journals, response caches) are the worker's alone (0700).
-
-    Why: a host runs under another uid (a root worker's hosts are nobody) and Landlock denies it reading
-    and listing the store, not stat-ing a path or watching a directory: with these not traversable by
-    its uid it can do neither (seccomp denies inotify/fanotify too). A directory of another owner is left
-    as it is (a store shared on purpose). A non-root worker's hosts keep its uid: for them the modes
-    change nothing, and the Landlock and seccomp layers are what holds.
-    """
-    for name in (BLOBS_DIR, SESSIONS_DIR, RESPONSES_DIR):
-        path = root / name
-        try:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            info = path.stat()
-            if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-                path.chmod(0o700)
-        except OSError as exc:  # a read-only store: the other layers still hold; say so once
-            log.warning("sandbox: could not make %s private to the worker (%s)", path, exc.strerror)
-
-
 def configure(settings: Settings | None = None, *, max_live: int | None = None) -> _Runtime:
     """Set the process default runtime (`runtime_for`; settings default to the environment's) and return it.
     A worker does not rely on it: `worker.build_worker` binds its own runtime to its activities."""
     global _runtime
     _runtime = runtime_for(settings or Settings.from_env(), max_live=max_live)
     return _runtime
-
-
-LANGUAGE_ONLY_WARNING = (
-    "RR_SANDBOX_ISOLATION=language-only: model-written code runs WITHOUT the OS sandbox (no namespaces, "
-    "Landlock or seccomp); one gadget past the language guards reaches this worker's files, network and "
-    "secrets. Use it only for traces you wrote yourself."
-)
-
-
-async def check_isolation(settings: Settings | None = None) -> IsolationReport:
-    """Start one sandbox host the way sessions will, and report the isolation it achieved.
-
-    Raises `IsolationUnavailable` (with the host's reason) when a required layer cannot be applied:
-    `rr worker` then refuses to start instead of failing every cell later.
-    """
-    settings = settings or Settings.from_env()
-    executor = SubprocessExecutor(
-        SandboxLimits(), isolation=settings.sandbox_isolation, zygote=settings.sandbox_zygote
-    )
-    try:
-        await executor.start(None, "auto", {})
-    except RuntimeError as exc:
-        raise IsolationUnavailable(str(exc)) from None
-    finally:
-        await executor.close()
-    report = IsolationReport.from_dict(executor.isolation)
-    report.mode = settings.sandbox_isolation
-    return report
 
 
 async def shutdown() -> None:
