@@ -1,5 +1,6 @@
 """Reading raw Temporal history events for the audit: payloads (inline or in the blob store), markers,
-timestamps. No interpretation of what a reflection did (that is `reflector.client.audit.build`)."""
+timestamps, the event types that end a run or a child and the status each names. No interpretation of
+what a reflection did (that is `reflector.client.audit.walk`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
 from reflector.runtime.storage.payloads import resolve
@@ -25,6 +27,47 @@ __all__ = [
 ]
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+# Workflow-task events (no progress of the workflow itself), and the events that end a run or a child:
+# the status each names (for a child, with the attribute that holds its result or failure).
+_WT_EVENTS = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+        EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+    }
+)
+_END_STATUS = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "canceled",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed out",
+}
+_CHILD_END = {
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED: (
+        "completed",
+        "child_workflow_execution_completed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED: (
+        "failed",
+        "child_workflow_execution_failed_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED: (
+        "canceled",
+        "child_workflow_execution_canceled_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT: (
+        "timed out",
+        "child_workflow_execution_timed_out_event_attributes",
+    ),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED: (
+        "terminated",
+        "child_workflow_execution_terminated_event_attributes",
+    ),
+}
 
 
 def payload_json(payload: Payload, blob_dir: Path | str) -> Any:
