@@ -284,7 +284,6 @@ OVER_THE_CAP: dict[str, int] = {
     "reflector/analysis/heuristic/run_draft.py": 586,
     "reflector/analysis/toolkit/actors.py": 532,
     "reflector/analysis/traces/index.py": 564,
-    "reflector/client/audit/replay.py": 527,
     "workflows/reflection.py": 516,
 }
 
