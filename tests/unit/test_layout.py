@@ -281,7 +281,6 @@ MAX_LINES = 500
 # the rooms landed; the others went over when `ruff format` was applied (2026-12-06: it wraps what was packed
 # onto long lines), each by its formatted length.
 OVER_THE_CAP: dict[str, int] = {
-    "reflector/analysis/toolkit/actors.py": 532,
     "workflows/reflection.py": 516,
 }
 

@@ -15,7 +15,7 @@ Every function takes one run's view first (`traces`, or `traces['runs'][i]` of a
 - `divergence`: `diff_actions` (expected vs taken), `first_divergence` (the decisive step);
 - `failing`: `failing_calls` (failures by tool: identical or changed retries, recovery);
 - `search`: `search_steps`;
-- `actors` (multi-agent traces): `actors`, `timeline`, `suspect_mistake`;
+- multi-agent traces: `actor_views`: `actors`, `timeline`; `actors`: `suspect_mistake`;
 - `trace_back` (from the symptom to the root cause): `provenance`, `contradictions`, `requirements`;
 - `root` : `root_cause` (the symptom, and the root cause those tools trace back to, with the rule that placed it);
 - `answer`: `compare_answer` (a final answer against a text ground truth).

@@ -3,11 +3,12 @@
 Why: in a multi-agent run (an AutoGen / CaptainAgent group chat, Who&When) the question an engineer asks
 is "which agent made the decisive mistake, and when", and the trace has no tool-call structure to
 compare with expected actions: agents write code in their messages, an executor agent answers with
-`exitcode: N` and the output. `actors` and `timeline` give the per-agent view of the conversation (the
-speaker is the step's `actor`, named by one rule for every trace dialect: `reflector.analysis.traces.agents`);
-`suspect_mistake` traces the mistake back from the evidence in the conversation, and says which rule
-placed it. It reads the conversation's values and wording, never its meaning, and never prefers a step or
-an agent because of its position, its name or a dataset's label statistics (issue 28).
+`exitcode: N` and the output. `actors` and `timeline` (`reflector.analysis.toolkit.actor_views`) give the
+per-agent view of the conversation (the speaker is the step's `actor`, named by one rule for every trace
+dialect: `reflector.analysis.traces.agents`); `suspect_mistake` traces the mistake back from the evidence
+in the conversation, and says which rule placed it. It reads the conversation's values and wording, never
+its meaning, and never prefers a step or an agent because of its position, its name or a dataset's label
+statistics (issue 28).
 
 The rules (each names itself in `rule`):
 
@@ -39,7 +40,8 @@ from itertools import islice
 from typing import Any
 
 from reflector.analysis.answers import compare_answers
-from reflector.analysis.toolkit.calls import check_limit, check_run, iter_steps
+from reflector.analysis.toolkit.actor_views import _WS, actors, actors_note, timeline
+from reflector.analysis.toolkit.calls import check_run, iter_steps
 from reflector.analysis.toolkit.trace_back import _distinctive, _family, _has, canonical, text_keys
 
 __all__ = [
@@ -59,9 +61,7 @@ SCAN_STEPS = (
     2_000  # steps read by `suspect_mistake`: its rules look for early steps (a lazy view stays cheap)
 )
 QUOTE_CHARS = 120  # longest verbatim quote of a step in a reason
-_MAX_CHARS = 10_000  # longest preview `timeline` makes
 
-_WS = re.compile(r"\s+")
 _FENCE = re.compile(r"```")
 _CODE_LINE = re.compile(r"```[^\n]*\n\s*(\S)")  # the first line of code in a fenced block
 # an executor's reply: AutoGen's code executor opens with the exit code, or says there was nothing to run
@@ -69,7 +69,6 @@ _EXECUTOR_REPLY = re.compile(
     r"\A\s*(?:exitcode:\s*-?\d+|there is no code from the last \d+ message)", re.IGNORECASE
 )
 _FAILED_RUN = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+|Traceback \(most recent call last\)", re.IGNORECASE)
-_FAILED_EXIT = re.compile(r"\A\s*exitcode:\s*(?!0\b)-?\d+", re.IGNORECASE)
 _SUCCEEDED_RUN = re.compile(r"\A\s*exitcode:\s*0\b", re.IGNORECASE)
 _END_TOKEN = re.compile(r"\W*terminate\W*", re.IGNORECASE)
 _FABRICATED = re.compile(
@@ -99,105 +98,6 @@ _CONFIDENCE = {
     "first_action": 0.2,
     "first_claim": 0.15,
 }
-
-
-# -- the per-actor views -----------------------------------------------------------------------------
-def actors(run: Any) -> list[dict[str, Any]]:
-    """The run's actors in order of first appearance: `[{"actor", "n_steps", "first_step", "last_step",
-    "roles", "addressees"}]` (`roles`: how many of its steps have each role; `addressees`: how many it
-    addressed to each agent, `"Orchestrator (-> WebSurfer)"`). Steps that name no actor are grouped
-    under `"actor": None` (a single-agent trace is that one group: its roles tell user from assistant).
-    Who the actor of a step is: `reflector.analysis.traces.agents` (one rule for every trace dialect)."""
-    run = check_run(run, "actors")
-    found: dict[str | None, dict[str, Any]] = {}
-    for s in iter_steps(run, "actors"):
-        a = found.get(s["actor"])
-        if a is None:
-            a = found[s["actor"]] = {
-                "actor": s["actor"],
-                "n_steps": 0,
-                "first_step": s["index"],
-                "last_step": s["index"],
-                "roles": {},
-                "addressees": {},
-            }
-        a["n_steps"] += 1
-        a["last_step"] = s["index"]
-        a["roles"][s["role"]] = a["roles"].get(s["role"], 0) + 1
-        if s["addressee"] is not None:
-            a["addressees"][s["addressee"]] = a["addressees"].get(s["addressee"], 0) + 1
-    return list(found.values())
-
-
-NOTE_STEPS = 2_000  # steps `actors_note` reads (a lazy view stays cheap)
-
-
-def actors_note(view: Any) -> str | None:
-    """One line naming the agents of a single-run view and their step counts, for the first request
-    (cell 1 prints it): `actors: Orchestrator (7 steps, addresses WebSurfer 2), WebSurfer (2 steps)`;
-    None when no step names an agent (or `view` is not one run)."""
-    try:
-        run = check_run(view, "actors_note")
-        counts: dict[str, list[Any]] = {}
-        n = 0
-        for s in islice(iter_steps(run, "actors_note"), NOTE_STEPS):
-            n += 1
-            if s["actor"] is None:
-                continue
-            a = counts.setdefault(s["actor"], [0, {}])
-            a[0] += 1
-            if s["addressee"] is not None:
-                a[1][s["addressee"]] = a[1].get(s["addressee"], 0) + 1
-    except (TypeError, ValueError):
-        return None
-    if not counts:
-        return None
-    parts = []
-    for name, (k, to) in list(counts.items())[:20]:
-        said = ", addresses " + ", ".join(f"{t} {c}" for t, c in list(to.items())[:6]) if to else ""
-        parts.append(f"{name} ({k} step{'s' if k != 1 else ''}{said})")
-    more = f" +{len(counts) - 20} more" if len(counts) > 20 else ""
-    scope = f" (in the first {NOTE_STEPS:,} steps)" if n >= NOTE_STEPS else ""
-    return "actors" + scope + ": " + "; ".join(parts) + more + " (actors(run) lists them)"
-
-
-def timeline(run: Any, actor: Any = None, limit: Any = 200, chars: Any = 160) -> list[dict[str, Any]]:
-    """The conversation step by step: `[{"step", "actor", "role", "preview"}]`, at most `limit`, only
-    `actor`'s steps when given (a name from `actors(run)`). `preview`: the first `chars` characters with
-    whitespace collapsed. A tool call or result also has `"tool"` (the tool's name; calls: their names
-    joined by ", "); a failed step (an error result, a failed code execution) has `"error": True`."""
-    run = check_run(run, "timeline")
-    if actor is not None and not isinstance(actor, str):
-        raise TypeError(f"timeline: actor must be an actor's name (str) or None, not {type(actor).__name__}")
-    who = None if actor is None else str.__str__(actor)
-    n = check_limit(limit, "timeline")
-    assert n is not None
-    if type(chars) is not int or not 1 <= chars <= _MAX_CHARS:
-        raise TypeError(f"timeline: chars must be an int from 1 to {_MAX_CHARS:,}, not {chars!r}")
-    out: list[dict[str, Any]] = []
-    for s in iter_steps(run, "timeline"):
-        if who is not None and s["actor"] != who:
-            continue
-        row: dict[str, Any] = {
-            "step": s["index"],
-            "actor": s["actor"],
-            "role": s["role"],
-            "preview": _preview(s["content"], chars),
-        }
-        tool = s["tool_name"] or ", ".join(c["name"] for c in s["tool_calls"] if c["name"])
-        if tool:
-            row["tool"] = tool
-        if s["is_error"] or _FAILED_EXIT.match(s["content"]):
-            row["error"] = True
-        out.append(row)
-        if len(out) >= n:
-            break
-    return out
-
-
-def _preview(text: str, chars: int) -> str:
-    flat = _WS.sub(" ", text).strip()
-    return flat if len(flat) <= chars else flat[: max(chars - 3, 1)] + "..."
 
 
 # -- the rules ---------------------------------------------------------------------------------------
