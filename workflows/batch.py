@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from reflector.runtime import search_attributes as sa
     from reflector.runtime.models import is_llm
     from workflows.activity_options import BATCH_ACTIVITY_TIMEOUT, BATCH_RETRY
+    from workflows.patches import begin, patch_on
     from workflows.state import await_cancel_safe, clear_cancellation
 
 __all__ = ["BatchReflectionWorkflow", "child_id"]
@@ -111,6 +112,7 @@ class BatchReflectionWorkflow:
 
     @workflow.run
     async def run(self, inp: BatchInput) -> BatchOutput:
+        begin()  # every patch decided before the first command (workflows.patches)
         cur = self.cursor
         batch_id = workflow.info().workflow_id
         stop = min(self.total, cur.next_index + inp.children_per_run)
@@ -147,7 +149,7 @@ class BatchReflectionWorkflow:
         except asyncio.CancelledError:
             # `rr cancel`: start no more runs; each running child is asked to cancel and returns its findings so
             # far (recorded like any reflection); runs not started yet stay unreflected
-            if not workflow.patched(CANCEL_PATCH):
+            if not patch_on(CANCEL_PATCH):
                 raise
             clear_cancellation()
             cancelled, self.phase = True, "cancelling"
@@ -267,7 +269,7 @@ class BatchReflectionWorkflow:
             llm_synthesis_error=llm_error,
             cancelled=cancelled,
         )
-        if inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+        if inp.search_attributes and patch_on(SEARCH_ATTRIBUTES_PATCH):
             complete = out.failed == 0 and out.synthesis.incomplete_reflections == 0
             workflow.upsert_search_attributes(
                 sa.end_updates(

@@ -61,6 +61,7 @@ from temporalio.workflow import ActivityConfig
 from activities.model_requests import LOCAL_RETRY_THRESHOLD, cached_request_activity, handed_over
 from reflector.contract import AGENT_NAME, LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX, PROVIDER_MODEL_PATCH
 from reflector.runtime.models import answers_in_process
+from workflows.patches import patch_on
 from workflows.rerun import maybe_reused_response
 from workflows.state import await_cancel_safe
 
@@ -79,13 +80,13 @@ never changes a command."""
 
 def local_model_requests() -> bool:
     """Whether this workflow run schedules model requests as local activities (patch marker)."""
-    return workflow.patched(LOCAL_MODEL_PATCH)
+    return patch_on(LOCAL_MODEL_PATCH)
 
 
 def provider_model_activities() -> bool:
     """Whether this workflow run sends provider (network) model requests as regular activities (patch
     marker; asked only when such a request is made, so histories of in-process models do not change)."""
-    return workflow.patched(PROVIDER_MODEL_PATCH)
+    return patch_on(PROVIDER_MODEL_PATCH)
 
 
 class _LocalModelRequest:

@@ -57,7 +57,9 @@ with workflow.unsafe.imports_passed_through():
     from reflector.runtime import search_attributes as sa
     from workflows.activity_options import CELL_RETRY, REBUILD_ALLOWANCE_S
     from workflows.agents import reflector_agent, synthesis_agent
+    from workflows.fallback import fallback_draft
     from workflows.local_model import local_model_requests
+    from workflows.patches import begin, patch_on
     from workflows.rerun import rerun_raw
     from workflows.state import SessionEnded, SessionState, await_cancel_safe, clear_cancellation
 
@@ -65,7 +67,6 @@ __all__ = ["ReflectionWorkflow", "WORKFLOW_NAME"]
 
 PREVIEW_CHARS = 4_000
 CANCELLED_DETAIL = "cancelled by request (rr cancel)"
-CANCELLED_FINDINGS_CHARS = 6_000
 SYNTHESIS_FINDINGS_CHARS = 12_000
 
 
@@ -94,12 +95,13 @@ class ReflectionWorkflow(PydanticAIWorkflow):
 
     @workflow.run
     async def run(self, inp: ReflectionInput) -> ReflectorOutput:
+        begin()  # every patch decided before the first command (workflows.patches)
         state = self.state
         messages_in: list[ModelMessage] | None = None
         prompt: str | None = None
         if inp.continuation is not None:
             messages_in = ModelMessagesTypeAdapter.validate_json(inp.continuation.messages_json)
-        elif len(inp.skillbook) > MAX_INLINE_SKILLBOOK_CHARS and workflow.patched(INLINE_SKILLBOOK_PATCH):
+        elif len(inp.skillbook) > MAX_INLINE_SKILLBOOK_CHARS and patch_on(INLINE_SKILLBOOK_PATCH):
             # parsed here it would block the workflow task past the deadlock detector (every attempt)
             return self._ended(
                 self._output(
@@ -117,7 +119,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             try:
                 prep = await self._prepare(inp)
             except asyncio.CancelledError:  # `rr cancel` before the first turn
-                if not workflow.patched(CANCEL_PATCH):
+                if not patch_on(CANCEL_PATCH):
                     raise
                 clear_cancellation()
                 state.phase = "finishing"
@@ -180,7 +182,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
             except asyncio.CancelledError:
                 # `rr cancel`: the cell, request or child in flight was cancelled (await_cancel_safe); the
                 # sandbox is closed below and the output is built from the findings so far
-                if not workflow.patched(CANCEL_PATCH):
+                if not patch_on(CANCEL_PATCH):
                     raise
                 clear_cancellation()
                 stop_reason, error = "cancelled", CANCELLED_DETAIL
@@ -222,7 +224,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
 
     def _ended(self, out: ReflectorOutput) -> ReflectorOutput:
         """Upsert the stop reason and totals (where the namespace has rr's search attributes)."""
-        if self.state.inp.search_attributes and workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+        if self.state.inp.search_attributes and patch_on(SEARCH_ATTRIBUTES_PATCH):
             rt, usage = out.raw.get("rr_trace", {}), out.raw.get("usage", {})
             workflow.upsert_search_attributes(
                 sa.end_updates(
@@ -372,7 +374,7 @@ class ReflectionWorkflow(PydanticAIWorkflow):
     ) -> ReflectorOutput:
         state = self.state
         if draft is None:
-            draft = _fallback(state, messages, stop_reason, error)
+            draft = fallback_draft(state, messages, stop_reason, error)
         raw: dict[str, Any] = {
             "rr_trace": RunTrace(
                 total_iterations=state.counters.iterations,
@@ -413,7 +415,7 @@ def _shown_preview(preview: str) -> str:
 def _may_recurse(inp: ReflectionInput) -> bool:
     """Whether the strategy lets this session split (`recurse` is offered below max_depth): a large trace, or
     `recursion="always"`. Recorded before this rule, and a rerun whose reused prefix started children: as then."""
-    if not workflow.patched(RECURSE_BY_STRATEGY_PATCH):
+    if not patch_on(RECURSE_BY_STRATEGY_PATCH):
         return True
     return prompts.may_split(inp.trace.size, inp.config.recursion) or (
         inp.rerun is not None and inp.rerun.children > 0
@@ -430,7 +432,7 @@ async def _despite_cancel(handle: asyncio.Future[Any]) -> Any:
     try:
         return await asyncio.shield(handle)
     except asyncio.CancelledError:
-        if workflow.patched(CANCEL_PATCH):
+        if patch_on(CANCEL_PATCH):
             clear_cancellation()
         else:
             handle.cancel()
@@ -441,76 +443,6 @@ def _model_settings(config: ReflectionConfig, session_id: str) -> ModelSettings:
     """Temperature 0.0 unless the caller passed settings (then theirs), with the provider's prompt caching on
     unless those settings say otherwise (`reflector.analysis.prompt_cache`; an OpenAI cache key per session)."""
     settings: dict[str, Any] = dict(config.model_settings) if config.model_settings else {"temperature": 0.0}
-    if caches(config.model) and workflow.patched(PROMPT_CACHE_PATCH):
+    if caches(config.model) and patch_on(PROMPT_CACHE_PATCH):
         settings = with_prompt_cache(config.model, settings, session_id=session_id) or settings
     return cast(ModelSettings, settings)
-
-
-def _fallback(
-    state: SessionState, messages: list[ModelMessage], stop_reason: StopReason, error: str
-) -> ReflectionDraft:
-    """A deterministic reflection from what the session saw, when the model could not finish."""
-    outputs = [
-        str(p.content)
-        for m in messages
-        for p in m.parts
-        if isinstance(p, ToolReturnPart) and p.tool_name == EXECUTE_CODE_TOOL
-    ]
-    seen = outputs[-1][:2_000] if outputs else "(no cell output)"
-    why = {
-        "token_budget": "the token budget was spent",
-        "request_budget": "the request budget was spent",
-        "max_compactions": "the context was compacted the maximum number of times",
-        "error": "the model did not produce a valid reflection",
-        "completed": "the session ended",
-        "cancelled": "it was cancelled",
-    }[stop_reason]
-    if stop_reason == "cancelled":  # the findings so far: every cell output (the latest ones when long)
-        seen = "\n---\n".join(outputs)[-CANCELLED_FINDINGS_CHARS:] if outputs else "(no cell output)"
-    facts = state.facts
-    verdict = ""
-    if facts.actions_checked:
-        verdict = (
-            f" The agent's state-changing actions {'match' if facts.answer_correct else 'do NOT match'} the "
-            "expected actions (compared by name and arguments)"
-            + (
-                f"; expected but not taken: {'; '.join(facts.missing_actions)[:400]}"
-                if facts.missing_actions
-                else ""
-            )
-            + (
-                f"; taken but not expected: {'; '.join(facts.unexpected_actions)[:400]}"
-                if facts.unexpected_actions
-                else ""
-            )
-            + "."
-        )
-    elif facts.answer_correct is not None:
-        verdict = (
-            f" The agent's final answer ({(facts.final_answer or '')[:200]!r}) "
-            f"{'matches' if facts.answer_correct else 'does NOT match'} the ground truth "
-            f"({(facts.ground_truth or '')[:200]!r}) under a normalised comparison."
-        )
-    cancelled = stop_reason == "cancelled"
-    return ReflectionDraft(
-        reasoning=(
-            f"{'CANCELLED' if cancelled else 'INCOMPLETE'}: the reflection stopped early because {why} ({error}). "
-            f"{state.counters.cells} cells ran ({state.counters.failed_cells} failed). This is not a finding that nothing went wrong."
-            + verdict
-        ),
-        error_identification=(
-            f"Not determined: the session stopped early ({stop_reason}).{verdict} "
-            + (f"Cell outputs so far: {seen}" if cancelled else f"Last cell output: {seen}")
-        ),
-        root_cause_analysis="Not determined: the session stopped before an analysis was complete.",
-        correct_approach=(
-            "Re-run the reflection (it was cancelled)."
-            if cancelled
-            else "Re-run the reflection with a larger budget (--max-requests / --max-tokens)."
-        ),
-        key_insight=("Cancelled reflection" if cancelled else "Incomplete reflection")
-        + "; see raw.rr_trace.stop_reason.",
-        extracted_learnings=[],
-        skill_tags=[],
-        diagnosis=facts.diagnosis,  # the facts cell's first divergence, when the trace has expected actions
-    )

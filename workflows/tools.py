@@ -39,6 +39,7 @@ from reflector.contract import (
 )
 from reflector.runtime import search_attributes as sa
 from workflows.activity_options import CELL_RETRY
+from workflows.patches import patch_on
 from workflows.rerun import reused_child, reusing_child
 from workflows.state import SessionEnded, SessionState, await_cancel_safe, current_state
 
@@ -131,7 +132,7 @@ async def recurse(ctx: RunContext[ReflectorDeps], prompt: str, context_code: str
     """
     state = current_state()
     too_big = _over_cap(prompt, context_code)
-    if too_big is not None and workflow.patched(TOOL_ARG_CAPS_PATCH):
+    if too_big is not None and patch_on(TOOL_ARG_CAPS_PATCH):
         raise ModelRetry(too_big)
     async with state.recurse_lock:  # one child at a time: at most one request of the tree in flight
         return await _run_child(state, prompt, context_code)

@@ -81,6 +81,9 @@ an error before it starts (parsing it in workflow code blocked every workflow ta
 PROMPT_CACHE_PATCH = "rr-prompt-cache"
 """Provider requests carry prompt-cache settings when the config says nothing (`reflector.analysis.prompt_cache`);
 recorded before this change: the config's settings as they were."""
+PATCHES_FIRST_PATCH = "rr-patches-first"
+"""Every patch above is decided once, before the run's first command (`workflows.patches`): a run recorded with
+this marker has all of them on and records no other patch marker; recorded before it: each asked where used."""
 MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 BATCH_WORKFLOW_NAME = "BatchReflectionWorkflow"  # the parent of a batch: one child ReflectionWorkflow per run

@@ -111,30 +111,60 @@ async def replay_server_histories(
 
     fetches = [asyncio.ensure_future(fetch(wid, run_id)) for wid, run_id in runs]
 
+    # each history as recorded, then (runs with `PATCHES_FIRST_PATCH`) with every local activity's result
+    # delivered a task late, the shape of core's heartbeat race (tests/support/late_resolution.py)
+    labels: list[
+        tuple[int, str]
+    ] = []  # (index into runs, "" or " (late)") of each history replayed, in order
+    replays: list[WorkflowHistory] = []
+
     async def histories() -> AsyncIterator[WorkflowHistory]:
-        for f in fetches:
-            yield await f
+        for i, f in enumerate(fetches):
+            history = await f
+            for suffix, h in (("", history),) + tuple(
+                (" (results delivered late)", v) for v in _late(history)
+            ):
+                labels.append((i, suffix))
+                replays.append(h)
+                yield h
 
     failures: list[str] = []
     done = 0
     try:
         async with _replayer_over(dirs).workflow_replay_iterator(histories()) as results:
             async for result in results:
+                i, suffix = labels[done]
                 if result.replay_failure is not None:
-                    wid, run_id = runs[done]
-                    kept = _keep(keep_failed, f"{wid}--{run_id}", await fetches[done])
-                    failures.append(f"{wid}/{run_id}: {str(result.replay_failure)[:2000]}{kept}")
+                    wid, run_id = runs[i]
+                    kept = _keep(keep_failed, f"{wid}--{run_id}{'--late' if suffix else ''}", replays[done])
+                    failures.append(f"{wid}/{run_id}{suffix}: {str(result.replay_failure)[:2000]}{kept}")
                 done += 1
     except BlobNotFound:
         # a payload no store holds: name every history of the rest that cannot be replayed, one by one
+        first = labels[done][0] if done < len(labels) else (labels[-1][0] + 1 if labels else 0)
         rest = [
-            (f"{wid}/{run_id}", await f) for (wid, run_id), f in zip(runs[done:], fetches[done:], strict=True)
+            (f"{wid}/{run_id}", await f)
+            for (wid, run_id), f in zip(runs[first:], fetches[first:], strict=True)
         ]
         failures += await _one_by_one(rest, dirs, keep_failed)
     finally:
         for f in fetches:
             f.cancel()
     return len(runs), failures
+
+
+def _late(history: WorkflowHistory) -> list[WorkflowHistory]:
+    """`history` with its local activities' results delivered a task late (none: nothing to move, or a run
+    recorded before `PATCHES_FIRST_PATCH`, which does not promise to replay in that shape)."""
+    import json
+
+    from reflector.contract import PATCHES_FIRST_PATCH
+    from tests.support.late_resolution import deliver_local_results_late, late_deliveries, patch_ids
+
+    data = json.loads(history.to_json())
+    if PATCHES_FIRST_PATCH not in patch_ids(data) or not late_deliveries(data):
+        return []
+    return [WorkflowHistory.from_json(history.workflow_id, deliver_local_results_late(data))]
 
 
 def _keep(keep_failed: Path | None, name: str, history: WorkflowHistory) -> str:

@@ -277,21 +277,12 @@ def test_the_composition_root_never_imports_the_cli() -> None:
 
 # -- size -------------------------------------------------------------------------------------------
 MAX_LINES = 500
-# Still to split (issue 30), at most this long: the list may only shrink. It went over when `ruff format` was
-# applied (2026-12-06: it wraps what was packed onto long lines); the other modules over the cap were split
-# by concern the same day.
-OVER_THE_CAP: dict[str, int] = {
-    "workflows/reflection.py": 516,
-}
 
 
 def test_no_module_is_over_500_lines() -> None:
     lines = {rel: len((ROOT / rel).read_text().splitlines()) for rel in MODULES}
     over = {rel: n for rel, n in lines.items() if n > MAX_LINES and not _under(rel, TEST_DOUBLES)}
-    assert {rel: n for rel, n in over.items() if n > OVER_THE_CAP.get(rel, MAX_LINES)} == {}
-    assert set(OVER_THE_CAP) <= set(over), (
-        f"split already, drop from OVER_THE_CAP: {sorted(set(OVER_THE_CAP) - set(over))}"
-    )
+    assert over == {}, "split these by concern (one concern per module)"
 
 
 # -- import circles ---------------------------------------------------------------------------------

@@ -21,11 +21,12 @@ from temporalio.client import Client, WorkflowHistory
 
 import worker
 from reflector import client as rr
-from reflector.contract import PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
+from reflector.contract import PATCHES_FIRST_PATCH, ReflectionConfig, ReflectorOutput
 from reflector.runtime import models
 from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import CELL_CODE, OpenAIServer
 from tests.support.fixtures import ACE_TRACE, completed_activities, write_trace
+from workflows.patches import LIBRARY_PATCHES
 
 API_KEY = "test-key"
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20
@@ -145,7 +146,8 @@ async def test_reflection_completes_over_local_openai_server(
     assert _model_attempts(history) == [1, 1]
     requests = [r for r in completed_activities(history.events) if r.is_model_request]
     assert [(r.name, r.local) for r in requests] == [("agent__rr_reflector__model_request", False)] * 2
-    assert PROVIDER_MODEL_PATCH in _patches(history)
+    # the provider-model behaviour is implied by the one patch decided before the first command
+    assert _patches(history) == {PATCHES_FIRST_PATCH, *LIBRARY_PATCHES}
 
     for r in reqs:
         assert r.headers["authorization"] == f"Bearer {API_KEY}"
