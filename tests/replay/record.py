@@ -1,7 +1,7 @@
 """Record a reference history for the replay suite: `python -m tests.replay.record NAME MODEL`.
 
 Committed histories are the durable contract: every later version of the workflow must replay
-them. Only re-record one deliberately (a breaking change needs `workflow.patched()` instead).
+them. Only re-record one deliberately (a breaking change needs a patch instead: workflows/patches.py).
 """
 
 from __future__ import annotations

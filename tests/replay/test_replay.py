@@ -6,6 +6,7 @@ the prefill cell) must fail replay with a non-determinism error.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 import reflector.testing.scripted  # noqa: F401  (the recorded runs used the scripted models)
-from reflector.contract import ReflectionInput, ReflectorOutput
+from reflector.contract import PATCHES_FIRST_PATCH, ReflectionInput, ReflectorOutput
 from reflector.runtime.models import prepare_workflow_side
+from tests.support.late_resolution import deliver_local_results_late, late_deliveries, patch_ids
 from workflows.reflection import WORKFLOW_NAME, ReflectionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -52,3 +54,19 @@ async def test_altered_workflow_fails_replay() -> None:
     replayer = Replayer(workflows=[AlteredReflectionWorkflow], plugins=[PydanticAIPlugin()])
     with pytest.raises(workflow.NondeterminismError):
         await replayer.replay_workflow(_load(HISTORIES[0]))
+
+
+LATE_SAFE = [p for p in HISTORIES if PATCHES_FIRST_PATCH in patch_ids(json.loads(p.read_text()))]
+
+
+@pytest.mark.parametrize("path", LATE_SAFE, ids=[p.stem for p in LATE_SAFE])
+async def test_committed_history_replays_with_local_results_delivered_late(path: Path) -> None:
+    """Histories recorded with every patch decided first also replay in the shape core's heartbeat race
+    writes (tests/support/late_resolution.py; workflows/patches.py)."""
+    data = json.loads(path.read_text())
+    assert late_deliveries(data) > 0
+    late = WorkflowHistory.from_json(f"recorded-{path.stem}-late", deliver_local_results_late(data))
+    result = await Replayer(workflows=[ReflectionWorkflow], plugins=[PydanticAIPlugin()]).replay_workflow(
+        late
+    )
+    assert result.replay_failure is None
