@@ -1,11 +1,11 @@
 """The stored record index of a trace (`reflector.analysis.traces.index` builds it in one pass): its columns,
 written block by block as the pass goes, and read back whole; where it lives.
 
-Stored format (`_Writer`, `TraceIndex.to_bytes`; read by `TraceIndex.from_bytes`): blocks of column entries written as the
-trace is scanned, then a JSON footer (the header fields, the writer's byte order and where each block is)
-and the footer's length; a reader on the other byte order swaps the arrays. The index of trace `sha` lives in the blob store under a name derived
-from `sha` and `INDEX_VERSION`, so every worker finds the same one and a new version never reads an
-old one.
+Stored format (`_Writer`, `TraceIndex.to_bytes`; read by `TraceIndex.from_bytes`): blocks of column entries
+written as the trace is scanned, then a JSON footer (the header fields, the writer's byte order and where each
+block is) and the footer's length; a reader on the other byte order swaps the arrays. The index of trace `sha`
+lives in the blob store under a name derived from `sha` and `INDEX_VERSION`, so every worker finds the same
+one and a new version never reads an old one.
 """
 
 from __future__ import annotations
