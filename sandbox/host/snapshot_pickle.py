@@ -8,7 +8,7 @@ import pickle
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox.host.guards import CELL_MODULE
 from sandbox.host.snapshot_contents import (
@@ -33,9 +33,6 @@ from sandbox.host.snapshot_contents import (
     _constructors,
     _is_class,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 class _Clock:

@@ -22,7 +22,6 @@ from temporalio.client import WorkflowHistory
 __all__ = ["Divergence", "divergence_of"]
 
 _LA_MARKER = "core_local_activity"
-_PATCH_MARKER = "core_patch"
 
 
 @dataclass(frozen=True)
