@@ -36,8 +36,9 @@ from typing import IO, Any, Union
 
 import msgspec
 
+from reflector.analysis.fastmessages import MESSAGES, message_run
 from reflector.analysis.traces.read import MAX_NESTING
-from reflector.analysis.traces.scan import BUFFER_BYTES, Batch, Item, Scanner, _Buffer
+from reflector.analysis.traces.scan import BUFFER_BYTES, Batch, Item, PlainReader, Scanner, _Buffer
 
 __all__ = ["FastScanner"]
 
@@ -49,6 +50,7 @@ _TRIES = 3  # window cuts tried before a stretch goes through the stdlib path
 # tau-bench run, 4 for a chat message); building the decoder costs 2^depth (10: ~15 ms, once).
 _TYPED_DEPTH = 10
 _Errors = (msgspec.DecodeError, RecursionError)
+_PLAIN_MISSES = 8
 
 
 @functools.cache
@@ -190,6 +192,28 @@ class FastScanner(Scanner):
         super().__init__(fh, name, chunk=chunk, split_object=split_object, yield_broken=yield_broken)
         self._sep = b""  # the separator between two records as this file writes it (b", ", b",\n  ", ...)
         self._slow_until = -1  # the stdlib path parses the records that start before this offset
+        self._plain = 0  # after `plain_messages()`: windows that may still fail to parse as plain messages
+
+    def plain_messages(self) -> PlainReader:
+        """Windows of plain chat messages come as `reflector.analysis.fastmessages.Message` records from
+        now on, read by `message_run` (a window with any other record is parsed as before)."""
+        self._plain = _PLAIN_MISSES
+        return message_run
+
+    def _plain_window(self, blob: bytes, n: int) -> list[Any] | None:
+        """The `n` records of the JSON array `blob` as plain messages, or None (also once `_PLAIN_MISSES`
+        windows in a row were not all plain: this trace's windows are parsed once, as values)."""
+        if not self._plain:
+            return None
+        try:
+            msgs: list[Any] = MESSAGES.decode(blob)
+        except _Errors:
+            self._plain -= 1
+            return None
+        if len(msgs) != n:
+            return None
+        self._plain = _PLAIN_MISSES
+        return msgs
 
     # -- JSON arrays: the stdlib loop (Scanner._array), with a bulk step at each record start ------------------------
     def _array_records(self, buf: _Buffer, pos: int, depth_above: int) -> Generator[Item, None, int]:
@@ -280,6 +304,11 @@ class FastScanner(Scanner):
                 while q <= cut and data[q] in _WS:
                     q += 1
         ends: list[int] = list(map(add, starts, lens))
+        plain = self._plain_window(blob, n)
+        if plain is not None:
+            yield Batch(starts, ends, plain, True)
+            self.header.n_records += n
+            return ends[-1] - b.base
         values, k, deep = _decode(blob, n, limit, raws)
         if k:
             yield Batch(starts[:k], ends[:k], values[:k])
@@ -332,7 +361,8 @@ class FastScanner(Scanner):
         lines[-1] = (lines[0] if n == 1 else last) + b"]"
         blob = b",".join(lines)  # one copy of the window (the brackets on its first and last lines)
         lines[0], lines[-1] = first, last
-        values, k, _deep = _decode(blob, n, MAX_NESTING, None)
+        plain = self._plain_window(blob, n)
+        values, k, _deep = (plain, n, False) if plain is not None else _decode(blob, n, MAX_NESTING, None)
         del blob
         if k == n and n:
             starts = list(accumulate(map(add, lens, repeat(1)), initial=at))
@@ -341,7 +371,7 @@ class FastScanner(Scanner):
             if not all(map(is_, stripped, lines)):  # blanks around values (CRLF): where each value is
                 starts = [s + len(line) - len(line.lstrip()) for s, line in zip(starts, lines, strict=True)]
                 lens = list(map(len, stripped))
-            yield Batch(starts, list(map(add, starts, lens)), values)
+            yield Batch(starts, list(map(add, starts, lens)), values, plain is not None)
             self.header.n_records += n
             return
         for line in lines:  # line by line: msgspec where it takes the line, else the stdlib

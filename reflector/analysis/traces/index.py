@@ -31,7 +31,7 @@ from reflector.analysis.traces.columns import PlainColumns, plain_run
 from reflector.analysis.traces.detect import TraceFormat, detect_format
 from reflector.analysis.traces.index_file import INDEX_SUFFIX, INDEX_VERSION, TraceIndex, _Writer, index_path
 from reflector.analysis.traces.read import TraceError
-from reflector.analysis.traces.scan import Batch, ScanHeader, Scanner
+from reflector.analysis.traces.scan import Batch, PlainReader, ScanHeader, Scanner
 from reflector.analysis.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
 
 __all__ = [
@@ -224,6 +224,8 @@ def write_index(
         format=fmt, kind=kind, container=h.container, key=h.key, record_kind=record_kind, size=0, header={}
     )
     p = _Pass(out, fmt, kind, record_kind, on_record)
+    if p.plain is not None:
+        p.reader = scan.plain_messages()
     del values
     while head:
         p.batch(head.pop(0))
@@ -259,6 +261,7 @@ class _Pass:
         self.n_records = 0
         # message records resolve tool names across records; an ACE step is one message on its own
         self.plain = {"message": True, "ace-step": False}.get(record_kind)
+        self.reader: PlainReader | None = None  # the scanner's reader of its own plain messages
 
     def batch(self, batch: Batch) -> None:
         rec0 = self.n_records
@@ -284,6 +287,11 @@ class _Pass:
         plain, oc, stats = self.plain, self.oc, self.stats
         names = self.call_names if plain else None
         i = 0
+        if batch.plain and self.reader is not None:  # plain chat messages, already checked by the scanner
+            self.reader(values, names, cols, RECENT_CALLS)
+            step_recs.extend(range(rec0, rec0 + n))
+            subs.extend(itertools.repeat(0, n))
+            i = n
         while i < n:
             if plain is not None:
                 j = plain_run(values, i, names, cols, RECENT_CALLS)

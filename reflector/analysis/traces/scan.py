@@ -19,13 +19,22 @@ naming the line or offset, and the nesting limit applied to every record.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple
 
 from reflector.analysis.traces.read import MAX_NESTING, TraceError, nesting_depth
 
-__all__ = ["ScanHeader", "Scanner", "Batch", "BrokenLine", "iter_records", "RECORD_KEYS", "BUFFER_BYTES"]
+__all__ = [
+    "ScanHeader",
+    "Scanner",
+    "Batch",
+    "PlainReader",
+    "BrokenLine",
+    "iter_records",
+    "RECORD_KEYS",
+    "BUFFER_BYTES",
+]
 
 BUFFER_BYTES = 1024**2
 BATCH_RECORDS = 1024  # records per batch the stdlib scanner hands out (`Scanner.batches`)
@@ -66,11 +75,16 @@ class Batch(NamedTuple):
     starts: list[int]
     ends: list[int]
     values: list[Any]
+    # the values are plain chat messages in the scanner's own form, read only with the function
+    # `Scanner.plain_messages` returned (a scanner hands these out only after that call)
+    plain: bool = False
 
 
 # What the container loops yield: one record `(start, end, value)`, or a `Batch` of them (a faster
 # scanner hands out a window of records at once; `records()` and `batches()` give the same records).
 Item = tuple[int, int, Any] | Batch
+# (values, tool-call names or None, the columns to append to, the bound on the names): see `plain_messages`
+PlainReader = Callable[[list[Any], Any, Any, int], None]
 
 
 class _Buffer:
@@ -175,6 +189,13 @@ class Scanner:
             raise
         if starts:
             yield Batch(starts, ends, values)
+
+    def plain_messages(self) -> PlainReader | None:
+        """Let `batches()` hand out, from now on, batches of plain chat messages in this scanner's own
+        form (`Batch.plain`), and return the function that reads their index columns as
+        `reflector.analysis.traces.columns.plain_run` reads dicts; None: this scanner has no such form
+        (the stdlib one). `records()` must not be used after it."""
+        return None
 
     def _items(self) -> Iterator[Item]:
         buf = _Buffer(self.fh, self.chunk)
