@@ -65,31 +65,26 @@ def message_run(
         role = msg.role
         own = call_names
         tool_calls = msg.tool_calls
-        if tool_calls:
-            names = []
+        if tool_calls:  # (all plain: no call can decline the message after its ids are taken)
             for call in tool_calls:
                 fn = call.function
-                if fn is None or (
-                    fn.name is UNSET and fn.arguments is UNSET
-                ):  # null, absent or {}: the call's
-                    name = call.name
-                else:
-                    name = fn.name
-                names.append("" if name is UNSET else name)
-            calls += names
-            for call, name in zip(
-                tool_calls, names, strict=True
-            ):  # ids once all calls are read, as plain_run
+                name = call.name if fn is None or (fn.name is UNSET and fn.arguments is UNSET) else fn.name
+                if (
+                    name is UNSET
+                ):  # no "name" (in the function, or in the call when the function is null, absent or {})
+                    name = ""
+                calls.append(name)
                 if call.id:
                     if own is None:
                         own = OrderedDict()
                     setitem(own, call.id, name)
                     if recent and len(own) > recent:
                         own.popitem(last=False)
+        content = msg.content
         roles.append(role)
-        contents.append(msg.content)
+        contents.append(content)
         if role == "tool":
-            errors.append(is_error(msg.content))
+            errors.append(is_error(content))
             tools.append(msg.name or (own.get(str(msg.tool_call_id)) if own is not None else None))
         else:
             errors.append(False)

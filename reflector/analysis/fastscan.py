@@ -333,7 +333,11 @@ class FastScanner(Scanner):
             data = b.data
             last_nl = data.rfind(b"\n", p)
             if last_nl >= p:  # whole lines [p, last_nl)
-                lines = data[p:last_nl].split(b"\n")
+                if p:
+                    lines = data[p:last_nl].split(b"\n")
+                else:
+                    lines = data.split(b"\n")  # (no copy of the window first)
+                    lines.pop()  # what follows the last newline
                 yield from self._lines(lines, b.base + p, lineno, bad)
                 lineno += len(lines)
                 p = b.drop(last_nl + 1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import itertools
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
 from reflector.analysis.traces.adapters.ace import _ace_step, _norm_ace_run
@@ -282,16 +282,15 @@ class _Pass:
         # other record's from its canonical steps; role and tool codes, counts and the run's question
         # and answer are settled once per batch, in the same order a step at a time would.
         cols = PlainColumns()
-        step_recs: list[int] = []
-        subs: list[int] = []
         plain, oc, stats = self.plain, self.oc, self.stats
         names = self.call_names if plain else None
-        i = 0
         if batch.plain and self.reader is not None:  # plain chat messages, already checked by the scanner
             self.reader(values, names, cols, RECENT_CALLS)
-            step_recs.extend(range(rec0, rec0 + n))
-            subs.extend(itertools.repeat(0, n))
-            i = n
+            self._steps(rec0, batch, range(rec0, rec0 + n), [0] * n, cols)
+            return
+        step_recs: list[int] = []
+        subs: list[int] = []
+        i = 0
         while i < n:
             if plain is not None:
                 j = plain_run(values, i, names, cols, RECENT_CALLS)
@@ -315,7 +314,23 @@ class _Pass:
                 cols.tools.append(step.get("tool_name"))
                 cols.calls.extend(str(call.get("name")) for call in step.get("tool_calls") or ())
             i += 1
+        self._steps(rec0, batch, step_recs, subs, cols)
+
+    def _steps(
+        self, rec0: int, batch: Batch, step_recs: Sequence[int], subs: list[int], cols: PlainColumns
+    ) -> None:
+        """Write the batch's records and steps; settle its codes, counts and the run's statistics."""
         tools = self.tools
+        tool_codes = []
+        for tool in cols.tools:
+            if not tool:
+                tool_codes.append(-1)
+                continue
+            key = tool if type(tool) is str else str(tool)
+            code = tools.get(key)
+            if code is None:
+                code = tools[key] = len(tools)
+            tool_codes.append(code)
         self.w.add(
             rec0,
             batch.starts,
@@ -324,10 +339,10 @@ class _Pass:
             subs,
             _codes(self.roles, cols.roles),
             cols.errors,
-            [_code(tools, str(tool)) if tool else -1 for tool in cols.tools],
+            tool_codes,
         )
         self.calls.update(cols.calls)
-        stats.add_many(cols.roles, cols.contents)
+        self.stats.add_many(cols.roles, cols.contents)
 
 
 def _codes(table: dict[str, int], values: list[str]) -> list[int]:

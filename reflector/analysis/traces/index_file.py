@@ -211,9 +211,9 @@ class _Writer:
                 self._flush("steps")
             else:
                 for buf, col in zip(rec_bufs, (starts, ends), strict=True):
-                    buf.extend(col[ri:])
+                    buf.extend(col[ri:] if ri else col)
                 for buf, col in zip(step_bufs, step_cols, strict=True):
-                    buf.extend(col[si:])
+                    buf.extend(col[si:] if si else col)
                 return
 
     def _flush(self, group: str) -> None:
