@@ -201,19 +201,19 @@ class _Writer:
             s_full = si + BLOCK_ENTRIES - len(step_bufs[0]) - 1
             if r_full < n_rec and (s_full >= n_steps or first + r_full <= step_records[s_full]):
                 for buf, col in zip(rec_bufs, (starts, ends), strict=True):
-                    buf.extend(col[ri : r_full + 1])
+                    _extend(buf, col[ri : r_full + 1])
                 ri = r_full + 1
                 self._flush("records")
             elif s_full < n_steps:
                 for buf, col in zip(step_bufs, step_cols, strict=True):
-                    buf.extend(col[si : s_full + 1])
+                    _extend(buf, col[si : s_full + 1])
                 si = s_full + 1
                 self._flush("steps")
             else:
                 for buf, col in zip(rec_bufs, (starts, ends), strict=True):
-                    buf.extend(col[ri:] if ri else col)
+                    _extend(buf, col[ri:] if ri else col)
                 for buf, col in zip(step_bufs, step_cols, strict=True):
-                    buf.extend(col[si:] if si else col)
+                    _extend(buf, col[si:] if si else col)
                 return
 
     def _flush(self, group: str) -> None:
@@ -237,6 +237,11 @@ class _Writer:
         self.out.write(_FOOTER.pack(len(footer)))
         self.pos += len(footer) + _FOOTER.size
         return self.pos
+
+
+def _extend(buf: array[int], col: Sequence[int]) -> None:
+    """`buf.extend(col)`; a list through `fromlist` (half the time per entry)."""
+    buf.fromlist(col if type(col) is list else list(col))
 
 
 def index_path(trace_path: str) -> str:
