@@ -68,10 +68,9 @@ def message_run(
         if tool_calls:  # (all plain: no call can decline the message after its ids are taken)
             for call in tool_calls:
                 fn = call.function
+                # the function's name; the call's own when the function is null, absent or {}; else ""
                 name = call.name if fn is None or (fn.name is UNSET and fn.arguments is UNSET) else fn.name
-                if (
-                    name is UNSET
-                ):  # no "name" (in the function, or in the call when the function is null, absent or {})
+                if name is UNSET:
                     name = ""
                 calls.append(name)
                 if call.id:
