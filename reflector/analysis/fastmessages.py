@@ -44,7 +44,7 @@ class Message(Struct, forbid_unknown_fields=True, gc=False):
     """A plain chat message (`reflector.analysis.traces.columns.PLAIN_KEYS` / `PLAIN_ROLES`)."""
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: str | None = None
     tool_calls: list[_Call] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -80,6 +80,8 @@ def message_run(
                     if recent and len(own) > recent:
                         own.popitem(last=False)
         content = msg.content
+        if content is None:
+            content = ""
         roles.append(role)
         contents.append(content)
         if role == "tool":

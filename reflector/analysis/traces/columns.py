@@ -22,7 +22,8 @@ __all__ = ["message_columns", "plain_run", "PlainColumns", "PLAIN_KEYS", "PLAIN_
 # The keys a plain message may have. `tool_name` is not read by the message adapter (ACE steps carry
 # it); `name` only names the actor (not a column) except on a tool result, where it is the tool's.
 PLAIN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "tool_name"})
-# Chat roles the adapter keeps as they are: no synonym to map, never read as an agent's name.
+# Chat roles the adapter keeps as they are: no synonym to map, never read as an agent's name. A plain
+# message's content is a string or null (absent): the text of an assistant's message that only calls tools.
 PLAIN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 Columns = tuple[str, str, bool, Any, list[str]]
@@ -65,7 +66,11 @@ def plain_run(
             return i
         role = msg.get("role")
         content = msg.get("content")
-        if type(role) is not str or role not in plain_roles or type(content) is not str:
+        if type(content) is not str:
+            if content is not None:
+                return i
+            content = ""  # the adapter's text of a null (or absent) content, as for a tool call's message
+        if type(role) is not str or role not in plain_roles:
             return i
         tool_calls = msg.get("tool_calls")
         own = call_names
