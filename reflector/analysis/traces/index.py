@@ -199,7 +199,8 @@ def write_index(
 
     Raises `TraceError` on a trace that is not valid JSON / JSONL (the same one-line messages as
     `reflector.analysis.traces.read`). `on_record(n)` is called every 10,000 records (progress). Memory: the
-    scan's buffer, one record, one block of column entries and the small tables. `scanner`: the
+    scan's buffer, one batch of records (a buffer's worth, or 1,024), one block of column entries and the
+    small tables. `scanner`: the
     scanner class (`reflector.analysis.fastscan.FastScanner` where msgspec is installed: the same records, faster).
     """
     scan = scanner(fh, name)
