@@ -6,14 +6,16 @@ Two shapes:
   `{"role": "tool", "tool_name", "content"}` (some tool results are errors, `Error: ...`);
 - `jsonl`: OpenAI-style chat messages, one per line: a system and a user message, then assistant
   messages with `tool_calls` (`id`, `type`, `function: {name, arguments}`), tool results carrying
-  `tool_call_id`, and a final assistant answer.
+  `tool_call_id`, and a final assistant answer;
+- `jsonl-null`: the same, with `"content": null` on the assistant messages that call tools (as the
+  OpenAI API returns them).
 
 Text is drawn from a small vocabulary: a few hundred bytes per step, about 3% of tool results are
 errors, and one tool result in ~1,500 is long (8-64 KiB: a file listing, a page of search results).
 The output is the same for the same (shape, size, seed); the file is about the requested size (the
 last step is cut short of it, never past it by more than one step plus the closing bytes).
 
-    python -m bench.gen_traces OUT --size 1GB --shape ace-json|jsonl [--seed N]
+    python -m bench.gen_traces OUT --size 1GB --shape ace-json|jsonl|jsonl-null [--seed N]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 __all__ = ["SHAPES", "parse_size", "generate", "QUESTION", "GROUND_TRUTH", "FINAL_ANSWER"]
 
-SHAPES = ("ace-json", "jsonl")
+SHAPES = ("ace-json", "jsonl", "jsonl-null")
 QUESTION = "How many orders in the March export were refunded twice, and what was their total value?"
 GROUND_TRUTH = "17 orders, 4,212.50 EUR"
 FINAL_ANSWER = "15 orders, 3,987.10 EUR"
@@ -118,7 +120,7 @@ def _ace_steps(t: _Text) -> Iterator[dict[str, Any]]:
         yield {"role": "tool", "tool_name": tool, "content": t.result(tool)}
 
 
-def _openai_messages(t: _Text) -> Iterator[dict[str, Any]]:
+def _openai_messages(t: _Text, null_content: bool) -> Iterator[dict[str, Any]]:
     n = 0
     while True:
         k = 2 if t.rng.random() < 0.15 else 1  # sometimes two calls in one turn
@@ -126,9 +128,10 @@ def _openai_messages(t: _Text) -> Iterator[dict[str, Any]]:
         for _ in range(k):
             calls.append((f"call_{n:08d}", t.rng.choice(_TOOLS)))
             n += 1
+        words = t.words(25, 80)
         yield {
             "role": "assistant",
-            "content": t.words(25, 80),
+            "content": None if null_content else words,
             "tool_calls": [
                 {"id": cid, "type": "function", "function": {"name": tool, "arguments": t.arguments(tool)}}
                 for cid, tool in calls
@@ -173,7 +176,7 @@ def generate(out: Path, size: int, shape: str, seed: int = 0) -> int:
             put(json.dumps(system) + "\n" + json.dumps({"role": "user", "content": QUESTION}) + "\n")
             last = json.dumps({"role": "assistant", "content": f"The answer: {FINAL_ANSWER}."}) + "\n"
             first = True
-            for msg in _openai_messages(t):
+            for msg in _openai_messages(t, shape == "jsonl-null"):
                 line = json.dumps(msg) + "\n"
                 if written + len(line) + len(last) > size and msg["role"] == "assistant" and not first:
                     break

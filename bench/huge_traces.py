@@ -593,7 +593,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.huge_traces", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1MB,100MB,1GB", help="comma-separated sizes (1MB, 100MB, 1GB, 16MiB)")
     ap.add_argument(
-        "--shapes", default=",".join(SHAPES), help=f"comma-separated shapes ({', '.join(SHAPES)})"
+        "--shapes", default="ace-json,jsonl", help=f"comma-separated shapes ({', '.join(SHAPES)})"
     )
     ap.add_argument(
         "--child",

@@ -18,19 +18,20 @@ The stored index (its format, where it lives) is `reflector.analysis.traces.inde
 from __future__ import annotations
 
 import io
+import itertools
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
 from reflector.analysis.traces.adapters.ace import _ace_step, _norm_ace_run
 from reflector.analysis.traces.adapters.messages import _message_steps
 from reflector.analysis.traces.adapters.openclaw import _openclaw_step
 from reflector.analysis.traces.adapters.tau import _norm_tau_run
-from reflector.analysis.traces.columns import message_columns
+from reflector.analysis.traces.columns import PlainColumns, plain_run
 from reflector.analysis.traces.detect import TraceFormat, detect_format
 from reflector.analysis.traces.index_file import INDEX_SUFFIX, INDEX_VERSION, TraceIndex, _Writer, index_path
 from reflector.analysis.traces.read import TraceError
-from reflector.analysis.traces.scan import ScanHeader, Scanner
+from reflector.analysis.traces.scan import Batch, PlainReader, ScanHeader, Scanner
 from reflector.analysis.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
 
 __all__ = [
@@ -113,16 +114,36 @@ class _RunStats:
     def add(self, step: dict[str, Any]) -> None:
         self.add_text(step["role"], step["content"])
 
+    def add_many(self, roles: list[str], contents: list[str]) -> None:
+        """`add_text` for each (role, content) in order: only the first user text and the last assistant
+        text can change the result, so only those are looked for."""
+        self.n += len(roles)
+        self.roles.update(roles)
+        if self.first_user is None:
+            for role, content in zip(roles, contents, strict=True):
+                if role == "user" and (text := _text_of(content)):
+                    self.first_user = text
+                    break
+        for k in range(len(roles) - 1, -1, -1):
+            if roles[k] == "assistant" and (text := _text_of(contents[k])):
+                self.last_assistant = text
+                break
+
     def add_text(self, role: str, content: str) -> None:
         self.n += 1
         self.roles[role] += 1
         if role in ("user", "assistant"):
-            text = (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
+            text = _text_of(content)
             if text:
                 if role == "user" and self.first_user is None:
                     self.first_user = text
                 elif role == "assistant":
                     self.last_assistant = text
+
+
+def _text_of(content: str) -> str:
+    """A user or assistant step's text as the run's question or answer (thinking removed, stripped)."""
+    return (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
 
 
 class _OpenclawStats:
@@ -178,90 +199,159 @@ def write_index(
 
     Raises `TraceError` on a trace that is not valid JSON / JSONL (the same one-line messages as
     `reflector.analysis.traces.read`). `on_record(n)` is called every 10,000 records (progress). Memory: the
-    scan's buffer, one record, one block of column entries and the small tables. `scanner`: the
+    scan's buffer, one batch of records (a buffer's worth, or 1,024), one block of column entries and the
+    small tables. `scanner`: the
     scanner class (`reflector.analysis.fastscan.FastScanner` where msgspec is installed: the same records, faster).
     """
     scan = scanner(fh, name)
-    records = scan.records()
-    sample: list[tuple[int, int, Any]] = []
-    for item in records:
-        sample.append(item)
-        if len(sample) >= SAMPLE_RECORDS:
+    batches = scan.batches()
+    head: list[Batch] = []  # the batches holding the bounded sample
+    n_head = 0
+    for batch in batches:
+        head.append(batch)
+        n_head += len(batch.values)
+        if n_head >= SAMPLE_RECORDS:
             break
     h = scan.header
-    values = [v for _s, _e, v in sample]
+    values = [v for b in head for v in b.values][:SAMPLE_RECORDS]
     fmt = _detect(h, values)
     shape = lazy_shape(h.container, h.key, fmt, values)
     if shape is None:
-        for _ in records:  # still validate the whole file
+        for _ in batches:  # still validate the whole file
             pass
         return fmt, None
     kind, record_kind = shape
     idx = TraceIndex(
         format=fmt, kind=kind, container=h.container, key=h.key, record_kind=record_kind, size=0, header={}
     )
-    w = _Writer(out)
-    stats = _RunStats()
-    oc = _OpenclawStats() if record_kind == "openclaw" else None
-    call_names: dict[str, str] = _RecentCalls()
-    rewards: list[float] = []
-    roles: dict[str, int] = {}
-    tools: dict[str, int] = {}
-    calls: Counter[str] = Counter()
-    n_records = 0
-    # message records resolve tool names across records; an ACE step is one message on its own
-    plain = {"message": True, "ace-step": False}.get(record_kind)
-
-    def each(items: Iterator[tuple[int, int, Any]]) -> None:
-        nonlocal n_records
-        for start, end, value in items:
-            rec = n_records
-            n_records += 1
-            w.record(start, end)
-            if on_record is not None and rec % 10_000 == 0:
-                on_record(rec)
-            if kind == "batch":
-                run = _checked(run_of_record, fmt, rec, record_kind, value)
-                if run.get("reward") is not None:
-                    rewards.append(run["reward"])
-                continue
-            if oc is not None:
-                oc.add(value)
-            cols = None if plain is None else message_columns(value, call_names if plain else {})
-            if cols is not None:  # a plain chat message: its columns without its step (same values)
-                role, content, err, tool, names = cols
-                w.step(rec, 0, _code(roles, role), 1 if err else 0, _code(tools, str(tool)) if tool else -1)
-                for call in names:
-                    calls[call] += 1
-                stats.add_text(role, content)
-                continue
-            steps = _checked(step_of_record, fmt, rec, record_kind, value, stats.n, call_names)
-            for sub, step in enumerate(steps):
-                tool = step.get("tool_name")
-                w.step(
-                    rec,
-                    sub,
-                    _code(roles, step["role"]),
-                    1 if step.get("is_error") else 0,
-                    _code(tools, str(tool)) if tool else -1,
-                )
-                for call in step.get("tool_calls") or ():
-                    calls[str(call.get("name"))] += 1
-                stats.add(step)
-
-    each(iter(sample))
-    del sample, values
-    each(records)
+    p = _Pass(out, fmt, kind, record_kind, on_record)
+    if p.plain is not None:
+        p.reader = scan.plain_messages()
+    del values
+    while head:
+        p.batch(head.pop(0))
+    for batch in batches:
+        p.batch(batch)
     idx.size = h.size
     idx.outer = dict(h.outer)
-    idx.roles, idx.tools, idx.call_counts = list(roles), list(tools), dict(calls)
+    idx.roles, idx.tools, idx.call_counts = list(p.roles), list(p.tools), dict(p.calls)
     if kind == "batch":
-        meta = _batch_view(cast(TraceFormat, fmt), None, [{"reward": r} for r in rewards])["metadata"]
-        meta["n_runs"] = n_records
+        meta = _batch_view(cast(TraceFormat, fmt), None, [{"reward": r} for r in p.rewards])["metadata"]
+        meta["n_runs"] = p.n_records
         idx.header = {"format": fmt, "metadata": meta}
     else:
-        _finish_run(idx, stats, oc)
-    return fmt, w.finish(idx.meta())
+        _finish_run(idx, p.stats, p.oc)
+    return fmt, p.w.finish(idx.meta())
+
+
+class _Pass:
+    """The index pass's state, fed one batch of records at a time (`Scanner.batches`)."""
+
+    def __init__(
+        self, out: IO[bytes], fmt: str, kind: str, record_kind: str, on_record: Callable[[int], None] | None
+    ) -> None:
+        self.fmt, self.kind, self.record_kind, self.on_record = fmt, kind, record_kind, on_record
+        self.w = _Writer(out)
+        self.stats = _RunStats()
+        self.oc = _OpenclawStats() if record_kind == "openclaw" else None
+        self.call_names: OrderedDict[str, str] = _RecentCalls()
+        self.rewards: list[float] = []
+        self.roles: dict[str, int] = {}
+        self.tools: dict[str, int] = {}
+        self.calls: Counter[str] = Counter()
+        self.n_records = 0
+        # message records resolve tool names across records; an ACE step is one message on its own
+        self.plain = {"message": True, "ace-step": False}.get(record_kind)
+        self.reader: PlainReader | None = None  # the scanner's reader of its own plain messages
+
+    def batch(self, batch: Batch) -> None:
+        rec0 = self.n_records
+        values = batch.values
+        n = len(values)
+        self.n_records = rec0 + n
+        if self.on_record is not None:
+            for rec in range(-(-rec0 // 10_000) * 10_000, rec0 + n, 10_000):
+                self.on_record(rec)
+        if self.kind == "batch":
+            for rec, value in enumerate(values, rec0):
+                run = _checked(run_of_record, self.fmt, rec, self.record_kind, value)
+                if run.get("reward") is not None:
+                    self.rewards.append(run["reward"])
+            self.w.add(rec0, batch.starts, batch.ends, [], [], [], [], [])
+            return
+        # The steps of the batch, in order: plain messages' columns straight from `plain_run`, every
+        # other record's from its canonical steps; role and tool codes, counts and the run's question
+        # and answer are settled once per batch, in the same order a step at a time would.
+        cols = PlainColumns()
+        plain, oc, stats = self.plain, self.oc, self.stats
+        names = self.call_names if plain else None
+        if batch.plain and self.reader is not None:  # plain chat messages, already checked by the scanner
+            self.reader(values, names, cols, RECENT_CALLS)
+            self._steps(rec0, batch, range(rec0, rec0 + n), [0] * n, cols)
+            return
+        step_recs: list[int] = []
+        subs: list[int] = []
+        i = 0
+        while i < n:
+            if plain is not None:
+                j = plain_run(values, i, names, cols, RECENT_CALLS)
+                if j > i:
+                    step_recs.extend(range(rec0 + i, rec0 + j))
+                    subs.extend(itertools.repeat(0, j - i))
+                    i = j
+                    if i == n:
+                        break
+            rec, value = rec0 + i, values[i]
+            if oc is not None:
+                oc.add(value)
+            first = stats.n + len(cols.roles)
+            steps = _checked(step_of_record, self.fmt, rec, self.record_kind, value, first, self.call_names)
+            for sub, step in enumerate(steps):
+                step_recs.append(rec)
+                subs.append(sub)
+                cols.roles.append(step["role"])
+                cols.contents.append(step["content"])
+                cols.errors.append(bool(step.get("is_error")))
+                cols.tools.append(step.get("tool_name"))
+                cols.calls.extend(str(call.get("name")) for call in step.get("tool_calls") or ())
+            i += 1
+        self._steps(rec0, batch, step_recs, subs, cols)
+
+    def _steps(
+        self, rec0: int, batch: Batch, step_recs: Sequence[int], subs: list[int], cols: PlainColumns
+    ) -> None:
+        """Write the batch's records and steps; settle its codes, counts and the run's statistics."""
+        tools = self.tools
+        tool_codes = []
+        for tool in cols.tools:
+            if not tool:
+                tool_codes.append(-1)
+                continue
+            key = tool if type(tool) is str else str(tool)
+            code = tools.get(key)
+            if code is None:
+                code = tools[key] = len(tools)
+            tool_codes.append(code)
+        self.w.add(
+            rec0,
+            batch.starts,
+            batch.ends,
+            step_recs,
+            subs,
+            _codes(self.roles, cols.roles),
+            cols.errors,
+            tool_codes,
+        )
+        self.calls.update(cols.calls)
+        self.stats.add_many(cols.roles, cols.contents)
+
+
+def _codes(table: dict[str, int], values: list[str]) -> list[int]:
+    """Each value's position in `table` (new ones added at the end, in order)."""
+    try:
+        return list(map(table.__getitem__, values))
+    except KeyError:
+        return [_code(table, v) for v in values]
 
 
 class _RecentCalls(OrderedDict[str, str]):

@@ -19,15 +19,25 @@ naming the line or offset, and the nesting limit applied to every record.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from reflector.analysis.traces.read import MAX_NESTING, TraceError, nesting_depth
 
-__all__ = ["ScanHeader", "Scanner", "BrokenLine", "iter_records", "RECORD_KEYS", "BUFFER_BYTES"]
+__all__ = [
+    "ScanHeader",
+    "Scanner",
+    "Batch",
+    "PlainReader",
+    "BrokenLine",
+    "iter_records",
+    "RECORD_KEYS",
+    "BUFFER_BYTES",
+]
 
 BUFFER_BYTES = 1024**2
+BATCH_RECORDS = 1024  # records per batch the stdlib scanner hands out (`Scanner.batches`)
 FIRST_LINE_MAX = (
     1024**2
 )  # longest first line read to tell JSONL from JSON (longer: JSONL only for a .jsonl name)
@@ -57,6 +67,24 @@ class ScanHeader:
     outer_before: list[str] = field(default_factory=list)  # json-object: the fields before `key`
     n_records: int = 0
     size: int = 0
+
+
+class Batch(NamedTuple):
+    """Consecutive records: `starts[i]`, `ends[i]`, `values[i]` are one record's `(start, end, value)`."""
+
+    starts: list[int]
+    ends: list[int]
+    values: list[Any]
+    # the values are plain chat messages in the scanner's own form, read only with the function
+    # `Scanner.plain_messages` returned (a scanner hands these out only after that call)
+    plain: bool = False
+
+
+# What the container loops yield: one record `(start, end, value)`, or a `Batch` of them (a faster
+# scanner hands out a window of records at once; `records()` and `batches()` give the same records).
+Item = tuple[int, int, Any] | Batch
+# (values, tool-call names or None, the columns to append to, the bound on the names): see `plain_messages`
+PlainReader = Callable[[list[Any], Any, Any, int], None]
 
 
 class _Buffer:
@@ -105,10 +133,10 @@ class _Buffer:
 
 
 class Scanner:
-    """Iterate over a trace's records: `for start, end, value in Scanner(fh, name).records(): ...`.
+    """Iterate over a trace's records: `for start, end, value in Scanner(fh, name).records(): ...`, or
+    `for starts, ends, values in Scanner(fh, name).batches(): ...` (the same records, in lists).
 
-    `header` is filled as the scan goes (complete at the end). `decode=False` skips building
-    values that are not pure ASCII a second time (for a pass that only needs offsets).
+    `header` is filled as the scan goes (complete at the end).
     """
 
     def __init__(
@@ -129,6 +157,47 @@ class Scanner:
 
     # -- public ------------------------------------------------------------------------------------
     def records(self) -> Iterator[tuple[int, int, Any]]:
+        for item in self._items():
+            if isinstance(item, Batch):
+                yield from zip(item.starts, item.ends, item.values, strict=True)
+            else:
+                yield item
+
+    def batches(self) -> Iterator[Batch]:
+        """The records in order, grouped (up to `BATCH_RECORDS` at a time, or as a faster scanner reads them)."""
+        starts: list[int] = []
+        ends: list[int] = []
+        values: list[Any] = []
+        try:
+            for item in self._items():
+                if isinstance(item, Batch):
+                    if starts:
+                        yield Batch(starts, ends, values)
+                        starts, ends, values = [], [], []
+                    yield item
+                    continue
+                start, end, value = item
+                starts.append(start)
+                ends.append(end)
+                values.append(value)
+                if len(starts) >= BATCH_RECORDS:
+                    yield Batch(starts, ends, values)
+                    starts, ends, values = [], [], []
+        except Exception:
+            if starts:  # the records before the error first: a pass that stops at one of them says so
+                yield Batch(starts, ends, values)
+            raise
+        if starts:
+            yield Batch(starts, ends, values)
+
+    def plain_messages(self) -> PlainReader | None:
+        """Let `batches()` hand out, from now on, batches of plain chat messages in this scanner's own
+        form (`Batch.plain`), and return the function that reads their index columns as
+        `reflector.analysis.traces.columns.plain_run` reads dicts; None: this scanner has no such form
+        (the stdlib one). `records()` must not be used after it."""
+        return None
+
+    def _items(self) -> Iterator[Item]:
         buf = _Buffer(self.fh, self.chunk)
         pos = buf.skip_ws(0)
         if buf.text.startswith(_BOM, pos):
@@ -167,7 +236,7 @@ class Scanner:
         return end == len(line) and (self.jsonl_hint or buf.peek(nl + 1) != "")
 
     # -- containers --------------------------------------------------------------------------------
-    def _array(self, buf: _Buffer, pos: int, *, top: bool) -> Iterator[tuple[int, int, Any]]:
+    def _array(self, buf: _Buffer, pos: int, *, top: bool) -> Iterator[Item]:
         """Elements of the array opening at `pos`; returns with `buf` positioned after its `]`."""
         depth_above = 1 if top else 2
         if top:
@@ -196,9 +265,7 @@ class Scanner:
             if not top:
                 pos = buf.drop(pos)
 
-    def _array_records(
-        self, buf: _Buffer, pos: int, depth_above: int
-    ) -> Generator[tuple[int, int, Any], None, int]:
+    def _array_records(self, buf: _Buffer, pos: int, depth_above: int) -> Generator[Item, None, int]:
         """Yield the record starting at `pos` (one or more: a faster scanner may read a window of them);
         return where the last one ends."""
         value, end = self._value(buf, pos, depth_above)
@@ -206,7 +273,7 @@ class Scanner:
         self.header.n_records += 1
         return end
 
-    def _object(self, buf: _Buffer, pos: int) -> Iterator[tuple[int, int, Any]]:
+    def _object(self, buf: _Buffer, pos: int) -> Iterator[Item]:
         self.header.container = "json-object"
         outer = self.header.outer
         pos += 1
@@ -252,7 +319,7 @@ class Scanner:
         if self.header.key is None:  # no record array: the whole object is the one record
             self.header.container = "json-value"
 
-    def _jsonl(self, buf: _Buffer, pos: int) -> Iterator[tuple[int, int, Any]]:
+    def _jsonl(self, buf: _Buffer, pos: int) -> Iterator[Item]:
         self.header.container = "jsonl"
         lineno = 1 + buf.text.count("\n", 0, pos)
         bad: list[tuple[int, str]] = []
@@ -262,20 +329,29 @@ class Scanner:
             while nl < 0 and buf.fill(self.chunk):
                 nl = buf.text.find("\n", pos)
             end = nl if nl >= 0 else len(buf.text)
-            line = buf.text[pos:end]
-            if line.strip():
-                value, first, last = self._line(line, lineno, bad)
-                lead = buf.base + pos + len(line) - len(line.lstrip())
-                if value is not _BAD:
-                    yield lead + first, lead + last, value
-                    self.header.n_records += 1
-                elif self.yield_broken:
-                    n, msg = bad.pop()
-                    yield lead, lead + len(line.strip()), BrokenLine(n, msg)
+            yield from self._line_items(buf.text[pos:end], buf.base + pos, lineno, bad)
             if nl < 0:
                 break
             lineno += 1
             pos = buf.drop(nl + 1)
+        self._jsonl_end(bad)
+
+    def _line_items(self, line: str, at: int, lineno: int, bad: list[tuple[int, str]]) -> Iterator[Item]:
+        """The record of JSONL line `lineno` (`line`, without its newline, starts at byte `at`): none for a
+        blank line; a broken one is added to `bad` (or comes back as a `BrokenLine` with `yield_broken`)."""
+        if not line.strip():
+            return
+        value, first, last = self._line(line, lineno, bad)
+        lead = at + len(line) - len(line.lstrip())
+        if value is not _BAD:
+            yield lead + first, lead + last, value
+            self.header.n_records += 1
+        elif self.yield_broken:
+            n, msg = bad.pop()
+            yield lead, lead + len(line.strip()), BrokenLine(n, msg)
+
+    def _jsonl_end(self, bad: list[tuple[int, str]]) -> None:
+        """The error a JSONL file's broken lines (or its having none) make, once all lines are read."""
         if bad and not self.yield_broken:
             n, msg = bad[0]
             if not self.header.n_records:
@@ -339,9 +415,12 @@ class Scanner:
         return TraceError(f"invalid JSON in {self.name} at byte {buf.base + pos:,}: {msg}")
 
     def _nesting(self, buf: _Buffer, pos: int) -> TraceError:
+        return self._nesting_at(buf.base + pos)
+
+    def _nesting_at(self, at: int) -> TraceError:
         return TraceError(
             f"trace {self.name} nests deeper than {MAX_NESTING} levels of arrays/objects (at byte "
-            f"{buf.base + pos:,}), the limit for traces (flatten the deepest values or store them as JSON strings)"
+            f"{at:,}), the limit for traces (flatten the deepest values or store them as JSON strings)"
         )
 
 
