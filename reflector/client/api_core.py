@@ -61,11 +61,45 @@ def _call_core_runtime() -> Iterator[None]:
             if last:
                 Runtime.set_default(_core_previous, error_if_already_set=False)
                 before, _core_previous, _core_threads_before = _core_threads_before, None, None
+        if last:
+            _drop_cancelled_timers()  # (an `areflect` on a loop that goes on: see there)
         gc.collect()  # clients and workers in reference cycles would keep the runtime alive
         if (
             last and before is not None
         ):  # (and so would the core's deferred drops: see _wait_core_threads_gone)
             _wait_core_threads_gone(before)
+
+
+def _drop_cancelled_timers() -> None:
+    """Remove the cancelled timers from the heap of the event loop running here (none: nothing to do).
+
+    A timer scheduled inside an activity (a cell's 60 s timeout, `asyncio.wait_for` in the core bridge) keeps the
+    context it was scheduled in, and an activity's context holds its `temporalio.activity` context, whose
+    `client` holds the call's core runtime. asyncio leaves a cancelled timer in the loop's heap until its time
+    would have come (or until cancelled ones are most of a heap of over 100), so on a loop that goes on after an
+    `areflect` (ACE's pipeline, a notebook) the runtime and its threads stayed up to a cell timeout after the
+    call, and the call waited `_THREADS_GONE_WAIT_S` for them, collecting all the while (5 s and as much CPU
+    per RRStep call). This is what `BaseEventLoop._run_once` does itself when cancelled timers are many; a loop
+    without that heap (uvloop) is left alone, and the wait below then gives up as before."""
+    import asyncio
+    import heapq
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # `reflect()`: its loop is closed, with its timers
+        return
+    scheduled = getattr(loop, "_scheduled", None)
+    if not isinstance(scheduled, list) or not hasattr(loop, "_timer_cancelled_count"):
+        return
+    kept = [h for h in scheduled if not (isinstance(h, asyncio.TimerHandle) and h.cancelled())]
+    if len(kept) == len(scheduled):
+        return
+    for h in scheduled:
+        if isinstance(h, asyncio.TimerHandle) and h.cancelled():
+            setattr(h, "_scheduled", False)  # as `_run_once` marks the ones it drops  # noqa: B010
+    heapq.heapify(kept)
+    scheduled[:] = kept
+    setattr(loop, "_timer_cancelled_count", 0)  # noqa: B010
 
 
 def _threads() -> set[str] | None:
