@@ -11,6 +11,7 @@ its client and the runtime, and 2-5 core threads stayed until the process exited
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -82,3 +83,29 @@ async def test_the_cancelled_timers_of_a_loop_that_goes_on_no_longer_hold_the_ca
 
 def test_no_running_loop_no_timers_to_drop() -> None:
     api._drop_cancelled_timers()  # `reflect()`: its loop is closed with its timers; nothing to do, no error
+
+
+async def test_an_areflect_on_a_loop_that_goes_on_lets_the_loop_free_the_runtime() -> None:
+    """The wait at the end of an `areflect` yields to its loop: a callback the call's activities queued holds the
+    runtime through its context until the loop runs it (a wait that blocked the loop kept the runtime, and its
+    threads, for the whole wait)."""
+    import asyncio
+    import contextvars
+
+    from temporalio.runtime import Runtime, TelemetryConfig
+
+    before = api._threads()
+    assert before is not None
+    held: contextvars.ContextVar[Runtime] = contextvars.ContextVar("held")
+    loop = asyncio.get_running_loop()
+
+    def in_activity() -> None:
+        held.set(Runtime(telemetry=TelemetryConfig()))  # a core runtime: its tokio threads start
+        loop.call_soon(lambda: None)  # queued with this context: the only reference to the runtime
+
+    contextvars.copy_context().run(in_activity)
+    time.sleep(0.2)  # tokio names its threads as they start (the loop must not run the callback yet)
+    gc.collect()
+    assert api._core_threads_left(before), "the runtime started no thread to wait for"
+    await api._await_core_threads_gone(before)
+    assert not api._core_threads_left(before)
