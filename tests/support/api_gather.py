@@ -8,15 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import reflector
-from tests.support.api_script import TRACE, tokio_threads
+from tests.support.api_script import TRACE, settled_tokio_threads, tokio_threads
 
 
 async def main() -> None:
     from temporalio.runtime import Runtime
 
     Runtime.default()  # what a program using temporalio has; its threads are not the calls'
-    await asyncio.sleep(0.3)  # tokio names its threads as they start
-    before = tokio_threads()
+    before = settled_tokio_threads()
     calls = [
         reflector.areflect(question=str(TRACE["question"]), agent_output=TRACE, ground_truth="408")
         for _ in range(2)
