@@ -247,8 +247,7 @@ def build_worker(
 async def run_worker(settings: Settings | None = None) -> None:
     """Run a worker until SIGINT/SIGTERM, then shut it down gracefully and stop the sandbox hosts."""
     settings = settings or Settings.from_env()
-    from reflector.runtime.connection import describe_target
-    from reflector.runtime.devserver import is_reachable
+    from reflector.runtime.connection import check_reachable
 
     async with AsyncExitStack() as stack:
         if not settings.address_explicit:
@@ -263,11 +262,8 @@ async def run_worker(settings: Settings | None = None) -> None:
             except ReflectError as exc:
                 raise SettingError(str(exc)) from None
             settings = dataclasses.replace(settings, address=home_server.address)
-        elif not is_reachable(settings.address):
-            raise SettingError(
-                f"the Temporal server at {describe_target(settings)} is not reachable "
-                "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)"
-            )
+        else:
+            check_reachable(settings)
         await _serve(settings)
 
 

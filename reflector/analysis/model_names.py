@@ -11,7 +11,24 @@ stays light).
 
 from __future__ import annotations
 
-__all__ = ["LITELLM_PREFIXES", "BARE_FAMILIES", "UnmappedModelName", "from_litellm", "ACCEPTED_FORMS"]
+__all__ = [
+    "HEURISTIC",
+    "is_llm",
+    "LITELLM_PREFIXES",
+    "BARE_FAMILIES",
+    "UnmappedModelName",
+    "from_litellm",
+    "ACCEPTED_FORMS",
+]
+
+# the built-in rule-based driver of the tools (`reflector.analysis.heuristic`): not an LLM
+HEURISTIC = "heuristic"
+
+
+def is_llm(name: str) -> bool:
+    """Whether the model called `name` is an LLM (every model but the heuristic)."""
+    return name != HEURISTIC
+
 
 # LiteLLM `prefix/model` -> pydantic-ai provider (`provider:model`)
 LITELLM_PREFIXES: dict[str, str] = {

@@ -23,6 +23,9 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     processes = worker_processes(args.processes)
     if processes > 1:
+        from reflector.runtime.connection import check_reachable
+
+        check_reachable(settings)  # before N children each import the worker to find the server is not there
         return run_supervisor(processes, cmd=[sys.executable, "-m", "reflector.cli.worker_child"])
     from reflector.client import configure_core_logging
 

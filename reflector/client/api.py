@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from reflector.analysis.ledger import UsageSummary
 from reflector.analysis.prompt_cache import caches, with_prompt_cache
-from reflector.client.api_core import _call_core_runtime
+from reflector.client.api_core import _acall_core_runtime, _call_core_runtime
 from reflector.client.api_traces import (
     IN_MEMORY,
     Traces,
@@ -236,7 +236,7 @@ async def areflect(
     injected_skill_ids: Sequence[str] = (),
 ) -> ReflectorOutput:
     """`reflect` for async code (the same arguments; runs on the caller's event loop)."""
-    with _call_core_runtime():
+    async with _acall_core_runtime():
         return await _reflect(
             question=question,
             agent_output=agent_output,

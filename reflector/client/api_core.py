@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,7 +39,37 @@ def _call_core_runtime() -> Iterator[None]:
     """Install a core runtime of the calls in progress as temporalio's default; when the last call ends,
     restore the previous default, collect the call's clients and worker, and with them the runtime, and wait
     for its threads to end (see the module docstring). Its core logs go through Python logging
-    (`temporalio.core`), as the CLI's do (`reflector.client.configure_core_logging`)."""
+    (`temporalio.core`), as the CLI's do (`reflector.client.configure_core_logging`).
+
+    For `reflect()`, whose event loop is closed by then; `areflect` uses `_acall_core_runtime`."""
+    _enter()
+    try:
+        yield
+    finally:
+        last, before = _leave()
+        gc.collect()  # clients and workers in reference cycles would keep the runtime alive
+        if (
+            last and before is not None
+        ):  # (and so would the core's deferred drops: see _wait_core_threads_gone)
+            _wait_core_threads_gone(before)
+
+
+@contextlib.asynccontextmanager
+async def _acall_core_runtime() -> AsyncIterator[None]:
+    """`_call_core_runtime` for a call on the caller's event loop (`areflect`), which goes on after the call
+    (ACE's pipeline, `asyncio.gather` in a script, a notebook): the wait for the runtime's threads lets the loop
+    run meanwhile (`_await_core_threads_gone`)."""
+    _enter()
+    try:
+        yield
+    finally:
+        last, before = _leave()
+        gc.collect()
+        if last and before is not None:
+            await _await_core_threads_gone(before)
+
+
+def _enter() -> None:
     global _core_users, _core_previous, _core_threads_before
     from temporalio.runtime import Runtime
 
@@ -51,21 +81,84 @@ def _call_core_runtime() -> Iterator[None]:
             _core_threads_before = _threads()
             configure_core_logging(worker_warnings=True)  # a new runtime, the default from now on
         _core_users += 1
-    try:
-        yield
-    finally:
-        before: set[str] | None = None
+
+
+def _leave() -> tuple[bool, set[str] | None]:
+    """(whether this was the last call in progress, the threads before the first one: None if not last)."""
+    global _core_users, _core_previous, _core_threads_before
+    from temporalio.runtime import Runtime
+
+    with _core_lock:
+        _core_users -= 1
+        if _core_users:
+            return False, None
+        Runtime.set_default(_core_previous, error_if_already_set=False)
+        before, _core_previous, _core_threads_before = _core_threads_before, None, None
+        return True, before
+
+
+async def _await_core_threads_gone(before: set[str]) -> None:
+    """`_wait_core_threads_gone` on the event loop the call ran on, which stays in use after the call.
+
+    On such a loop the call's runtime is still held, after the call returned, by what the loop keeps of its
+    activities: the cancelled timers they scheduled (a cell's 60 s timeout) stay in the loop's heap until their
+    time would have come, and callbacks they queued wait for the loop's next turn, each with the context it was
+    scheduled in, which holds the activity's `temporalio.activity` context and so the call's client and
+    runtime. A wait that blocked the loop (as `reflect()`'s may: its loop is closed) kept those callbacks from
+    running and the runtime alive for the whole `_THREADS_GONE_WAIT_S`, collecting all the while (5 s and as
+    much CPU per ACE `RRStep` call). So each look first drops the loop's cancelled timers and the wait between
+    looks yields to the loop. A call that starts on this loop meanwhile owns the runtime from then on: the
+    wait ends (that call's end waits for its threads)."""
+    import asyncio
+
+    deadline = time.monotonic() + _THREADS_GONE_WAIT_S
+    pause = 0.0
+    while True:
+        _drop_cancelled_timers()
+        _apply_deferred_core_drops()
+        gc.collect()
+        left = _core_threads_left(before)
         with _core_lock:
-            _core_users -= 1
-            last = _core_users == 0
-            if last:
-                Runtime.set_default(_core_previous, error_if_already_set=False)
-                before, _core_previous, _core_threads_before = _core_threads_before, None, None
-        gc.collect()  # clients and workers in reference cycles would keep the runtime alive
-        if (
-            last and before is not None
-        ):  # (and so would the core's deferred drops: see _wait_core_threads_gone)
-            _wait_core_threads_gone(before)
+            busy = _core_users > 0
+        if not left or busy:
+            return
+        if time.monotonic() > deadline:
+            log.debug(
+                "%d Temporal core threads still running %.0f s after the call's runtime was released",
+                len(left),
+                _THREADS_GONE_WAIT_S,
+            )
+            return
+        await asyncio.sleep(pause)  # the loop runs what it queued (first at once, then up to 50 ms apart)
+        pause = min(0.05, pause * 2 or 0.005)
+
+
+def _drop_cancelled_timers() -> None:
+    """Remove the cancelled timers from the heap of the event loop running here (none: nothing to do).
+
+    asyncio leaves a cancelled timer in the heap until its time would have come (or until cancelled ones are
+    most of a heap of over 100), holding the context it was scheduled in (`_await_core_threads_gone` says
+    why that matters). This is what `BaseEventLoop._run_once` does itself when cancelled timers are many; a
+    loop without that heap (uvloop) is left alone: its timers then free the runtime when their time comes."""
+    import asyncio
+    import heapq
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # `reflect()`: its loop is closed, with its timers
+        return
+    scheduled = getattr(loop, "_scheduled", None)
+    if not isinstance(scheduled, list) or not hasattr(loop, "_timer_cancelled_count"):
+        return
+    kept = [h for h in scheduled if not (isinstance(h, asyncio.TimerHandle) and h.cancelled())]
+    if len(kept) == len(scheduled):
+        return
+    for h in scheduled:
+        if isinstance(h, asyncio.TimerHandle) and h.cancelled():
+            setattr(h, "_scheduled", False)  # as `_run_once` marks the ones it drops  # noqa: B010
+    heapq.heapify(kept)
+    scheduled[:] = kept
+    setattr(loop, "_timer_cancelled_count", 0)  # noqa: B010
 
 
 def _threads() -> set[str] | None:
@@ -92,14 +185,7 @@ def _wait_core_threads_gone(before: set[str]) -> None:
     while True:
         _apply_deferred_core_drops()
         gc.collect()
-        left = []
-        for tid in (_threads() or set()) - before:
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    if f.read().startswith("tokio"):
-                        left.append(tid)
-            except OSError:  # it has just ended
-                pass
+        left = _core_threads_left(before)
         if not left:
             return
         if time.monotonic() > deadline:
@@ -110,6 +196,19 @@ def _wait_core_threads_gone(before: set[str]) -> None:
             )
             return
         time.sleep(0.01)
+
+
+def _core_threads_left(before: set[str]) -> list[str]:
+    """The core runtime (tokio) threads of this process started since `before` and still running."""
+    left = []
+    for tid in (_threads() or set()) - before:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("tokio"):
+                    left.append(tid)
+        except OSError:  # it has just ended
+            pass
+    return left
 
 
 def _apply_deferred_core_drops() -> bool:

@@ -25,7 +25,6 @@ from reflector.contract import (
     RunRecord,
     SkillbookRef,
 )
-from reflector.runtime.models import check_model_name
 from reflector.runtime.settings import Settings, usable_dir
 
 # Children of a batch that run at once (`--concurrency`) by default. An in-process model (the heuristic)
@@ -86,6 +85,7 @@ def build_batch_input(
 ) -> BatchInput:
     """The batch's input (caps and the skillbook as `build_input`; at most `reflector.analysis.limits.MAX_BATCH_RUNS` runs)."""
     from reflector.analysis.limits import MAX_BATCH_RUNS
+    from reflector.runtime.models import check_model_name  # pydantic-ai: not for clients that only read
 
     config = config or ReflectionConfig()
     try:

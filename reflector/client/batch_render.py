@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from reflector.analysis.model_names import is_llm
 from reflector.client.render import clock, render_reflection
 from reflector.contract import BatchOutput, BatchProgress, BatchResult
-from reflector.runtime.models import is_llm
 
 __all__ = ["render_batch", "render_batch_progress"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+from reflector.analysis.model_names import is_llm
 from reflector.contract import CellCitation, Diagnosis, Progress, ReflectorOutput
-from reflector.runtime.models import is_llm
 
 __all__ = ["render_reflection", "render_progress", "clock", "used", "cells_text"]
 

@@ -11,11 +11,16 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.client import Client, WorkflowHandle
 
 from reflector.client.runs import waiting_for_worker
-from reflector.client.temporal import FIRST_TASK_WAIT_S, ReflectError, check_namespace, has_pollers
+from reflector.client.temporal import (
+    FIRST_TASK_WAIT_S,
+    ReflectError,
+    agent_plugins,
+    check_namespace,
+    has_pollers,
+)
 from reflector.runtime import telemetry
 from reflector.runtime.connection import describe_target, open_client
 from reflector.runtime.homeserver import HomeServer
@@ -129,8 +134,12 @@ async def runtime(
         else:
             home_server, started = await lease_home_server(settings, stack, announce)
             address = home_server.address
-        converter = data_converter(settings)  # a bad setting is reported as such, not as a connection error
-        plugins = [PydanticAIPlugin(), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
+        # A command that can run no worker here (status, result, list, cancel, export, ...) connects without
+        # pydantic-ai's plugin and converter: the same payloads, about 1 s of CPU less (`connect(for_workers=)`).
+        for_workers = want_worker is not False and in_process_worker is not None
+        # a bad setting is reported as such, not as a connection error
+        converter = data_converter(settings, light=not for_workers)
+        plugins = [*agent_plugins(for_workers), *telemetry.client_plugins(settings)]  # likewise (RR_OTEL)
         try:
             client = await open_client(
                 settings,

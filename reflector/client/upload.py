@@ -18,7 +18,6 @@ from reflector.contract import (
     SkillbookRef,
     TraceRef,
 )
-from reflector.runtime.models import check_model_name
 from reflector.runtime.settings import Settings, usable_dir
 from reflector.runtime.storage.blobs import BlobStore, blob_uri
 
@@ -153,6 +152,8 @@ def build_input(
     """The workflow's input. Every user-sized value is checked against its cap (`reflector.analysis.limits`: a
     `ReflectError` with one line); a skillbook goes to the blob store (`upload_skillbook`, into the store of
     `settings`, default: the environment's)."""
+    from reflector.runtime.models import check_model_name  # pydantic-ai: not for clients that only read
+
     config = config or ReflectionConfig()
     try:
         check_model_name(config.model)

@@ -16,7 +16,7 @@ from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConnectConfig
 from temporalio.service import TLSConfig
 
-from reflector.runtime.settings import Settings, TemporalConnect, TemporalTLS
+from reflector.runtime.settings import SettingError, Settings, TemporalConnect, TemporalTLS
 
 __all__ = ["connect_config", "tls_config", "describe_target", "open_client"]
 
@@ -74,6 +74,18 @@ def describe_target(settings: Settings, address: str | None = None) -> str:
     ]
     head = f"TEMPORAL_ADDRESS={settings.address}" if source == "TEMPORAL_ADDRESS" else settings.address
     return head + (f" ({', '.join(notes)})" if notes else "")
+
+
+def check_reachable(settings: Settings) -> None:
+    """A `SettingError` when the configured server (`settings.address_explicit`) does not answer; nothing to check
+    for the embedded default (it is started when none runs)."""
+    from reflector.runtime.devserver import is_reachable
+
+    if settings.address_explicit and not is_reachable(settings.address):
+        raise SettingError(
+            f"the Temporal server at {describe_target(settings)} is not reachable "
+            "(start one with `rr server`, or point TEMPORAL_ADDRESS at your cluster)"
+        )
 
 
 async def open_client(

@@ -22,6 +22,7 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.providers import Provider, infer_provider, infer_provider_class
 
 from reflector.analysis.heuristic import make_heuristic_model
+from reflector.analysis.model_names import HEURISTIC, is_llm
 from reflector.runtime.settings import WORKER_MODELS_ENV, SettingError, Settings
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "is_llm",
 ]
 
-HEURISTIC = "heuristic"
 log = logging.getLogger("rr.models")
 
 ModelFactory = Callable[[], Model]
@@ -156,10 +156,6 @@ def check_model_name(name: str) -> None:
         )
 
         raise UnknownModelError(f"{e}; accepted: {ACCEPTED_FORMS}") from e
-
-
-def is_llm(name: str) -> bool:
-    return name != HEURISTIC
 
 
 _WORKFLOW_SIDE_KEY = "rr-workflow-side-placeholder"

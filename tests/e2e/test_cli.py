@@ -109,9 +109,9 @@ def test_unreachable_explicit_address(home_env: dict[str, str]) -> None:
 
 
 def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, str], temporal_server) -> None:
-    _one_line_error(
-        rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60), "not reachable"
-    )
+    down = rr("worker", env={**home_env, "TEMPORAL_ADDRESS": "127.0.0.1:1"}, timeout=60)
+    _one_line_error(down, "not reachable")
+    assert "starting" not in down.stdout, down.stdout  # said before any worker process was started
     live = {**home_env, "TEMPORAL_ADDRESS": temporal_server.address}
     for name, value, msg in [
         ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,4 +322,8 @@ def test_two_areflect_calls_at_once_on_the_embedded_default(tmp_path: Path) -> N
         assert p.returncode == 0, where
         assert "stop reasons: completed completed" in p.stdout, where
         assert "Task was destroyed" not in p.stderr and "Traceback" not in p.stderr, where
+        # the calls' core runtime is gone once they return, though the loop they ran on goes on (its cancelled
+        # timers held their activities' contexts, and so the runtime, until a cell timeout later)
+        threads = re.search(r"tokio threads: (\d+) -> (\d+)", p.stdout)
+        assert threads is not None and int(threads[2]) <= int(threads[1]), where + p.stdout
         _no_server_left(home, None)

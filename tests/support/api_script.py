@@ -39,14 +39,26 @@ def tokio_threads() -> int:
     return n
 
 
+def settled_tokio_threads(bound_s: float = 2.0) -> int:
+    """`tokio_threads()` once some have started and the count held for three looks 10 ms apart (a runtime names
+    its threads as they start), at most `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    seen: list[int] = []
+    while time.monotonic() < deadline:
+        seen = [*seen[-2:], tokio_threads()]
+        if len(seen) == 3 and seen[0] > 0 and len(set(seen)) == 1:
+            break
+        time.sleep(0.01)
+    return seen[-1]
+
+
 def main() -> None:
     from temporalio.runtime import Runtime
 
     from reflector import RRConfig, reflect
 
     Runtime.default()  # what a program using temporalio has; its threads are not the call's
-    time.sleep(0.3)  # tokio names its threads as they start
-    before = tokio_threads()
+    before = settled_tokio_threads()
     out = reflect(traces=TRACE, config=RRConfig(max_requests=20))
     print(f"stop reason: {out.raw['rr_trace']['stop_reason']}")
     print(f"workflow id: {out.raw['workflow_id']}")

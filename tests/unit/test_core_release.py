@@ -11,6 +11,7 @@ its client and the runtime, and 2-5 core threads stayed until the process exited
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -41,3 +42,70 @@ def test_every_look_for_left_core_threads_first_applies_the_queued_drops(
     assert before is not None  # Linux: /proc
     api._wait_core_threads_gone(before)  # nothing started since `before`: one look, and it returns
     assert calls == ["pyo3", "gc"]  # the drops applied, then a collection, then the look
+
+
+async def test_the_cancelled_timers_of_a_loop_that_goes_on_no_longer_hold_the_calls_objects() -> None:
+    """An activity's timers keep its context (and through it the call's client and core runtime) in the loop's heap
+    until their time would have come, cancelled or not: an `areflect` on a loop that goes on drops them."""
+    import asyncio
+    import contextvars
+    import weakref
+
+    class Held:
+        pass
+
+    var: contextvars.ContextVar[Held] = contextvars.ContextVar("held")
+    loop = asyncio.get_running_loop()
+    held = Held()
+    ref = weakref.ref(held)
+
+    def in_activity(value: Held) -> tuple[asyncio.TimerHandle, asyncio.TimerHandle]:
+        var.set(value)
+        return loop.call_later(60, lambda: None), loop.call_later(60, lambda: None)
+
+    done, live = contextvars.copy_context().run(in_activity, held)
+    done.cancel()  # as `asyncio.wait_for` cancels its timeout once the awaited call returned
+    del held
+    gc.collect()
+    assert ref() is not None  # the cancelled timer still holds the context
+    heap: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    live_before = {id(h) for h in heap if not h.cancelled()}
+    api._drop_cancelled_timers()
+    heap = loop._scheduled  # type: ignore[attr-defined]
+    assert not [h for h in heap if h.cancelled()]
+    assert {id(h) for h in heap} == live_before  # the others stay
+    live.cancel()
+    api._drop_cancelled_timers()
+    del done, live, heap, live_before
+    gc.collect()
+    assert ref() is None
+
+
+def test_no_running_loop_no_timers_to_drop() -> None:
+    api._drop_cancelled_timers()  # `reflect()`: its loop is closed with its timers; nothing to do, no error
+
+
+async def test_an_areflect_on_a_loop_that_goes_on_lets_the_loop_free_the_runtime() -> None:
+    """The wait at the end of an `areflect` yields to its loop: a callback the call's activities queued holds the
+    runtime through its context until the loop runs it (a wait that blocked the loop kept the runtime, and its
+    threads, for the whole wait)."""
+    import asyncio
+    import contextvars
+
+    from temporalio.runtime import Runtime, TelemetryConfig
+
+    before = api._threads()
+    assert before is not None
+    held: contextvars.ContextVar[Runtime] = contextvars.ContextVar("held")
+    loop = asyncio.get_running_loop()
+
+    def in_activity() -> None:
+        held.set(Runtime(telemetry=TelemetryConfig()))  # a core runtime: its tokio threads start
+        loop.call_soon(lambda: None)  # queued with this context: the only reference to the runtime
+
+    contextvars.copy_context().run(in_activity)
+    time.sleep(0.2)  # tokio names its threads as they start (the loop must not run the callback yet)
+    gc.collect()
+    assert api._core_threads_left(before), "the runtime started no thread to wait for"
+    await api._await_core_threads_gone(before)
+    assert not api._core_threads_left(before)

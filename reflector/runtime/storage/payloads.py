@@ -33,6 +33,7 @@ from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 from temporalio.converter import (
     DataConverter,
     ExternalStorage,
+    PayloadConverter,
     StorageDriver,
     StorageDriverClaim,
     StorageDriverRetrieveContext,
@@ -43,7 +44,6 @@ from temporalio.converter import (
 from reflector.contract import PAYLOAD_DRIVER_NAME, PAYLOAD_S3_DRIVER_NAME
 from reflector.runtime.settings import Settings, env_number
 from reflector.runtime.storage.blobs import BlobNotFound, BlobStore
-from reflector.runtime.storage.converter import SharedPayloadConverter
 from reflector.runtime.storage.stores import mirror_for, store_at
 
 __all__ = [
@@ -240,18 +240,29 @@ def replay_storage(blob_dir: Path | str, settings: Settings) -> ExternalStorage:
 
 
 def data_converter(
-    settings: Settings, *, read_only: bool = False, threshold: int | None = None
+    settings: Settings, *, read_only: bool = False, threshold: int | None = None, light: bool = False
 ) -> DataConverter:
     """The data converter for clients, workers (`read_only=False`) and replayers (`read_only=True`).
 
     The payload converter is pydantic-ai's, instantiated once per process (`SharedPayloadConverter`);
-    `PydanticAIPlugin` keeps it (a subclass of its own) and keeps `external_storage`.
+    `PydanticAIPlugin` keeps it (a subclass of its own) and keeps `external_storage`. `light=True` is for a
+    client that hosts no worker: `LightPayloadConverter` writes and reads the same payloads without
+    importing pydantic-ai (`reflector.runtime.storage.light_converter`).
     """
     if settings.s3_url is not None:
         storage = s3_external_storage(settings, read_only=read_only, threshold=threshold)
     else:
         storage = external_storage(settings.blob_dir, read_only=read_only, threshold=threshold)
-    return DataConverter(payload_converter_class=SharedPayloadConverter, external_storage=storage)
+    converter: type[PayloadConverter]
+    if light:
+        from reflector.runtime.storage.light_converter import LightPayloadConverter
+
+        converter = LightPayloadConverter
+    else:
+        from reflector.runtime.storage.converter import SharedPayloadConverter
+
+        converter = SharedPayloadConverter
+    return DataConverter(payload_converter_class=converter, external_storage=storage)
 
 
 def resolve(payload: Payload, blob_dir: Path | str) -> Payload:
