@@ -213,11 +213,10 @@ class _Zygote:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     async def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(Exception):
-                self.loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
+        """Stop the fork server. Hosts it started that still run (another runtime's on this loop: a worker's,
+        when an `areflect` call beside it ends) keep running, their exits watched through pidfds from now
+        on: left in `_children`, nothing would ever report them and closing their sessions would hang."""
+        self._lost()
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()

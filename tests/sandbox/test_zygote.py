@@ -140,3 +140,19 @@ async def test_another_event_loop_never_touches_this_loops_zygote(trace_file: st
         assert (await ex.run_cell("print('still mine')")).stdout.strip() == "still mine"
     finally:
         await asyncio.wait_for(ex.close(), 10)  # its exit is reported by its own zygote
+
+
+async def test_closing_this_loops_zygote_leaves_its_running_hosts_closable(trace_file: str) -> None:
+    """`activities.sandbox.release` closes the loop's zygotes when the last held runtime ends (an `areflect`
+    call), while a worker's runtime on the same loop, which it does not hold, may still have live hosts.
+    Those hosts keep running and their exits are still seen: before, their exit was never reported, and
+    closing their session waited for ever (seen as a test session's teardown timing out)."""
+    ex = await _started(trace_file)
+    try:
+        old = _zygote_pid()
+        await zygote_client.close_zygotes()
+        assert zygote_client.running_zygote(sys.executable) is None
+        assert ex.host_pid is not None and old not in _ancestors(ex.host_pid)  # the zygote is gone
+        assert (await ex.run_cell("print('still here')")).stdout.strip() == "still here"
+    finally:
+        await asyncio.wait_for(ex.close(), 10)  # its exit is seen through a pidfd now
