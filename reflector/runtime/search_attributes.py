@@ -125,13 +125,17 @@ def register_hint(namespace: str) -> str:
 
 
 async def missing(client: Any) -> list[str]:
-    """rr's attributes not registered in the client's namespace (all of them when the server will not say)."""
+    """rr's attributes not registered in the client's namespace (all of them when the server will not say).
+
+    Asked on every start: a transient refusal (a busy server's UNAVAILABLE or RESOURCE_EXHAUSTED) is retried
+    by the client (`retry=True`), or the reflection would start unindexed for good (seen in the suite under
+    load); only a lasting refusal (no permission, no operator service) means "none"."""
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
     from temporalio.service import RPCError
 
     try:
         resp = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace)
+            ListSearchAttributesRequest(namespace=client.namespace), retry=True
         )
     except RPCError:
         return list(SEARCH_ATTRIBUTES)
@@ -150,7 +154,7 @@ async def register(client: Any) -> list[str]:
     from temporalio.service import RPCError
 
     resp = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace)
+        ListSearchAttributesRequest(namespace=client.namespace), retry=True
     )
     have = dict(resp.custom_attributes)
     wrong = [
