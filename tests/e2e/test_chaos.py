@@ -16,7 +16,8 @@ are counted and printed by `python -m bench.chaos`, whose exit status stays stri
 - a "Task not found when completing" line must be logged while the server was down or within
   `RESTART_ATTRIBUTION_S` after it came back (a workflow task held across the outage timed out).
 
-Each setup is bounded (`timeout_s`), the whole test well under two minutes.
+Each setup is bounded (`timeout_s`: the worst case the design allows, two kills mid-request each costing a
+heartbeat timeout); the test takes as long as the reflections do, under a minute when nothing stalls.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 
 from bench.chaos import render, run_chaos
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
 STRICT = ("TMPRL1101", "Potential deadlock", "slot may remain forever used")
 TASK_NOT_FOUND = "Task not found when completing"
@@ -47,14 +48,19 @@ async def test_chaos_small(tmp_path: Path) -> None:
         cells=6,
         latency_ms=300,
         gap_s=(1.0, 2.0),
-        timeout_s=60,
+        # a reflection's wall when nothing goes wrong (~27 s here, loaded) plus what the design lets each kill
+        # cost it: a request in flight on a SIGKILLed worker is retried after its heartbeat timeout
+        # (MODEL_HEARTBEAT, 30 s), and both kills may land on one reflection's requests. 60 s was below that:
+        # a second kill mid-request near the end left one reflection "stuck" at the deadline (CI-like run,
+        # 2026-12-06), its retry due 30 s after the kill. The run ends as soon as all complete.
+        timeout_s=100,
         workdir=tmp_path,
         worker_env={"RR_WORKER_MODELS": "openai-chat"},
         two_homes_at_once=True,
     )
     text = render(report)
     c, u = report.chaos, report.uncrashed
-    assert time.monotonic() - t0 < 110, text
+    assert time.monotonic() - t0 < 150, text
     assert c.kills == 2 and c.server_restarts == 1, text
     assert c.kills_in_flight >= 1, text  # the chaos hit running reflections
     assert u.completed == c.completed == 4 and not c.stuck and not u.stuck, text
