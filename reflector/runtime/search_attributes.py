@@ -124,19 +124,24 @@ def register_hint(namespace: str) -> str:
     )
 
 
-async def missing(client: Any) -> list[str]:
-    """rr's attributes not registered in the client's namespace (all of them when the server will not say).
-
-    Asked on every start: a transient refusal (a busy server's UNAVAILABLE or RESOURCE_EXHAUSTED) is retried
-    by the client (`retry=True`), or the reflection would start unindexed for good (seen in the suite under
-    load); only a lasting refusal (no permission, no operator service) means "none"."""
+async def _listed(client: Any) -> Any:
+    """The namespace's search attributes (`ListSearchAttributesResponse`). Asked on every start: a transient
+    refusal (a busy server's UNAVAILABLE or RESOURCE_EXHAUSTED) is retried by the client (`retry=True`), or
+    the reflection would start unindexed for good (seen once in the suite under load); a lasting one (no
+    permission, no such namespace) is raised at once."""
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    return await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace), retry=True
+    )
+
+
+async def missing(client: Any) -> list[str]:
+    """rr's attributes not registered in the client's namespace (all of them when the server will not say)."""
     from temporalio.service import RPCError
 
     try:
-        resp = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace), retry=True
-        )
+        resp = await _listed(client)
     except RPCError:
         return list(SEARCH_ATTRIBUTES)
     have = set(resp.custom_attributes) | set(resp.system_attributes)
@@ -150,12 +155,10 @@ class RegistrationError(RuntimeError):
 async def register(client: Any) -> list[str]:
     """Register rr's attributes in the client's namespace (idempotent); returns the names it added."""
     from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
     from temporalio.service import RPCError
 
-    resp = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace), retry=True
-    )
+    resp = await _listed(client)
     have = dict(resp.custom_attributes)
     wrong = [
         f"{n} is {IndexedValueType.Name(have[n])}, rr needs {t}"
