@@ -7,53 +7,15 @@ stays as it is: new fields always get defaults, existing names never change. Eve
 code base refers to these constants; none of them is spelled out anywhere else.
 
 `names` (the durable names), `workflow` (the reflection's models), `activities` (the sandbox, summarise
-and rerun activities' models), `batch` (batch reflection's models); all re-exported here.
+and rerun activities' models), `batch` (batch reflection's models); all re-exported here. The names are
+imported at once (plain constants); the models on first use (PEP 562 `__getattr__`), so a process that needs
+only names (a home's keeper registering the search attributes) imports neither pydantic nor the models.
 """
 
 from __future__ import annotations
 
-from reflector.contract.activities import (
-    PREFILL_CODE,
-    CellInput,
-    CellOutcome,
-    CloseSessionInput,
-    ExportInput,
-    ExportResult,
-    LimitsInput,
-    PrepareSessionInput,
-    PrepareSessionResult,
-    RerunPrefix,
-    ReusedCellInput,
-    ReusedChild,
-    ReusedItemInput,
-    SkillLookupInput,
-    SummariseInput,
-    SummariseResult,
-    TraceFacts,
-    session_key,
-)
-from reflector.contract.batch import (
-    BatchCursor,
-    BatchInput,
-    BatchOutput,
-    BatchProgress,
-    BatchResult,
-    BatchRun,
-    BatchSynthesis,
-    FailedRun,
-    FailureMode,
-    ManifestPage,
-    ManifestRef,
-    ReadManifestInput,
-    RecordRunInput,
-    RecurringText,
-    RunOutcome,
-    RunRecord,
-    RunStatus,
-    SynthesiseBatchInput,
-    SynthesiseBatchResult,
-    WriteRecordsInput,
-)
+from typing import TYPE_CHECKING, Any
+
 from reflector.contract.names import (
     AGENT_NAME,
     BATCH_WORKFLOW_NAME,
@@ -105,27 +67,165 @@ from reflector.contract.names import (
     WRITE_RECORDS_ACTIVITY,
     StopReason,
 )
-from reflector.contract.workflow import (
-    DIAGNOSIS_KINDS,
-    CellCitation,
-    ChildProgress,
-    Continuation,
-    Counters,
-    Diagnosis,
-    DiagnosisKind,
-    ExtractedLearning,
-    Progress,
-    ReflectionConfig,
-    ReflectionDraft,
-    ReflectionInput,
-    ReflectorDeps,
-    ReflectorOutput,
-    RerunOf,
-    RunTrace,
-    SkillbookRef,
-    SkillTag,
-    TraceRef,
-)
+
+if TYPE_CHECKING:
+    from reflector.contract.activities import (
+        PREFILL_CODE,
+        CellInput,
+        CellOutcome,
+        CloseSessionInput,
+        ExportInput,
+        ExportResult,
+        LimitsInput,
+        PrepareSessionInput,
+        PrepareSessionResult,
+        RerunPrefix,
+        ReusedCellInput,
+        ReusedChild,
+        ReusedItemInput,
+        SkillLookupInput,
+        SummariseInput,
+        SummariseResult,
+        TraceFacts,
+        session_key,
+    )
+    from reflector.contract.batch import (
+        BatchCursor,
+        BatchInput,
+        BatchOutput,
+        BatchProgress,
+        BatchResult,
+        BatchRun,
+        BatchSynthesis,
+        FailedRun,
+        FailureMode,
+        ManifestPage,
+        ManifestRef,
+        ReadManifestInput,
+        RecordRunInput,
+        RecurringText,
+        RunOutcome,
+        RunRecord,
+        RunStatus,
+        SynthesiseBatchInput,
+        SynthesiseBatchResult,
+        WriteRecordsInput,
+    )
+    from reflector.contract.workflow import (
+        DIAGNOSIS_KINDS,
+        CellCitation,
+        ChildProgress,
+        Continuation,
+        Counters,
+        Diagnosis,
+        DiagnosisKind,
+        ExtractedLearning,
+        Progress,
+        ReflectionConfig,
+        ReflectionDraft,
+        ReflectionInput,
+        ReflectorDeps,
+        ReflectorOutput,
+        RerunOf,
+        RunTrace,
+        SkillbookRef,
+        SkillTag,
+        TraceRef,
+    )
+
+# model name -> the submodule defining it (imported on first use)
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "PREFILL_CODE",
+            "CellInput",
+            "CellOutcome",
+            "CloseSessionInput",
+            "ExportInput",
+            "ExportResult",
+            "LimitsInput",
+            "PrepareSessionInput",
+            "PrepareSessionResult",
+            "RerunPrefix",
+            "ReusedCellInput",
+            "ReusedChild",
+            "ReusedItemInput",
+            "SkillLookupInput",
+            "SummariseInput",
+            "SummariseResult",
+            "TraceFacts",
+            "session_key",
+        ),
+        "activities",
+    ),
+    **dict.fromkeys(
+        (
+            "BatchCursor",
+            "BatchInput",
+            "BatchOutput",
+            "BatchProgress",
+            "BatchResult",
+            "BatchRun",
+            "BatchSynthesis",
+            "FailedRun",
+            "FailureMode",
+            "ManifestPage",
+            "ManifestRef",
+            "ReadManifestInput",
+            "RecordRunInput",
+            "RecurringText",
+            "RunOutcome",
+            "RunRecord",
+            "RunStatus",
+            "SynthesiseBatchInput",
+            "SynthesiseBatchResult",
+            "WriteRecordsInput",
+        ),
+        "batch",
+    ),
+    **dict.fromkeys(
+        (
+            "DIAGNOSIS_KINDS",
+            "CellCitation",
+            "ChildProgress",
+            "Continuation",
+            "Counters",
+            "Diagnosis",
+            "DiagnosisKind",
+            "ExtractedLearning",
+            "Progress",
+            "ReflectionConfig",
+            "ReflectionDraft",
+            "ReflectionInput",
+            "ReflectorDeps",
+            "ReflectorOutput",
+            "RerunOf",
+            "RunTrace",
+            "SkillbookRef",
+            "SkillTag",
+            "TraceRef",
+        ),
+        "workflow",
+    ),
+}
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which then check every imported name against the above
+
+    def __getattr__(name: str) -> Any:
+        submodule = _LAZY.get(name)
+        if submodule is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # `__import__`, not `importlib.import_module`: inside Temporal's workflow sandbox the builtin is the
+        # sandbox's importer, as for an import statement
+        module = __import__(f"{__name__}.{submodule}", fromlist=[name])
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AGENT_NAME",

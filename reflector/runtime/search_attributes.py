@@ -10,7 +10,7 @@ children and upsert at the end only then. The builders below are pure (workflow 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio.common import (
@@ -50,7 +50,6 @@ __all__ = [
     "missing",
     "register",
     "register_hint",
-    "devserver_args",
 ]
 
 MODEL = SearchAttributeKey.for_keyword(SA_MODEL)
@@ -105,14 +104,6 @@ def memo_of(decoded: Mapping[str, Any]) -> dict[str, Any]:
     """The display memo out of a workflow's decoded memo (`{}` for workflows started without one)."""
     shown = decoded.get(MEMO_KEY)
     return shown if isinstance(shown, dict) else {}
-
-
-def devserver_args(names: Sequence[str] | None = None) -> list[str]:
-    """`temporal server start-dev` arguments registering the attributes (all of rr's by default)."""
-    args: list[str] = []
-    for name in names if names is not None else SEARCH_ATTRIBUTES:
-        args += ["--search-attribute", f"{name}={SEARCH_ATTRIBUTES[name]}"]
-    return args
 
 
 def register_hint(namespace: str) -> str:

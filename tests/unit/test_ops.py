@@ -5,6 +5,7 @@ from __future__ import annotations
 from reflector.client import ops
 from reflector.contract import SEARCH_ATTRIBUTES, TraceRef
 from reflector.runtime import search_attributes as sa
+from reflector.runtime.devserver import search_attribute_args
 
 
 def test_queries_per_status_with_and_without_the_attributes() -> None:
@@ -93,6 +94,6 @@ def test_attribute_builders() -> None:
     shown = sa.memo(TraceRef(uri="blob:sha256:ab", sha256="ab", size=7, format="ace"), "t.json")
     assert sa.memo_of(shown) == {"trace": "t.json", "format": "ace", "size": 7}
     assert sa.memo_of({}) == {}
-    args = sa.devserver_args()
+    args = search_attribute_args()
     assert len(args) == 2 * len(SEARCH_ATTRIBUTES) and "RrTokens=Int" in args
     assert "rr setup" in sa.register_hint("ns") and "--name RrModel --type Keyword" in sa.register_hint("ns")

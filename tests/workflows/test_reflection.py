@@ -13,6 +13,7 @@ import worker
 from activities import model_requests
 from reflector import client as rr
 from reflector.contract import FORGET_ACTIVITY, PROVIDER_MODEL_PATCH, ReflectionConfig, ReflectorOutput
+from reflector.runtime.build_id import build_id
 from reflector.runtime.settings import Settings
 from tests.support.fixtures import completed_activities, write_trace
 
@@ -69,6 +70,13 @@ async def test_history_records_model_requests_and_cells_as_local_activities(
     assert local.count("rr.sandbox.close_session") == 1
     # the one regular activity deletes the response cache after every response reached the history
     assert regular == [FORGET_ACTIVITY]
+    # every workflow task says which code completed it: rr's build id (reflector/runtime/build_id.py)
+    stamps = {
+        e.workflow_task_completed_event_attributes.worker_version.build_id
+        for e in hist.events
+        if e.HasField("workflow_task_completed_event_attributes")
+    }
+    assert stamps == {build_id()}
     responses = [r.result_json() for r in records if r.is_model_request]
     assert all(resp["parts"] for resp in responses)
     # the model's inputs are not in the history (they follow from it): one small payload per step
