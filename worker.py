@@ -47,7 +47,7 @@ from activities.summarise import summarise
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.client.audit.histories import CLOSE_EVENTS
 from reflector.runtime import lean_openai, lean_schemas, telemetry
-from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, StartDelay
+from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, LiveRuns, StartDelay
 from reflector.runtime.build_id import build_id
 from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
 from reflector.runtime.settings import SettingError, Settings, usable_dir
@@ -99,6 +99,8 @@ NEW_WORK_PER_INTERVAL = 8
 # 64.9 steps/s. Provider reflections hold a task only while a cell runs: at 500 in flight with a 3 s model
 # they used 6-17 slots, so the cap does not bind them.
 MAX_ADAPTIVE_WORKFLOW_TASKS = 32
+# Workflow runs alive in the worker at first (then raised and cut on the loop's lag: reflector/runtime/admission.py)
+LIVE_RUNS_AT_START = 32
 # Local activities (model requests, cells): each reflection in progress runs at most one at a time; the
 # admission controller is what bounds them (at most its `maximum` reflections).
 MAX_LOCAL_ACTIVITIES = 4000
@@ -107,9 +109,13 @@ GRACEFUL_SHUTDOWN = timedelta(seconds=25)
 
 
 def workflow_admission() -> AdmissionControl:
-    """The default workflow-task slot supplier: slots and the rate of new reflections follow the loop's lag,
-    up to MAX_ADAPTIVE_WORKFLOW_TASKS."""
-    return AdmissionControl(initial_rate=NEW_WORK_PER_INTERVAL, maximum=MAX_ADAPTIVE_WORKFLOW_TASKS)
+    """The default workflow-task slot supplier: slots, the rate of new reflections and the reflections alive in
+    the worker follow the loop's lag, slots up to MAX_ADAPTIVE_WORKFLOW_TASKS."""
+    return AdmissionControl(
+        initial_rate=NEW_WORK_PER_INTERVAL,
+        maximum=MAX_ADAPTIVE_WORKFLOW_TASKS,
+        live_initial=LIVE_RUNS_AT_START,
+    )
 
 
 def activity_admission() -> AdmissionControl:
@@ -187,9 +193,12 @@ def build_worker(
         StartDelay(
             activities=activity_slots if isinstance(activity_slots, AdmissionControl) else None,
             local=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
+            backlog=workflow_slots if isinstance(workflow_slots, AdmissionControl) else None,
         ),
         CompactProviderFailures(),
     ]  # a retried provider error's failure fits in the history (no stack traces)
+    if isinstance(workflow_slots, AdmissionControl):
+        interceptors.append(LiveRuns(workflow_slots))  # the runs alive, for its `live_limit`
     tuner = WorkerTuner.create_composite(
         workflow_supplier=workflow_slots,
         activity_supplier=activity_slots,

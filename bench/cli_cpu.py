@@ -9,8 +9,12 @@ same load. CPU is the process's own user + system time (rusage from `wait4`): st
 a shared machine. `--scripts` adds `tests/support/ace_script.py` (ACE's Pipeline with rr's RRStep: `areflect` on
 a loop that goes on) and `tests/support/api_script.py` (`reflect()`), each run with a fresh RR_HOME and no
 TEMPORAL_ADDRESS (so its own embedded server and in-process worker; the keeper and server are not in its CPU).
+`--starts` adds what starting the embedded default costs: a home's keeper starting its server, waiting until
+it is ready and stopping it (no lease is taken, so it stops at its first look; the server, its child, is in
+the keeper's CPU), and `rr reflect` of the shipped example on a fresh home (its own process: imports, worker
+start, the reflection; the keeper and server it leases are in their own session and not in its CPU).
 
-    python -m bench.cli_cpu [--repeat 5] [--base DIR] [--scripts]
+    python -m bench.cli_cpu [--repeat 5] [--base DIR] [--scripts] [--starts]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import median, start_bench_env, table
@@ -96,7 +101,50 @@ def script_rows(repeat: int, trees: list[tuple[str, Path]], scratch: Path) -> li
     return rows
 
 
-async def main(repeat: int, base: Path | None, scripts: bool) -> None:
+def start_rows(repeat: int, trees: list[tuple[str, Path]], scratch: Path) -> list[list[object]]:
+    from reflector.runtime.devserver import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    kinds: list[tuple[str, Callable[[Path], list[str]]]] = [
+        (
+            "keeper + its server: start, ready, stop",
+            lambda home: ["-m", "reflector.runtime.homeserver", str(home), "0"],
+        ),
+        (
+            "rr reflect, embedded default, fresh home (own process)",
+            lambda home: [
+                "-m",
+                "reflector.cli",
+                "reflect",
+                str(HERE / "reflector/examples/failed_math.json"),
+            ],
+        ),
+    ]
+    rows: list[list[object]] = []
+    for name, argv in kinds:
+        cpu: dict[str, list[float]] = {t: [] for t, _ in trees}
+        wall: dict[str, list[float]] = {t: [] for t, _ in trees}
+        codes: dict[str, set[int]] = {t: set() for t, _ in trees}
+        for i in range(repeat):
+            for label, tree in trees:
+                home = scratch / f"start-{label}-{len(rows)}-{i}"
+                home.mkdir(parents=True)
+                e = {**env, "RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())}
+                c, w, code = run_once(tree, [], e, module=argv(home))
+                cpu[label].append(c)
+                wall[label].append(w)
+                codes[label].add(code)
+                time.sleep(1.5)  # the home's server stops after the last lease: not during the next run
+        row: list[object] = [name]
+        for label, _ in trees:
+            row += [median(cpu[label]), median(wall[label]), ",".join(map(str, sorted(codes[label])))]
+        if len(trees) > 1:
+            row.append(median(cpu["this"]) / median(cpu["base"]))
+        rows.append(row)
+    return rows
+
+
+async def main(repeat: int, base: Path | None, scripts: bool, starts: bool = False) -> None:
     env_ = await start_bench_env()
     try:
         env = {**os.environ, "TEMPORAL_ADDRESS": env_.address, "RR_HOME": str(env_.home)}
@@ -130,6 +178,7 @@ async def main(repeat: int, base: Path | None, scripts: bool) -> None:
                 row.append(median(cpu["this"]) / median(cpu["base"]))
             rows.append(row)
         srows = script_rows(repeat, trees, env_.home) if scripts else []
+        strows = start_rows(repeat, trees, env_.home) if starts else []
         headers = ["command"]
         for label, _ in trees:
             headers += [f"{label} CPU s", f"{label} wall s", f"{label} exit"]
@@ -143,6 +192,9 @@ async def main(repeat: int, base: Path | None, scripts: bool) -> None:
                 sheaders += [f"{label} CPU s", "max", f"{label} wall s", "max", f"{label} exit"]
             print(f"\none run of a script on the embedded default: median and max of {repeat} (alternated)")
             print(table(sheaders, srows))
+        if strows:
+            print(f"\nstarting the embedded default: median of {repeat} (alternated)")
+            print(table(headers, strows))
     finally:
         await env_.server.astop()
 
@@ -152,5 +204,8 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--base", type=Path, default=None, help="another rr checkout to compare with")
     ap.add_argument("--scripts", action="store_true", help="also the Python API scripts (embedded default)")
+    ap.add_argument(
+        "--starts", action="store_true", help="also a keeper's server start and `rr reflect` on a fresh home"
+    )
     a = ap.parse_args()
-    asyncio.run(main(a.repeat, a.base.resolve() if a.base else None, a.scripts))
+    asyncio.run(main(a.repeat, a.base.resolve() if a.base else None, a.scripts, a.starts))

@@ -27,8 +27,13 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
         for name, supplier in suppliers.items():
             s = supplier.stats
             rate = f", rate {s.rate}" if s.rate else ""
+            live = (
+                f", runs alive {s.live} of {s.live_limit} (begun {s.runs_started}, shared-queue tasks {s.shared_tasks})"
+                if s.live_limit
+                else ""
+            )
             parts.append(
-                f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}"
+                f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}{live}"
             )
             s.window_max_lag_s = 0.0
         print("admission: " + "; ".join(parts), flush=True)

@@ -27,6 +27,17 @@ gated polls can be rate-limited (`initial_rate` grants per interval, raised and 
 below 1 so the shared queue always advances): each new reflection starts a sandbox host (~190 ms of
 CPU), and 500 admitted at once held the loop 2 s late.
 
+Slots bound the work in progress, not the reflections alive in the worker: with a provider model a
+reflection holds no slot while its request is out, so every reflection in the queue was admitted (300 at
+3 s x 300), and on a saturated worker their next workflow tasks waited on the sticky queue past its timeout
+and went back to the shared queue, to be replayed from their first event (611 such fallbacks; temporalio's
+default 10 s timeout hides this, rr's 1 s one is what makes recovery after a SIGKILL fast). So the gated
+polls also wait while the runs alive in this worker (`LiveRuns` counts them: started, or restored into the
+cache, and not yet ended or evicted; a shared-queue task counts from its arrival) reach `live_limit`, which follows the same lag: raised while the loop
+keeps up and a poll waited for it, cut to below the runs alive when it does not. By Little's law a worker
+needs only about (steps/s it can carry) x (seconds per step) runs alive to stay busy; the rest wait in the
+server's queue, where waiting costs nothing and another worker may take them.
+
 `RR_MAX_CONCURRENT_WORKFLOW_TASKS=N` / `RR_MAX_CONCURRENT_ACTIVITIES=N` replace this with a fixed
 count (temporalio's `FixedSizeSlotSupplier`).
 """
@@ -34,8 +45,10 @@ count (temporalio's `FixedSizeSlotSupplier`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,14 +58,17 @@ from temporalio.worker import (
     ActivityInboundInterceptor,
     CustomSlotSupplier,
     ExecuteActivityInput,
+    ExecuteWorkflowInput,
     Interceptor,
     SlotMarkUsedContext,
     SlotPermit,
     SlotReleaseContext,
     SlotReserveContext,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
 )
 
-__all__ = ["AdmissionControl", "AdmissionStats", "StartDelay", "WORKFLOW_TASK_POLLS"]
+__all__ = ["AdmissionControl", "AdmissionStats", "LiveRuns", "StartDelay", "WORKFLOW_TASK_POLLS"]
 
 # Workflow-task polls a worker keeps open (temporalio's default is 5, of which 4 on the sticky queue). Each poll
 # first reserves a slot through this supplier, i.e. a turn of the worker's event loop; with 4 sticky polls and
@@ -81,6 +97,11 @@ class AdmissionStats:
     max_lag_s: float = 0.0
     window_max_lag_s: float = 0.0  # worst lag since a reader last reset it
     history: list[tuple[float, int, int]] = field(default_factory=list)  # (lag, limit, in use) per interval
+    live_limit: int = 0  # runs alive in the worker past which gated polls wait (0: no such limit)
+    live: int = 0  # runs alive now (`LiveRuns`)
+    peak_live: int = 0
+    runs_started: int = 0  # runs begun here: new ones, and ones restored into the cache (a replay)
+    shared_tasks: int = 0  # tasks that came through gated (shared-queue) polls
 
 
 class _Permit(SlotPermit):
@@ -89,6 +110,7 @@ class _Permit(SlotPermit):
     def __init__(self, sticky: bool) -> None:
         self.sticky = sticky
         self.used = False
+        self.new_task = False  # a shared-queue poll's permit that a task came with, not yet released
 
 
 class AdmissionControl(CustomSlotSupplier):
@@ -108,6 +130,10 @@ class AdmissionControl(CustomSlotSupplier):
         initial_rate: int = 0,
         max_rate: int = 1000,
         growth: int = 8,
+        live_initial: int = 0,
+        live_minimum: int = 8,
+        live_low_s: float = 0.25,
+        live_high_s: float = 1.0,
     ) -> None:
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum ({minimum}) <= initial ({initial}) <= maximum ({maximum})")
@@ -118,7 +144,18 @@ class AdmissionControl(CustomSlotSupplier):
         self.tick_s, self.interval_s = tick_s, interval_s
         if initial_rate < 0 or (initial_rate and max_rate < initial_rate):
             raise ValueError(f"need 0 <= initial_rate ({initial_rate}) <= max_rate ({max_rate})")
-        self.stats = AdmissionStats(limit=initial, rate=initial_rate)
+        if live_initial and not 1 <= live_minimum <= live_initial:
+            raise ValueError(f"need 1 <= live_minimum ({live_minimum}) <= live_initial ({live_initial})")
+        self.stats = AdmissionStats(limit=initial, rate=initial_rate, live_limit=live_initial)
+        self.live_minimum = live_minimum
+        self.live_low_s, self.live_high_s = live_low_s, live_high_s
+        self._backlog = 0.0  # worst start delay of any activity of this worker during this interval
+        # runs alive, counted by `LiveRuns` from the threads that run workflow activations
+        self._live = 0
+        self._arriving = 0  # shared-queue tasks received and not yet done (runs about to be alive)
+        self._live_lock = threading.Lock()
+        self._wanted_live = False  # a gated poll waited for `live_limit` during this interval
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.max_rate = max_rate
         self.growth = max(1, growth)  # a raise adds limit // growth (at least 1)
         self._tokens = initial_rate
@@ -178,14 +215,23 @@ class AdmissionControl(CustomSlotSupplier):
         return self._outstanding - self._idle_sticky
 
     def _may_admit(self) -> bool:
-        if self._working() >= self.stats.limit or (self.stats.rate and self._tokens <= 0):
+        if (
+            self._working() >= self.stats.limit
+            or (self.stats.rate and self._tokens <= 0)
+            or self._live_capped()
+        ):
             self._note_demand()  # also called by the condition while a poll waits
             return False
         return True
 
+    def _live_capped(self) -> bool:
+        return 0 < self.stats.live_limit <= self._live + self._arriving
+
     def _note_demand(self) -> None:
         if self._working() >= self.stats.limit:
             self._wanted_slots = True
+        elif self._live_capped():
+            self._wanted_live = True
         else:
             self._wanted_tokens = True
 
@@ -203,19 +249,56 @@ class AdmissionControl(CustomSlotSupplier):
 
     def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
         permit = ctx.permit
-        if isinstance(permit, _Permit) and permit.sticky and not permit.used:
+        if not isinstance(permit, _Permit):
+            return
+        if permit.sticky and not permit.used:
             permit.used = True
             self._idle_sticky = max(0, self._idle_sticky - 1)
             self.stats.in_use = self._working()
+        if getattr(ctx.slot_info, "is_sticky", True) is False and not permit.new_task:
+            # a shared-queue workflow task: most often a new run, which `LiveRuns` counts only once its
+            # activation begins, seconds later on a busy worker; counted from now until its task is done. Told
+            # by the task, not by the permit: the core also hands shared-queue tasks to polls whose slot was
+            # reserved as sticky (3 s x 300: 272 of 339 new runs came that way), so those runs pass the gate.
+            permit.new_task = True
+            with self._live_lock:
+                self._arriving += 1
+                self.stats.shared_tasks += 1
 
     def release_slot(self, ctx: SlotReleaseContext) -> None:
         permit = ctx.permit
-        if isinstance(permit, _Permit) and permit.sticky and not permit.used:
-            permit.used = True  # released without a task: no longer an idle poll either
-            self._idle_sticky = max(0, self._idle_sticky - 1)
+        if isinstance(permit, _Permit):
+            if permit.sticky and not permit.used:
+                permit.used = True  # released without a task: no longer an idle poll either
+                self._idle_sticky = max(0, self._idle_sticky - 1)
+            if permit.new_task:
+                permit.new_task = False
+                with self._live_lock:
+                    self._arriving = max(0, self._arriving - 1)
         self._outstanding = max(0, self._outstanding - 1)
         self.stats.in_use = self._working()
         self._notify()
+
+    # ------------------------------------------------------------------------- runs alive (LiveRuns)
+
+    def run_started(self) -> None:
+        """A workflow run began executing in this worker (new, or restored into its cache by a replay)."""
+        with self._live_lock:
+            self._live += 1
+            self.stats.runs_started += 1
+            self.stats.live = self._live
+            self.stats.peak_live = max(self.stats.peak_live, self._live)
+
+    def run_ended(self) -> None:
+        """A run ended here (completed, failed, continued as new, or evicted from the cache)."""
+        with self._live_lock:
+            was_capped = self._live_capped()
+            self._live = max(0, self._live - 1)
+            self.stats.live = self._live
+        loop = self._loop  # called from an activation thread: wake the gated polls on the worker's loop
+        if was_capped and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has stopped
+                loop.call_soon_threadsafe(self._notify)
 
     # ----------------------------------------------------------------------------- the controller
 
@@ -243,6 +326,7 @@ class AdmissionControl(CustomSlotSupplier):
 
     def _ensure_started(self) -> None:
         if self._ticker is None or self._ticker.done():
+            self._loop = asyncio.get_running_loop()
             self._changed = asyncio.Condition()
             self._ticker = asyncio.get_running_loop().create_task(self._control(), name="rr-admission")
 
@@ -274,13 +358,31 @@ class AdmissionControl(CustomSlotSupplier):
             if self._wanted_tokens and s.rate and s.rate < self.max_rate:
                 s.rate = min(self.max_rate, s.rate + max(1, s.rate // 4))
                 s.raises += 1
-        self._wanted_slots = self._wanted_tokens = False
+        self._adjust_live(max(lag_s, self._backlog))
+        self._backlog = 0.0
+        self._wanted_slots = self._wanted_tokens = self._wanted_live = False
         self._tokens = s.rate
         if self._keep_history:
             s.history.append((lag_s, s.limit, self._outstanding))
             del s.history[: -self._keep_history]
         self._notify()
         return s.limit
+
+    def observe_backlog(self, delay_s: float) -> None:
+        """Report an activity's start delay, provider requests' included (`StartDelay`): for `live_limit`,
+        the runs alive are too many once the work they ask for waits in the worker before it begins."""
+        self._backlog = max(self._backlog, delay_s)
+
+    def _adjust_live(self, backlog_s: float) -> None:
+        s = self.stats
+        if not s.live_limit:
+            return
+        if backlog_s > self.live_high_s:
+            # no new runs until those alive drain below what the worker carried
+            alive = self._live + self._arriving
+            s.live_limit = max(self.live_minimum, min(s.live_limit, math.floor(alive * 0.9)))
+        elif backlog_s < self.live_low_s and self._wanted_live:
+            s.live_limit += max(1, s.live_limit // self.growth)
 
     async def _control(self) -> None:
         loop = asyncio.get_running_loop()
@@ -300,6 +402,30 @@ class AdmissionControl(CustomSlotSupplier):
                 return
 
 
+class LiveRuns(Interceptor):
+    """Counts the workflow runs alive in this worker for an `AdmissionControl` (`live_limit`): a run counts
+    from the start of its execution (a new run, or one restored into the cache by replaying its history)
+    to its end, eviction included (an evicted run's tasks are cancelled, so its `finally` runs)."""
+
+    def __init__(self, admission: AdmissionControl) -> None:
+        self._admission = admission
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor] | None:
+        admission = self._admission
+
+        class _Counted(WorkflowInboundInterceptor):
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                admission.run_started()
+                try:
+                    return await self.next.execute_workflow(input)
+                finally:
+                    admission.run_ended()
+
+        return _Counted
+
+
 class StartDelay(Interceptor):
     """Reports each activity's start delay (from the moment its attempt started, i.e. was handed to
     this worker, to its body beginning) to an `AdmissionControl`: regular activities to `activities`,
@@ -308,8 +434,14 @@ class StartDelay(Interceptor):
     late and the server timed them out (bench/throughput.py, 200 ms model, 500 in flight).
     """
 
-    def __init__(self, *, activities: AdmissionControl | None, local: AdmissionControl | None) -> None:
-        self._activities, self._local = activities, local
+    def __init__(
+        self,
+        *,
+        activities: AdmissionControl | None,
+        local: AdmissionControl | None,
+        backlog: AdmissionControl | None = None,
+    ) -> None:
+        self._activities, self._local, self._backlog = activities, local, backlog
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _StartDelayInbound(next, self)
@@ -323,9 +455,13 @@ class _StartDelayInbound(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         target = self._owner._local if info.is_local else self._owner._activities
-        if target is not None and info.started_time is not None:
+        if info.started_time is not None and (target is not None or self._owner._backlog is not None):
             started = info.started_time
             if started.tzinfo is None:
                 started = started.replace(tzinfo=UTC)
-            target.observe(max(0.0, (datetime.now(UTC) - started).total_seconds()))
+            delay = max(0.0, (datetime.now(UTC) - started).total_seconds())
+            if target is not None:
+                target.observe(delay)
+            if self._owner._backlog is not None:
+                self._owner._backlog.observe_backlog(delay)
         return await self.next.execute_activity(input)

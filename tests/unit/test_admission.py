@@ -23,9 +23,15 @@ class _Ctx:
 
 
 @dataclass
+class _WorkflowSlot:
+    is_sticky: bool
+    workflow_type: str = "w"
+
+
+@dataclass
 class _Used:
     permit: object
-    slot_info: None = None
+    slot_info: object = None
 
 
 @dataclass
@@ -200,3 +206,77 @@ async def test_idle_sticky_polls_do_not_hold_back_new_work() -> None:
     a.release_slot(_Release(idle[1]))  # type: ignore[arg-type]  # a poll that ended without a task
     assert a.stats.in_use == 2
     assert a._idle_sticky == 10
+
+
+async def test_new_runs_wait_while_the_runs_alive_reach_the_live_limit() -> None:
+    """Slots bound work in progress; `live_limit` bounds the runs alive in the worker (a reflection waiting on
+    its provider holds no slot): gated polls wait at it, sticky ones (continuing runs) do not, and a run that
+    ends (on an activation thread) lets the next one in."""
+    a = AdmissionControl(initial=100, minimum=1, interval_s=60, live_initial=2, live_minimum=1)
+    for _ in range(2):
+        permit = await a.reserve_slot(_Ctx())  # type: ignore[arg-type]
+        a.run_started()
+        a.release_slot(_Release(permit))  # type: ignore[arg-type]  # its first task is done; the run is alive
+    assert a.stats.in_use == 0 and a.stats.live == 2
+    waiting = asyncio.create_task(a.reserve_slot(_Ctx()))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), (
+        "two runs alive at a live limit of 2: a new one waits though every slot is free"
+    )
+    sticky = await asyncio.wait_for(a.reserve_slot(_Ctx(is_sticky=True)), 1)  # type: ignore[arg-type]
+    assert sticky is not None
+    ended = asyncio.get_running_loop().run_in_executor(None, a.run_ended)  # as an activation thread does
+    await ended
+    await asyncio.wait_for(waiting, 1)
+    assert a.stats.live == 1 and a.stats.peak_live == 2
+
+
+def test_the_live_limit_follows_the_backlog_of_the_work_the_runs_ask_for() -> None:
+    """Raised while the loop keeps up, nothing waits to begin and a poll waited for it; cut once any activity
+    (a provider request included: `observe_backlog`) waits in the worker past `live_high_s` before it begins,
+    or the loop itself is that late."""
+    a = AdmissionControl(initial=100, live_initial=32, live_minimum=8)
+    for _ in range(40):
+        a.run_started()
+    a._wanted_live = True
+    a.adjust(0.001)
+    assert a.stats.live_limit == 36  # quiet: raised by 1/8
+    a.adjust(0.001)
+    assert a.stats.live_limit == 36, "no poll waited for it: no reason to raise"
+    a._wanted_live = True
+    a.observe_backlog(0.5)
+    a.adjust(0.001)
+    assert a.stats.live_limit == 36, "requests begin 0.5 s late: between the thresholds, hold"
+    a.observe_backlog(3.0)
+    a.adjust(0.001)  # a quiet loop, but provider requests begin 3 s late: cut to 90 % of the 40 alive
+    assert a.stats.live_limit == 36
+    for _ in range(20):
+        a.run_ended()
+    a.adjust(1.5)  # the loop itself 1.5 s late
+    assert a.stats.live_limit == 18
+    for _ in range(18):
+        a.run_ended()
+    a.observe_backlog(2.0)
+    a.adjust(0.001)
+    assert a.stats.live_limit == 8, "never below live_minimum"
+    assert AdmissionControl().stats.live_limit == 0  # off unless asked for (the activity slots)
+    with pytest.raises(ValueError, match="live_minimum"):
+        AdmissionControl(live_initial=4, live_minimum=8)
+
+
+async def test_a_received_new_task_counts_as_alive_before_its_run_begins() -> None:
+    """On a busy worker a new run's activation begins seconds after its task arrived: the task counts from
+    arrival, or the gated polls admit runs past the limit in that time."""
+    a = AdmissionControl(initial=100, minimum=1, interval_s=60, live_initial=1, live_minimum=1)
+    # the slot was reserved by a sticky poll, the task is a shared-queue one (the core does hand them out so)
+    first = await a.reserve_slot(_Ctx(is_sticky=True))  # type: ignore[arg-type]
+    a.mark_slot_used(_Used(first, _WorkflowSlot(is_sticky=False)))  # type: ignore[arg-type]  # no activation yet
+    waiting = asyncio.create_task(a.reserve_slot(_Ctx()))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and a.stats.live == 0
+    a.run_started()  # the activation begins ...
+    a.release_slot(_Release(first))  # type: ignore[arg-type]  # ... and completes its task: still one alive
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    a.run_ended()
+    await asyncio.wait_for(waiting, 1)
