@@ -133,98 +133,25 @@ if TYPE_CHECKING:
         TraceRef,
     )
 
-# model name -> the submodule defining it (imported on first use)
-_LAZY: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "PREFILL_CODE",
-            "CellInput",
-            "CellOutcome",
-            "CloseSessionInput",
-            "ExportInput",
-            "ExportResult",
-            "LimitsInput",
-            "PrepareSessionInput",
-            "PrepareSessionResult",
-            "RerunPrefix",
-            "ReusedCellInput",
-            "ReusedChild",
-            "ReusedItemInput",
-            "SkillLookupInput",
-            "SummariseInput",
-            "SummariseResult",
-            "TraceFacts",
-            "session_key",
-        ),
-        "activities",
-    ),
-    **dict.fromkeys(
-        (
-            "BatchCursor",
-            "BatchInput",
-            "BatchOutput",
-            "BatchProgress",
-            "BatchResult",
-            "BatchRun",
-            "BatchSynthesis",
-            "FailedRun",
-            "FailureMode",
-            "ManifestPage",
-            "ManifestRef",
-            "ReadManifestInput",
-            "RecordRunInput",
-            "RecurringText",
-            "RunOutcome",
-            "RunRecord",
-            "RunStatus",
-            "SynthesiseBatchInput",
-            "SynthesiseBatchResult",
-            "WriteRecordsInput",
-        ),
-        "batch",
-    ),
-    **dict.fromkeys(
-        (
-            "DIAGNOSIS_KINDS",
-            "CellCitation",
-            "ChildProgress",
-            "Continuation",
-            "Counters",
-            "Diagnosis",
-            "DiagnosisKind",
-            "ExtractedLearning",
-            "Progress",
-            "ReflectionConfig",
-            "ReflectionDraft",
-            "ReflectionInput",
-            "ReflectorDeps",
-            "ReflectorOutput",
-            "RerunOf",
-            "RunTrace",
-            "SkillbookRef",
-            "SkillTag",
-            "TraceRef",
-        ),
-        "workflow",
-    ),
-}
-
+# the submodules defining the models re-exported below (imported on the first use of one of them)
+_MODEL_MODULES = ("workflow", "activities", "batch")
 
 if not TYPE_CHECKING:  # hidden from type checkers, which then check every imported name against the above
 
     def __getattr__(name: str) -> Any:
-        submodule = _LAZY.get(name)
-        if submodule is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        # `__import__`, not `importlib.import_module`: inside Temporal's workflow sandbox the builtin is the
-        # sandbox's importer, as for an import statement
-        module = __import__(f"{__name__}.{submodule}", fromlist=[name])
-        value = getattr(module, name)
-        globals()[name] = value
-        return value
+        if name in __all__:
+            for submodule in _MODEL_MODULES:
+                # `__import__`, not `importlib.import_module`: inside Temporal's workflow sandbox the builtin
+                # is the sandbox's importer, as for an import statement
+                module = __import__(f"{__name__}.{submodule}", fromlist=[name])
+                if hasattr(module, name):
+                    value = getattr(module, name)
+                    globals()[name] = value
+                    return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        return sorted({*globals(), *_LAZY})
+        return sorted({*globals(), *__all__})
 
 
 __all__ = [
