@@ -290,13 +290,14 @@ def _plain_trace(n: int) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("shape", ["jsonl", "ace-object"])
+@pytest.mark.parametrize("shape", ["jsonl", "ace-object", "history-object"])
 def test_index_bytes_equal_the_stdlib_pass(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     msgs = _plain_trace(300)
     if shape == "jsonl":
         data, name = b"\n".join(json.dumps(m).encode() for m in msgs), "t.jsonl"
     else:
-        data, name = json.dumps({"question": "q", "steps": msgs}).encode(), "t.json"
+        key = "steps" if shape == "ace-object" else "history"
+        data, name = json.dumps({"question": "q", key: msgs}).encode(), "t.json"
     fast_out, slow_out = io.BytesIO(), io.BytesIO()
     fast = index_mod.write_index(io.BytesIO(data), name, fast_out, scanner=FastScanner)
     monkeypatch.setattr(

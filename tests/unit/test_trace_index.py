@@ -146,6 +146,39 @@ def _shapes(tmp: Path) -> Iterator[tuple[str, Path]]:
             {"question": "q2", "reward": 0.0, "steps": [{"action": "x"}]},
         ],
         "unknown.json": [[1], 2, {"x": 3}],
+        # a multi-agent conversation (Who&When's shape): one step per message, the speaker its actor,
+        # the answer the last message that says something (not TERMINATE), labels after the history
+        "whowhen.json": {
+            "is_correct": False,
+            "question": "q",
+            "ground_truth": "4",
+            "history": [
+                {"content": "solve it", "role": "user", "name": "Manager"},
+                {"content": "I will search", "role": "assistant", "name": "Expert_A"},
+                *[{"content": f"step {i}", "role": "user", "name": f"Expert_{i % 3}"} for i in range(40)],
+                {
+                    "role": "assistant",
+                    "name": "Coder",
+                    "content": [
+                        {"type": "text", "text": "run"},
+                        {"type": "tool_use", "id": "t1", "name": "python", "input": {"c": 1}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "name": "Executor",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": "Traceback: error"},
+                        {"type": "text", "text": "exit code 1"},
+                    ],
+                },
+                {"content": "the answer is 5", "role": "WebSurfer"},
+                {"content": "TERMINATE", "role": "assistant", "name": "Expert_A"},
+            ],
+            "mistake_agent": "Expert_A",
+            "mistake_step": "1",
+            "system_prompt": {"Expert_A": "you are"},
+        },
         "openclaw.jsonl": "\n".join(
             json.dumps(e)
             for e in [
@@ -186,6 +219,8 @@ def _shapes(tmp: Path) -> Iterator[tuple[str, Path]]:
         yield name, path
     for shared in sorted(SHARED.glob("*.json*")) if SHARED.is_dir() else []:
         yield shared.name, shared
+    for shared in sorted(SHARED.glob("who-and-when/*/*.json"))[:8] if SHARED.is_dir() else []:
+        yield f"who-and-when/{shared.name}", shared
 
 
 def plain(value: Any) -> Any:
@@ -218,7 +253,43 @@ def test_the_lazy_view_equals_the_canonical_view(tmp_path: Path) -> None:
         finally:
             os.close(fd)
         names.append(name)
-    assert {"msgs.jsonl", "ace_obj.json", "ace_batch.json", "openclaw.jsonl"} <= set(names)
+    assert {"msgs.jsonl", "ace_obj.json", "ace_batch.json", "openclaw.jsonl", "whowhen.json"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [  # the first array longer than the sample the format is decided on and than a batch
+        {
+            "history": [{"role": "user", "content": "a"}] * 1500,
+            "messages": [{"role": "user", "content": "b"}],
+        },
+        {"steps": [{"action": "x"}] * 1500, "history": [{"role": "user", "name": "A", "content": "b"}]},
+        {"trace": [{"thought": "t"}] * 1500, "steps": [{"action": "x"}], "question": "q"},
+        {"messages": [{"role": "user", "content": "a"}] * 1500, "traj": [{"role": "user", "content": "b"}]},
+    ],
+    ids=["messages-after-history", "history-after-steps", "steps-after-trace", "traj-after-messages"],
+)
+def test_a_later_field_a_whole_read_prefers_keeps_the_trace_whole(
+    trace: dict[str, Any], tmp_path: Path
+) -> None:
+    """The scanner takes the first record array; when a field after it is the one a whole read takes
+    steps from, no index is built (the lazy view would show other steps), and the format is the whole
+    read's."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    with open(path, "rb") as fh:
+        fmt, index = build_index(fh, str(path))
+    assert index is None
+    assert fmt == normalize(trace)["format"]
+
+
+def test_an_object_without_a_record_array_gets_its_format(tmp_path: Path) -> None:
+    """A JSON object with no record array is scanned whole: its format is still detected (not "unknown")."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"question": "q", "reasoning": "r" * 5000, "final_answer": "4"}))
+    with open(path, "rb") as fh:
+        fmt, index = build_index(fh, str(path))
+    assert (fmt, index) == ("ace", None)
 
 
 def test_lazy_sequences_behave_like_read_only_lists(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ those without reading the trace again, and `len()` is free.
 
 What is indexed (`lazy_shape`): JSONL files and JSON arrays whose records are runs (tau-bench, ACE:
 a batch, one run per record) or steps/messages/events of one run (ACE, messages, OpenClaw, an
-unknown list), and JSON objects whose `steps` / `trace` / `messages` array holds the steps of one
-ACE or messages run. Other shapes (OTel spans, which are ordered by time across records, and a
+unknown list), and JSON objects whose `steps` / `trace` / `messages` / `history` array holds the
+steps of one ACE or messages run (`history`: a multi-agent conversation such as Who&When's, one step
+per message). An object whose later fields would make a whole read take other steps (a `messages`
+list after a `history`, say) is read whole, so both readings agree. Other shapes (OTel spans, which are ordered by time across records, and a
 single tau-bench run) are read whole.
 
 The stored index (its format, where it lives) is `reflector.analysis.traces.index_file`'s.
@@ -23,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
-from reflector.analysis.traces.adapters.ace import _ace_step, _norm_ace_run
+from reflector.analysis.traces.adapters.ace import _END_TOKEN, _ace_step, _history_message_step, _norm_ace_run
 from reflector.analysis.traces.adapters.messages import _message_steps
 from reflector.analysis.traces.adapters.openclaw import _openclaw_step
 from reflector.analysis.traces.adapters.tau import _norm_tau_run
@@ -69,6 +71,8 @@ def lazy_shape(container: str, key: str | None, fmt: str, sample: list[Any]) -> 
     if container == "json-object":
         if fmt == "ace" and key in ("steps", "trace"):
             return "run", "ace-step"
+        if fmt == "ace" and key == "history":
+            return "run", "history-message"
         if fmt in ("ace", "messages") and key == "messages":
             return "run", "message"
     return None
@@ -83,6 +87,8 @@ def step_of_record(
         return [_ace_step(first, record)]
     if record_kind == "message":
         return _message_steps(record, {} if call_names is None else call_names, first)
+    if record_kind == "history-message":
+        return [_history_message_step(record, {} if call_names is None else call_names, first)]
     if record_kind == "openclaw":
         if (
             isinstance(record, dict)
@@ -109,6 +115,7 @@ class _RunStats:
         self.roles: Counter[str] = Counter()
         self.first_user: str | None = None
         self.last_assistant: str | None = None
+        self.last_said: str | None = None  # a conversation's answer: its last text that is not a tool's
         self.n = 0
 
     def add(self, step: dict[str, Any]) -> None:
@@ -128,10 +135,16 @@ class _RunStats:
             if roles[k] == "assistant" and (text := _text_of(contents[k])):
                 self.last_assistant = text
                 break
+        for k in range(len(roles) - 1, -1, -1):
+            if roles[k] != "tool" and (text := _said(contents[k])):
+                self.last_said = text
+                break
 
     def add_text(self, role: str, content: str) -> None:
         self.n += 1
         self.roles[role] += 1
+        if role != "tool" and (said := _said(content)):
+            self.last_said = said
         if role in ("user", "assistant"):
             text = _text_of(content)
             if text:
@@ -144,6 +157,13 @@ class _RunStats:
 def _text_of(content: str) -> str:
     """A user or assistant step's text as the run's question or answer (thinking removed, stripped)."""
     return (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
+
+
+def _said(content: str) -> str | None:
+    """A conversation step's text as its answer (`adapters.ace._history_answer`): none when empty or
+    a bare end-of-chat token."""
+    text = _text_of(content)
+    return text if text and not _END_TOKEN.fullmatch(text) else None
 
 
 class _OpenclawStats:
@@ -232,6 +252,8 @@ def write_index(
         p.batch(head.pop(0))
     for batch in batches:
         p.batch(batch)
+    if h.container == "json-object" and _shadowed(str(h.key), h.outer):
+        return detect_format({**h.outer, str(h.key): []}), None
     idx.size = h.size
     idx.outer = dict(h.outer)
     idx.roles, idx.tools, idx.call_counts = list(p.roles), list(p.tools), dict(p.calls)
@@ -261,7 +283,7 @@ class _Pass:
         self.calls: Counter[str] = Counter()
         self.n_records = 0
         # message records resolve tool names across records; an ACE step is one message on its own
-        self.plain = {"message": True, "ace-step": False}.get(record_kind)
+        self.plain = {"message": True, "history-message": True, "ace-step": False}.get(record_kind)
         self.reader: PlainReader | None = None  # the scanner's reader of its own plain messages
 
     def batch(self, batch: Batch) -> None:
@@ -375,9 +397,26 @@ def _code(table: dict[str, int], value: str) -> int:
 def _detect(h: ScanHeader, sample: list[Any]) -> str:
     if h.container == "json-object":
         return detect_format({**h.outer, str(h.key): sample}) if h.key else detect_format(h.outer)
+    if h.container == "json-value":  # an object without a record array: all of it is in `outer`
+        return detect_format(h.outer)
     if h.container in ("jsonl", "json-array"):
         return detect_format(sample)
     return "unknown"
+
+
+# The fields a whole read takes a run's steps from, first the one it prefers (`detect.detect_format`,
+# then `adapters.ace._ace_base_steps`): the scanner takes the first record array it meets.
+_STEP_FIELDS = ("traj", "resourceSpans", "spans", "messages", "history", "steps", "trace")
+
+
+def _shadowed(key: str, outer: dict[str, Any]) -> bool:
+    """Whether a field found after the records (`outer`) would make a whole read take other steps."""
+    for field in _STEP_FIELDS:
+        if field == key:
+            return False
+        if field in outer and (field == "resourceSpans" or isinstance(outer[field], list)):
+            return True
+    return False
 
 
 def _checked(fn: Callable[..., Any], fmt: str, rec: int, *args: Any) -> Any:
@@ -403,7 +442,8 @@ def _finish_run(idx: TraceIndex, stats: _RunStats, oc: _OpenclawStats | None) ->
         explicit = (
             outer.get("final_answer") or _ao(outer, "final_answer") or (out if isinstance(out, str) else None)
         )
-        header["final_answer"] = _opt_str(explicit) or stats.last_assistant
+        said = stats.last_said if idx.key == "history" else stats.last_assistant
+        header["final_answer"] = _opt_str(explicit) or said
         header["metadata"]["n_steps"] = stats.n
     elif fmt == "messages":
         w = outer

@@ -21,7 +21,9 @@ from typing import IO, Any
 
 __all__ = ["TraceIndex", "index_path", "INDEX_VERSION", "INDEX_SUFFIX"]
 
-INDEX_VERSION = 3  # 3: written as it is built (constant memory), the resolved tool name is a column
+# 3: written as it is built (constant memory), the resolved tool name is a column; 4: a multi-agent
+# `history` is indexed (record kind "history-message"), so an rr that cannot read one never finds it
+INDEX_VERSION = 4
 INDEX_SUFFIX = f".index-v{INDEX_VERSION}"  # the index of blob X is the file X + this suffix, beside it
 # The columns, by group (a record group and a step group grow at different rates), with their types.
 _GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -52,7 +54,7 @@ class TraceIndex:
     kind: str  # "run": records are steps of one run | "batch": records are runs
     container: str  # "jsonl" | "json-array" | "json-object"
     key: str | None  # json-object: the field holding the records
-    record_kind: str  # how a record becomes steps/a run: "ace-step" | "message" | "openclaw" | "none" | "tau-run" | "ace-run"
+    record_kind: str  # how a record becomes steps/a run: "ace-step" | "message" | "history-message" | "openclaw" | "none" | "tau-run" | "ace-run"
     size: int
     header: dict[str, Any]  # the view without `steps` / `runs` / `raw`
     outer: dict[str, Any] = field(default_factory=dict)  # json-object: the other fields

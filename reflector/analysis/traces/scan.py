@@ -45,6 +45,7 @@ FIRST_LINE_MAX = (
 RECORD_KEYS: tuple[str, ...] = (
     "steps",
     "messages",
+    "history",
     "trace",
     "traj",
     "spans",

@@ -131,12 +131,14 @@ def _history_steps(history: list[Any]) -> list[dict[str, Any]]:
     position, so a message that would give several steps (content parts with tool results) is kept as
     one. The speaking agent (`name`) is the step's `actor`; roles in a group chat are only the
     framework's point of view ("user" for every other agent), so they name no one."""
-    steps: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
-    for i, msg in enumerate(history):
-        parts = _message_steps(msg, call_names, i)
-        steps.append(parts[0] if len(parts) == 1 else _merged(i, parts, msg))
-    return steps
+    return [_history_message_step(msg, call_names, i) for i, msg in enumerate(history)]
+
+
+def _history_message_step(msg: Any, call_names: dict[str, str], index: int) -> dict[str, Any]:
+    """The one step of the conversation's message at position `index` (`call_names` carried along)."""
+    parts = _message_steps(msg, call_names, index)
+    return parts[0] if len(parts) == 1 else _merged(index, parts, msg)
 
 
 def _is_history(d: dict[str, Any]) -> bool:
