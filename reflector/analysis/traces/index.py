@@ -136,8 +136,8 @@ class _RunStats:
                 self.last_assistant = text
                 break
         for k in range(len(roles) - 1, -1, -1):
-            if roles[k] != "tool" and (text := _said(contents[k])):
-                self.last_said = text
+            if roles[k] != "tool" and (said := _said(contents[k])):
+                self.last_said = said
                 break
 
     def add_text(self, role: str, content: str) -> None:
