@@ -8,9 +8,11 @@ the same work again and again: 10-13% of rr's worker-process CPU per step at 300
 (py-spy, `bench/throughput.py`).
 
 `install()` memoises that function: the result for a schema is kept with a copy of the schema it was
-made from and reused only while the schema is still equal to that copy (a dict comparison, in C),
-for the same transformer and the same `strict`. The customised schema is shared between requests:
-pydantic-ai's model classes only read it (they put it into the request body as it is).
+made from and reused only while the schema is equal to that copy (a dict comparison, in C), for the
+same tool name, transformer and `strict`. The lookup is by content, not by the schema object: a
+durable model request gets its tool definitions decoded from the activity's input, new dicts at every
+request (a cache keyed by `id(schema)` never hit there). The customised schema is shared between
+requests: pydantic-ai's model classes only read it (they put it into the request body as it is).
 """
 
 from __future__ import annotations
@@ -21,25 +23,33 @@ from typing import Any
 
 __all__ = ["install", "cached_customize", "MAX_ENTRIES"]
 
-MAX_ENTRIES = 256  # distinct (schema, transformer, strict) of one worker: its tools' (a few dozen at most)
+MAX_ENTRIES = 256  # distinct (tool name, transformer, strict) of one worker: its tools' (a few dozen at most)
+VARIANTS = 4  # schemas kept per key (one tool name whose schema differs between agents or versions)
 
 _installed = False
 _original: Any = None  # pydantic-ai's own function, once replaced
-_cache: dict[tuple[int, Any, Any], tuple[dict[str, Any], Any]] = {}
+_cache: dict[tuple[str, Any, Any], list[tuple[dict[str, Any], Any]]] = {}
 
 
 def cached_customize(original: Any, transformer: Any, tool_def: Any) -> Any:
     """`original(transformer, tool_def)`, memoised by the schema's content (see the module doc)."""
     schema = tool_def.parameters_json_schema
-    key = (id(schema), transformer, tool_def.strict)
-    hit = _cache.get(key)
-    if hit is not None and hit[0] == schema:
-        done = hit[1]
-        return replace(tool_def, parameters_json_schema=done.parameters_json_schema, strict=done.strict)
+    key = (tool_def.name, transformer, tool_def.strict)
+    variants = _cache.get(key)
+    if variants is not None:
+        for made_from, done in variants:
+            if made_from == schema:
+                return replace(
+                    tool_def, parameters_json_schema=done.parameters_json_schema, strict=done.strict
+                )
     done = original(transformer, tool_def)
-    if len(_cache) >= MAX_ENTRIES:
-        _cache.clear()
-    _cache[key] = (copy.deepcopy(schema), done)
+    if variants is None:
+        if len(_cache) >= MAX_ENTRIES:
+            _cache.clear()
+        variants = _cache[key] = []
+    elif len(variants) >= VARIANTS:
+        variants.pop(0)
+    variants.append((copy.deepcopy(schema), done))
     return done
 
 

@@ -7,6 +7,7 @@ the bodies on the wire are the same, and the memoised run customised each schema
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +73,26 @@ def test_a_schema_changed_in_place_is_customised_again() -> None:
     assert len(seen) == 2 and "b" in seen[1]["properties"]
     lean_schemas.cached_customize(original, OpenAIJsonSchemaTransformer, _Tool("t", schema, strict=True))
     assert len(seen) == 3  # another strictness is another result
+
+
+def test_an_equal_schema_decoded_again_is_not_customised_again() -> None:
+    """A durable model request decodes its tool definitions from the activity input: new dicts with
+    the same content every time. They hit; a different schema under the same name does not."""
+    seen: list[dict[str, Any]] = []
+
+    def original(transformer: Any, tool_def: Any) -> Any:
+        seen.append(tool_def.parameters_json_schema)
+        return tool_def
+
+    lean_schemas._cache.clear()
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    for _ in range(3):
+        lean_schemas.cached_customize(
+            original, OpenAIJsonSchemaTransformer, _Tool("t", copy.deepcopy(schema))
+        )
+    assert len(seen) == 1
+    other = {"type": "object", "properties": {"b": {"type": "integer"}}}
+    lean_schemas.cached_customize(original, OpenAIJsonSchemaTransformer, _Tool("t", other))
+    lean_schemas.cached_customize(original, OpenAIJsonSchemaTransformer, _Tool("t", copy.deepcopy(schema)))
+    lean_schemas.cached_customize(original, OpenAIJsonSchemaTransformer, _Tool("t", copy.deepcopy(other)))
+    assert len(seen) == 2  # both variants kept
