@@ -36,7 +36,9 @@ What is kept:
 5. transitively, every blob named inside something kept (a manifest lists traces, a payload holds an
    input, a journal holds `ARCHIVE` cells, an unknown file may name anything); traces (blobs named by a
    `TraceRef`) and derived files are not read for names;
-6. every derived file whose source is kept (or named), and the source of every kept derived file.
+6. every derived file whose source is kept (or named), and the source of every kept derived file,
+   except a trace index of an older format (`index-v<N>` below `INDEX_VERSION`): this rr never reads
+   it and builds the current one when it needs it.
 Everything else is removed: old blobs nothing names, journals and response caches of executions the
 server no longer has, old temp files.
 
@@ -61,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reflector.analysis.traces.index_file import INDEX_VERSION
 from reflector.runtime.gc_sources import (
     Execution,
     GCRefused,
@@ -178,7 +181,7 @@ def decide(
     blobs = {i.key: i for i in items if i.unit == "blob"}
     derived: dict[str, list[Item]] = {}
     for i in items:
-        if i.unit == "derived":
+        if i.unit == "derived" and not _superseded(i):
             derived.setdefault(i.key, []).append(i)
     traces = set(refs.traces)
     why: dict[str, str] = {}
@@ -201,6 +204,8 @@ def decide(
             keep(item, UNKNOWN)
         elif now - item.age_mark < min_age_s:
             keep(item, YOUNG)
+        elif _superseded(item):
+            continue
         elif item.unit in ("blob", "derived") and item.key in refs.blobs:
             keep(item, REFERENCED if item.unit == "blob" else DERIVED)
         elif item.unit in ("journal", "responses") and item.key in refs.sessions:
@@ -230,9 +235,20 @@ def decide(
     return Plan(tuple(verdicts))
 
 
+_INDEX_KIND = re.compile(r"derived:index-v(\d+)")
+
+
+def _superseded(item: Item) -> bool:
+    """A trace index of an older format than this rr's (`index_file.INDEX_VERSION`)."""
+    m = _INDEX_KIND.fullmatch(item.kind) if item.unit == "derived" else None
+    return m is not None and int(m.group(1)) < INDEX_VERSION
+
+
 def _removal_reason(item: Item) -> str:
     if item.unit == "temp":
         return "an unfinished write older than the grace period"
+    if _superseded(item):
+        return "a trace index of an older format (the current one is built when needed)"
     if item.unit in ("journal", "responses"):
         return "session of no retained workflow"
     if item.unit == "derived":

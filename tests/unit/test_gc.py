@@ -17,6 +17,7 @@ from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 from temporalio.converter import JSONProtoPayloadConverter
 
 from reflector.analysis.compaction import transcript_json
+from reflector.analysis.traces.index_file import INDEX_SUFFIX, INDEX_VERSION
 from reflector.contract import PAYLOAD_DRIVER_NAME, TraceRef, session_key
 from reflector.runtime import gc
 from reflector.runtime.storage import inventory as inv
@@ -138,6 +139,32 @@ def test_derived_files_live_and_die_with_their_source() -> None:
     assert removed(plan) == set()
     assert {v.item.path: v.reason for v in plan.kept}[dead.path] == gc.SOURCE
     assert derived_source(Path(index.path).name) == (src.key, "index")
+
+
+def test_an_index_of_an_older_format_goes_even_beside_a_kept_trace() -> None:
+    """rr never reads an index of an older format (it builds the current one): once past the grace
+    period it is removed, while the current index of the same trace stays."""
+    src = blob("trace")
+    old = inv.Item(
+        f"{src.path}.index-v{INDEX_VERSION - 1}",
+        "derived",
+        f"derived:index-v{INDEX_VERSION - 1}",
+        3,
+        OLD,
+        src.key,
+    )
+    current = inv.Item(f"{src.path}{INDEX_SUFFIX}", "derived", f"derived:{INDEX_SUFFIX[1:]}", 3, OLD, src.key)
+    young_old = inv.Item(f"{src.path}.index-v1", "derived", "derived:index-v1", 3, NOW - 1, src.key)
+    plan = gc.decide(
+        [src, old, current, young_old], refs({src.key}), now=NOW, min_age_s=HOUR, names_in=reader({})
+    )
+    assert removed(plan) == {old.path}
+    assert "older format" in {v.item.path: v.reason for v in plan.verdicts}[old.path]
+    # an old index alone does not keep its source alive
+    lone = blob("unnamed trace")
+    lone_old = inv.Item(f"{lone.path}.index-v1", "derived", "derived:index-v1", 3, OLD, lone.key)
+    plan = gc.decide([lone, lone_old], refs(), now=NOW, min_age_s=HOUR, names_in=reader({}))
+    assert removed(plan) == {lone.path, lone_old.path}
 
 
 def test_sessions_of_retained_workflows_are_kept_and_read_for_names() -> None:
