@@ -46,7 +46,7 @@ from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.client.audit.histories import CLOSE_EVENTS
-from reflector.runtime import lean_openai, lean_schemas, telemetry
+from reflector.runtime import lean_openai, lean_schemas, lean_visits, telemetry
 from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, LiveRuns, StartDelay
 from reflector.runtime.build_id import build_id
 from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
@@ -167,6 +167,9 @@ def build_worker(
     # once, not at every request (worker CPU per step: reflector/runtime/lean_openai.py, reflector/runtime/lean_schemas.py)
     lean_openai.enable()
     lean_schemas.install()
+    # workflow tasks: one payload walk per activation and per completion instead of three each
+    # (reflector/runtime/lean_visits.py)
+    lean_visits.install()
     # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
     # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
     # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of

@@ -1,0 +1,114 @@
+"""One walk over a workflow activation's payloads instead of three (worker CPU per workflow task).
+
+Before the workflow code sees an activation, temporalio's worker decodes its payloads, and before it
+sends the completion it encodes them (`temporalio.bridge.worker.decode_activation` / `encode_completion`):
+each runs the payload visitor over the whole activation three times, one function per walk (decode:
+codec-decode external-storage references, retrieve externally stored payloads, codec-decode; encode the
+reverse). The visitor is Python walking protobuf messages field by field, and rr's workers pay it at
+every workflow task because they use external storage: 6.7% of the worker process's GIL time at 0.2 s x
+50 (py-spy, `bench/throughput.py`), most of it the walks rather than the functions, two of which change
+nothing without a payload codec.
+
+`install()` makes each of them one walk applying the three functions in the same order to each payload
+sequence it reaches. That is the same result: each function maps one sequence to a new one without
+looking at any other, and all three walks reach the same sequences (same visitor, same skip options);
+the storage walk's concurrency limit and metrics are kept. It is installed only when the library's two
+functions have the signature this module replaces (another temporalio keeps its own);
+`tests/unit/test_lean_visits.py` compares the two on activations and completions with a codec and
+external storage.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+__all__ = ["install", "decode_activation", "encode_completion", "chained"]
+
+_PARAMS = ("data_converter", "storage_concurrency_limit")
+_installed = False
+_originals: tuple[Any, Any] | None = (
+    None  # temporalio's (decode_activation, encode_completion), once replaced
+)
+
+SequenceFn = Callable[[Sequence[Any]], Awaitable[list[Any]]]
+
+
+def chained(*steps: SequenceFn) -> SequenceFn:
+    """The payload-sequence functions applied one after the other."""
+
+    async def run(payloads: Sequence[Any]) -> list[Any]:
+        out: Sequence[Any] = payloads
+        for step in steps:
+            out = await step(out)
+        return list(out)
+
+    return run
+
+
+async def _walk(root: Any, fn: SequenceFn, skip_headers: bool, concurrency: int) -> Any:
+    from temporalio.bridge.worker import _Visitor
+    from temporalio.converter._extstore import StorageOperationMetrics
+    from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
+
+    metrics = StorageOperationMetrics()
+    with metrics.track():
+        await CommandAwarePayloadVisitor(
+            skip_search_attributes=True, skip_headers=skip_headers, concurrency_limit=concurrency
+        ).visit(_Visitor(fn), root)
+    return metrics
+
+
+async def decode_activation(
+    activation: Any, data_converter: Any, decode_headers: bool, storage_concurrency_limit: int
+) -> Any:
+    """`temporalio.bridge.worker.decode_activation` in one walk."""
+    dc = data_converter
+    fn = chained(
+        dc._decode_reference_payload_sequence,
+        dc._external_retrieve_payload_sequence,
+        dc._decode_payload_sequence,
+    )
+    return await _walk(activation, fn, not decode_headers, storage_concurrency_limit)
+
+
+async def encode_completion(
+    completion: Any, data_converter: Any, encode_headers: bool, storage_concurrency_limit: int
+) -> Any:
+    """`temporalio.bridge.worker.encode_completion` in one walk."""
+    dc = data_converter
+    fn = chained(
+        dc._encode_payload_sequence,
+        dc._external_store_payload_sequence,
+        dc._encode_reference_payload_sequence,
+    )
+    return await _walk(completion, fn, not encode_headers, storage_concurrency_limit)
+
+
+def _replaceable(fn: Any, headers: str) -> bool:
+    try:
+        params = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 4 and params[1:] == (_PARAMS[0], headers, _PARAMS[1])
+
+
+def install() -> bool:
+    """Use the one-walk versions in this process's workflow workers (once); False when this temporalio's
+    functions are not the ones replaced (its own are kept)."""
+    global _installed, _originals
+    if _installed:
+        return True
+    import temporalio.bridge.worker as bridge_worker
+
+    if not (
+        _replaceable(bridge_worker.decode_activation, "decode_headers")
+        and _replaceable(bridge_worker.encode_completion, "encode_headers")
+    ):
+        return False
+    _originals = (bridge_worker.decode_activation, bridge_worker.encode_completion)
+    bridge_worker.decode_activation = decode_activation
+    bridge_worker.encode_completion = encode_completion
+    _installed = True
+    return True
