@@ -122,7 +122,11 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
     log_path = Path(sup_env["RR_TEST_MODEL_LOG"])
     sup = Supervised(sup_env, tmp_path / "supervisor.log")
     try:
-        sup.wait_for(lambda: sup.text().count("rr worker pid=") >= 2, "two ready workers")
+        # each child prints its `rr worker pid=` line, then its `sandbox:` line: wait for both of both
+        sup.wait_for(
+            lambda: sup.text().count("rr worker pid=") >= 2 and sup.text().count("sandbox: ") >= 2,
+            "two ready workers",
+        )
         first = sup.started()
         assert len(first) == 2 and sup.children() == set(first), (first, sup.children(), sup.text())
         text = sup.text()

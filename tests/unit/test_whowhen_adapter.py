@@ -147,14 +147,20 @@ def test_every_adapter_gives_steps_an_actor_key() -> None:
 _lazy = lazy_view  # tests/support/lazy.py
 
 
-def test_a_history_object_is_read_whole_not_indexed(tmp_path: Path) -> None:
-    """A `history` object is not one of the indexed shapes (like an ACE object without a `steps` /
-    `trace` / `messages` array): the scan builds no index, and the file is parsed whole."""
-    _fmt, index = build_index(io.BytesIO(json.dumps(WHOWHEN).encode()), "ww.json")
-    assert index is None
+def test_a_history_object_is_indexed_and_read_lazily_as_a_whole_read_gives_it(tmp_path: Path) -> None:
+    """A multi-agent `history` object is indexed (one record per message, so a step's index stays its
+    position in the conversation): the lazy view gives the steps, actors and answer of a whole read."""
     path = tmp_path / "ww.json"
     path.write_text(json.dumps(WHOWHEN), encoding="utf-8")
-    assert load_normalized(path)["steps"] == normalize(WHOWHEN)["steps"]
+    fmt, index = build_index(io.BytesIO(path.read_bytes()), "ww.json")
+    assert fmt == "ace" and index is not None and index.record_kind == "history-message"
+    whole = load_normalized(path)
+    assert whole["steps"] == normalize(WHOWHEN)["steps"]
+    for view in _lazy(path):
+        assert type(view["steps"]) is Steps
+        assert [dict(s) for s in view["steps"]] == whole["steps"]
+        assert view["final_answer"] == whole["final_answer"] and view["question"] == whole["question"]
+        assert actors(view) == actors(whole)
 
 
 def test_named_messages_read_lazily_keep_their_actors(tmp_path: Path) -> None:
