@@ -8,14 +8,17 @@ Two shapes:
   messages with `tool_calls` (`id`, `type`, `function: {name, arguments}`), tool results carrying
   `tool_call_id`, and a final assistant answer;
 - `jsonl-null`: the same, with `"content": null` on the assistant messages that call tools (as the
-  OpenAI API returns them).
+  OpenAI API returns them);
+- `whowhen-json`: a multi-agent conversation in Who&When's layout, one JSON object `{"is_correct",
+  "question", "ground_truth", "history": [{"content", "role", "name"}, ...], "mistake_agent",
+  "mistake_step", "system_prompt": {agent: text}}`, the labels after the history as in the dataset.
 
 Text is drawn from a small vocabulary: a few hundred bytes per step, about 3% of tool results are
 errors, and one tool result in ~1,500 is long (8-64 KiB: a file listing, a page of search results).
 The output is the same for the same (shape, size, seed); the file is about the requested size (the
 last step is cut short of it, never past it by more than one step plus the closing bytes).
 
-    python -m bench.gen_traces OUT --size 1GB --shape ace-json|jsonl|jsonl-null [--seed N]
+    python -m bench.gen_traces OUT --size 1GB --shape ace-json|jsonl|jsonl-null|whowhen-json [--seed N]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 __all__ = ["SHAPES", "parse_size", "generate", "QUESTION", "GROUND_TRUTH", "FINAL_ANSWER"]
 
-SHAPES = ("ace-json", "jsonl", "jsonl-null")
+SHAPES = ("ace-json", "jsonl", "jsonl-null", "whowhen-json")
 QUESTION = "How many orders in the March export were refunded twice, and what was their total value?"
 GROUND_TRUTH = "17 orders, 4,212.50 EUR"
 FINAL_ANSWER = "15 orders, 3,987.10 EUR"
@@ -141,6 +144,27 @@ def _openai_messages(t: _Text, null_content: bool) -> Iterator[dict[str, Any]]:
             yield {"role": "tool", "tool_call_id": cid, "content": t.result(tool)}
 
 
+_AGENTS = ("Orchestrator", "WebSurfer", "Coder", "Computer_terminal", "Verifier")
+
+
+def _conversation(t: _Text) -> Iterator[dict[str, Any]]:
+    """Group-chat turns: each agent speaks in turn; the terminal answers the coder with a result."""
+    while True:
+        agent = t.rng.choice(_AGENTS)
+        if agent == "Computer_terminal":
+            yield {
+                "content": "exitcode: 0 (execution succeeded)\nCode output: " + t.result("sql"),
+                "role": "user",
+                "name": agent,
+            }
+        else:
+            yield {
+                "content": t.words(25, 120),
+                "role": "assistant" if agent == "Orchestrator" else "user",
+                "name": agent,
+            }
+
+
 def generate(out: Path, size: int, shape: str, seed: int = 0) -> int:
     """Write a trace of about `size` bytes to `out` (through a temp file, renamed at the end); returns
     the bytes written."""
@@ -156,7 +180,24 @@ def generate(out: Path, size: int, shape: str, seed: int = 0) -> int:
             f.write(text)
             written += len(text)  # the text is ASCII (json.dumps escapes the rest)
 
-        if shape == "ace-json":
+        if shape == "whowhen-json":
+            head = json.dumps({"is_correct": False, "question": QUESTION, "ground_truth": GROUND_TRUTH})[:-1]
+            labels = {
+                "mistake_agent": "Coder",
+                "mistake_step": "3",
+                "system_prompt": {a: "You are " + a for a in _AGENTS},
+            }
+            tail = "], " + json.dumps(labels)[1:]
+            put(head + ', "history": [')
+            sep = ""
+            for turn in _conversation(t):
+                text = sep + json.dumps(turn)
+                if written + len(text) + len(tail) > size and sep:
+                    break
+                put(text)
+                sep = ", "
+            put(tail)
+        elif shape == "ace-json":
             head = json.dumps({"question": QUESTION, "ground_truth": GROUND_TRUTH})[:-1] + ', "steps": ['
             tail = "], " + json.dumps({"final_answer": FINAL_ANSWER})[1:]
             put(head)
