@@ -13,7 +13,9 @@ The model: `--transport http` (default) is a scripted OpenAI-compatible server o
 a real provider; `--transport function` is an in-process `FunctionModel` that sleeps (`bench.scripts`).
 Either way the script is `--steps` cells, then the answer (steps + 1 model requests per reflection).
 This process shares the machine too: "provider stand-in CPU" is the scripted HTTP model's handler threads
-(thread CPU time per request), "clients CPU" the rest of it (starting reflections, awaiting results).
+(thread CPU time per request), "memory sampler CPU" the thread that samples the workers' memory (its
+`/proc` reads grow with rr's host processes), "clients CPU" the rest of it (starting reflections,
+awaiting results).
 "worker+server CPU" is the figure issue 29 judges; "evicted early" counts runs evicted from a worker's
 workflow cache before they ended (`bench.evictions`, from the workers' logs).
 
@@ -137,10 +139,43 @@ def pss(pid: int) -> int:
     return 0
 
 
+def _children(pid: int) -> list[int] | None:
+    """The pids `pid`'s threads started (`/proc/<pid>/task/<tid>/children`); None when the kernel has no
+    such file (then the whole process table is read)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+        out.extend(int(x) for x in text.split())
+    return out
+
+
+def _stat_rss(pid: int, page: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[21]) * page
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass
 class MemorySampler:
     """Peak memory of the worker processes themselves and of all their descendants (sandbox hosts):
-    RSS every second, PSS (what the processes really add up to) every fifth sample."""
+    RSS every second, PSS (what the processes really add up to) every tenth sample.
+
+    It reads only the workers' process trees (found through `/proc/<pid>/task/<tid>/children`), so what it
+    costs grows with rr's host processes, not with everything on the machine; `cpu_s` is its own CPU
+    (kernel time of the `/proc` reads included), reported apart from the clients' so that neither agent's
+    figures carry it."""
 
     roots: list[int]
     worker_peak: int = 0
@@ -148,20 +183,37 @@ class MemorySampler:
     total_peak: int = 0
     total_pss_peak: int = 0
     hosts_peak_count: int = 0
+    cpu_s: float = 0.0
     _n: int = 0
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
+    def _tree(self) -> list[int]:
+        """Every descendant of the roots (not the roots)."""
+        out: list[int] = []
+        todo = list(self.roots)
+        while todo:
+            kids = _children(todo.pop())
+            if kids is None:  # no children files: the whole table
+                procs = _proc_table()
+                return [p for r in self.roots for p in _tree(r, procs)[1:] if p in procs]
+            out.extend(kids)
+            todo.extend(kids)
+        return out
+
     def sample(self) -> None:
-        procs = _proc_table()
-        worker = sum(procs[r][2] for r in self.roots if r in procs)
-        tree = [p for r in self.roots for p in _tree(r, procs)[1:] if p in procs]
-        hosts = sum(procs[p][2] for p in tree)
+        t0 = time.thread_time()
+        page = os.sysconf("SC_PAGE_SIZE")
+        worker = sum(_stat_rss(r, page) or 0 for r in self.roots)
+        tree = self._tree()
+        rss = [_stat_rss(p, page) for p in tree]
+        hosts = sum(r for r in rss if r is not None)
         self.worker_peak, self.hosts_peak = max(self.worker_peak, worker), max(self.hosts_peak, hosts)
         self.total_peak = max(self.total_peak, worker + hosts)
-        self.hosts_peak_count = max(self.hosts_peak_count, len(tree))
-        if self._n % 5 == 0:
+        self.hosts_peak_count = max(self.hosts_peak_count, sum(r is not None for r in rss))
+        if self._n % 10 == 0:
             self.total_pss_peak = max(self.total_pss_peak, sum(pss(p) for p in [*self.roots, *tree]))
         self._n += 1
+        self.cpu_s += time.thread_time() - t0
 
     async def _run(self) -> None:
         while True:
@@ -345,7 +397,8 @@ async def run_point(
         server_ms,
         worker_ms + server_ms,
         (p1 - p0) / used * 1000,
-        (d1 - d0 - (p1 - p0)) / used * 1000,
+        (d1 - d0 - (p1 - p0) - mem.cpu_s) / used * 1000,
+        mem.cpu_s / used * 1000,
         wall / ((steps + 1) * latency / 1000) if latency else "-",
         timeouts,  # 0 ms: no latency bound
         kind.not_found_warnings() - nf0,
@@ -372,6 +425,7 @@ HEADERS = [
     "worker+server CPU ms/step",
     "provider stand-in CPU ms/step",
     "clients CPU ms/step",
+    "memory sampler CPU ms/step",
     "wall / latency bound",
     "WFT timeouts",
     "not found",
