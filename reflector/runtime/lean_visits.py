@@ -12,10 +12,11 @@ nothing without a payload codec.
 `install()` makes each of them one walk applying the three functions in the same order to each payload
 sequence it reaches. That is the same result: each function maps one sequence to a new one without
 looking at any other, and all three walks reach the same sequences (same visitor, same skip options);
-the storage walk's concurrency limit and metrics are kept. It is installed only when the library's two
-functions have the signature this module replaces (another temporalio keeps its own);
-`tests/unit/test_lean_visits.py` compares the two on activations and completions with a codec and
-external storage.
+the storage walk's concurrency limit and metrics are kept. Only without a payload codec (rr configures
+none): the library runs codec calls one at a time, and a codec (a plugin's) is left to exactly that, so
+with one the library's own three walks run. It is installed only when the library's two functions have
+the signature this module replaces (another temporalio keeps its own); `tests/unit/test_lean_visits.py`
+compares the two on activations and completions with rr's external storage, with and without a codec.
 """
 
 from __future__ import annotations
@@ -60,11 +61,22 @@ async def _walk(root: Any, fn: SequenceFn, skip_headers: bool, concurrency: int)
     return metrics
 
 
+def _library(which: int) -> Any:
+    """temporalio's own `decode_activation` (0) or `encode_completion` (1)."""
+    if _originals is not None:
+        return _originals[which]
+    import temporalio.bridge.worker as bridge_worker
+
+    return (bridge_worker.decode_activation, bridge_worker.encode_completion)[which]
+
+
 async def decode_activation(
     activation: Any, data_converter: Any, decode_headers: bool, storage_concurrency_limit: int
 ) -> Any:
-    """`temporalio.bridge.worker.decode_activation` in one walk."""
+    """`temporalio.bridge.worker.decode_activation` in one walk (the library's with a payload codec)."""
     dc = data_converter
+    if dc.payload_codec is not None:
+        return await _library(0)(activation, dc, decode_headers, storage_concurrency_limit)
     fn = chained(
         dc._decode_reference_payload_sequence,
         dc._external_retrieve_payload_sequence,
@@ -76,8 +88,10 @@ async def decode_activation(
 async def encode_completion(
     completion: Any, data_converter: Any, encode_headers: bool, storage_concurrency_limit: int
 ) -> Any:
-    """`temporalio.bridge.worker.encode_completion` in one walk."""
+    """`temporalio.bridge.worker.encode_completion` in one walk (the library's with a payload codec)."""
     dc = data_converter
+    if dc.payload_codec is not None:
+        return await _library(1)(completion, dc, encode_headers, storage_concurrency_limit)
     fn = chained(
         dc._encode_payload_sequence,
         dc._external_store_payload_sequence,

@@ -1,9 +1,9 @@
 """One payload walk per activation (reflector.runtime.lean_visits) gives what temporalio's three walks give.
 
 Activations and completions with payloads in many places (workflow arguments, headers, activity results,
-signals, commands), some over the external-storage threshold, through a data converter with a payload
-codec and rr's blob-store external storage: the library's functions and the one-walk versions must
-leave the same protos behind and store the same blobs.
+signals, commands), some over the external-storage threshold, through rr's blob-store external storage
+with and without a payload codec: the library's functions and the one-walk versions must leave the same
+protos behind and store the same blobs, in one walk without a codec and the library's three with one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from temporalio.bridge.proto.workflow_commands import (
 )
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
 
 from reflector.runtime import lean_visits
 from reflector.runtime.storage.payloads import external_storage
@@ -111,8 +112,10 @@ def _activation() -> WorkflowActivation:
     return a
 
 
-def _converter(tmp: Path) -> DataConverter:
-    return DataConverter(payload_codec=_Xor(), external_storage=external_storage(tmp, threshold=16 * 1024))
+def _converter(tmp: Path, codec: bool) -> DataConverter:
+    return DataConverter(
+        payload_codec=_Xor() if codec else None, external_storage=external_storage(tmp, threshold=16 * 1024)
+    )
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -120,15 +123,28 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("headers", [True, False])
-async def test_one_walk_encodes_and_decodes_as_three(tmp_path: Path, headers: bool) -> None:
+@pytest.mark.parametrize("codec", [False, True])
+async def test_one_walk_encodes_and_decodes_as_three(
+    tmp_path: Path, headers: bool, codec: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[str] = []
+    visit = CommandAwarePayloadVisitor.visit
+
+    async def counted(self: Any, fs: Any, root: Any) -> None:
+        walks.append(type(root).__name__)
+        await visit(self, fs, root)
+
+    monkeypatch.setattr(CommandAwarePayloadVisitor, "visit", counted)
     results: dict[str, Any] = {}
+    counts: dict[str, int] = {}
     pairs: list[tuple[str, Any, Any]] = [
         ("library", ORIGINAL_ENCODE, ORIGINAL_DECODE),
         ("lean", lean_visits.encode_completion, lean_visits.decode_activation),
     ]
     for name, encode, decode in pairs:
         root = tmp_path / name
-        dc = _converter(root)
+        dc = _converter(root, codec)
+        walks.clear()
         completion = _completion()
         await encode(completion, dc, headers, 4)
         # what the library's encode left is what goes to the server; decoding an activation built from
@@ -138,14 +154,16 @@ async def test_one_walk_encodes_and_decodes_as_three(tmp_path: Path, headers: bo
         encoded_activation = copy.deepcopy(activation)
         await decode(activation, dc, headers, 4)
         results[name] = (completion, encoded_activation, activation, _files(root))
+        counts[name] = len(walks)
     lib, lean = results["library"], results["lean"]
     assert lean[0] == lib[0]
     assert lean[1] == lib[1]
     assert lean[2] == lib[2]
     assert lean[3] == lib[3] and lib[3]  # the same blobs, and some were stored
     assert lib[2] == _activation() or not headers  # decoding undid the encoding
+    assert counts == {"library": 9, "lean": 9 if codec else 3}  # encode, encode, decode: 3 walks each
     stored = [p for p in lib[0].successful.commands[0].schedule_activity.arguments]
-    assert stored[0].metadata.get("encoding") == b"xor"  # small: codec-encoded inline
+    assert stored[0].metadata.get("encoding") == (b"xor" if codec else b"json/plain")  # small: inline
     assert stored[1].metadata.get("encoding") != b"xor" and len(stored[1].data) < 40_000  # big: a reference
 
 
