@@ -48,17 +48,17 @@ def chained(*steps: SequenceFn) -> SequenceFn:
     return run
 
 
-async def _walk(root: Any, fn: SequenceFn, skip_headers: bool, concurrency: int) -> Any:
-    from temporalio.bridge.worker import _Visitor
-    from temporalio.converter._extstore import StorageOperationMetrics
-    from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
-
-    metrics = StorageOperationMetrics()
-    with metrics.track():
-        await CommandAwarePayloadVisitor(
-            skip_search_attributes=True, skip_headers=skip_headers, concurrency_limit=concurrency
-        ).visit(_Visitor(fn), root)
-    return metrics
+# the data converter's payload-sequence functions of each walk, in temporalio's order
+_DECODE = (
+    "_decode_reference_payload_sequence",
+    "_external_retrieve_payload_sequence",
+    "_decode_payload_sequence",
+)
+_ENCODE = (
+    "_encode_payload_sequence",
+    "_external_store_payload_sequence",
+    "_encode_reference_payload_sequence",
+)
 
 
 def _library(which: int) -> Any:
@@ -70,34 +70,36 @@ def _library(which: int) -> Any:
     return (bridge_worker.decode_activation, bridge_worker.encode_completion)[which]
 
 
+async def _one_walk(which: int, root: Any, dc: Any, headers: bool, concurrency: int) -> Any:
+    """Walk `root` once applying the functions of `_DECODE` (0) or `_ENCODE` (1); the library's own
+    walks when the converter has a payload codec."""
+    if dc.payload_codec is not None:
+        return await _library(which)(root, dc, headers, concurrency)
+    from temporalio.bridge.worker import _Visitor
+    from temporalio.converter._extstore import StorageOperationMetrics
+    from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
+
+    fn = chained(*(getattr(dc, name) for name in (_DECODE, _ENCODE)[which]))
+    metrics = StorageOperationMetrics()
+    with metrics.track():
+        await CommandAwarePayloadVisitor(
+            skip_search_attributes=True, skip_headers=not headers, concurrency_limit=concurrency
+        ).visit(_Visitor(fn), root)
+    return metrics
+
+
 async def decode_activation(
     activation: Any, data_converter: Any, decode_headers: bool, storage_concurrency_limit: int
 ) -> Any:
     """`temporalio.bridge.worker.decode_activation` in one walk (the library's with a payload codec)."""
-    dc = data_converter
-    if dc.payload_codec is not None:
-        return await _library(0)(activation, dc, decode_headers, storage_concurrency_limit)
-    fn = chained(
-        dc._decode_reference_payload_sequence,
-        dc._external_retrieve_payload_sequence,
-        dc._decode_payload_sequence,
-    )
-    return await _walk(activation, fn, not decode_headers, storage_concurrency_limit)
+    return await _one_walk(0, activation, data_converter, decode_headers, storage_concurrency_limit)
 
 
 async def encode_completion(
     completion: Any, data_converter: Any, encode_headers: bool, storage_concurrency_limit: int
 ) -> Any:
     """`temporalio.bridge.worker.encode_completion` in one walk (the library's with a payload codec)."""
-    dc = data_converter
-    if dc.payload_codec is not None:
-        return await _library(1)(completion, dc, encode_headers, storage_concurrency_limit)
-    fn = chained(
-        dc._encode_payload_sequence,
-        dc._external_store_payload_sequence,
-        dc._encode_reference_payload_sequence,
-    )
-    return await _walk(completion, fn, not encode_headers, storage_concurrency_limit)
+    return await _one_walk(1, completion, data_converter, encode_headers, storage_concurrency_limit)
 
 
 def _replaceable(fn: Any, headers: str) -> bool:

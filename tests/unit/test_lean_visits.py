@@ -83,7 +83,7 @@ def _completion() -> WorkflowActivationCompletion:
                 activity_id="1",
                 activity_type="a",
                 arguments=[_p("small"), _p("big", 40_000)],
-                headers={"h": _p("header")},
+                headers={"h": _p("header", 20_000)},
             )
         )
     )
@@ -101,7 +101,7 @@ def _activation() -> WorkflowActivation:
                 workflow_type="w",
                 workflow_id="w1",
                 arguments=[_p("arg"), _p("arg2", 30_000)],
-                headers={"h": _p("hd")},
+                headers={"h": _p("hd", 20_000)},
             )
         )
     )
