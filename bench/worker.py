@@ -1,6 +1,9 @@
 """A benchmark worker process: ReflectionWorkflow plus the anchor workflow, bench models registered.
 
 TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
+
+`RR_BENCH_WITHOUT=lean_visits,lean_schemas` (any of them) keeps the library's own code path where rr's worker
+would replace it, for an A/B of what each replacement saves (`reflector/runtime/lean_*.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,22 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
         print("admission: " + "; ".join(parts), flush=True)
 
 
+def _without() -> None:
+    """Mark the replacements named in RR_BENCH_WITHOUT as installed, so `build_worker` leaves them out."""
+    from reflector.runtime import lean_schemas, lean_visits
+
+    names = {n.strip() for n in os.environ.get("RR_BENCH_WITHOUT", "").split(",") if n.strip()}
+    modules = {"lean_visits": lean_visits, "lean_schemas": lean_schemas}
+    unknown = names - modules.keys()
+    if unknown:
+        raise SystemExit(f"RR_BENCH_WITHOUT: unknown {sorted(unknown)}; known: {sorted(modules)}")
+    for name in names:
+        modules[name]._installed = True  # install() then does nothing
+        print(f"bench worker: without {name}", flush=True)
+
+
 async def main() -> None:
+    _without()
     print_evictions()
     s = Settings.from_env()
     client = await connect(s.address)
