@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -49,6 +50,12 @@ class Replica(Protocol):
 
 
 _SNAPSHOT = re.compile(r"^snapshot-(\d{8})\.pkl$")
+# a snapshot streamed from a host into the session's directory before it is adopted
+# (`SubprocessExecutor._payload_to`): `.snapshot-<random>.incoming`
+_INCOMING = re.compile(r"^\.snapshot-[^/]*\.incoming$")
+# an unadopted transfer this old was left by a worker that died during it (a transfer takes at most the
+# snapshot timeout; a live session takes one snapshot at a time)
+STALE_INCOMING_S = 3600.0
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -72,6 +79,18 @@ class Journal:
         if self.replica is None:
             return 0
         return self.replica.pull_tree(self.session_dir(session_id))
+
+    @staticmethod
+    def _sweep_incoming(directory: Path, now: float | None = None) -> None:
+        """Remove the snapshot transfers a dead worker left in `directory` (older than STALE_INCOMING_S):
+        without this they would stay as long as the session's directory, each as big as a snapshot."""
+        limit = (time.time() if now is None else now) - STALE_INCOMING_S
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(directory):
+                if _INCOMING.match(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < limit:
+                            os.unlink(entry.path)
 
     def _unlink(self, paths: Iterable[Path]) -> None:
         gone = []
@@ -206,6 +225,7 @@ class Journal:
             _fsync_dir(directory)
         sidecar = {"seq": seq, "start_key": start_key, "size": size}
         self.write_atomic(directory / f"snapshot-{seq:08d}.json", json.dumps(sidecar).encode())
+        self._sweep_incoming(directory)
         self._unlink(
             p
             for old_seq, path in self.snapshots(session_id)
