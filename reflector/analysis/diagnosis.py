@@ -53,9 +53,13 @@ def from_divergence(d: Any, evidence: list[int]) -> Diagnosis | None:
     step = d.get("step")
     at_step = d.get("at_step")
     at: dict[str, Any] = at_step if isinstance(at_step, dict) else {}
+    where = step if isinstance(step, int) and not isinstance(step, bool) else None
     return Diagnosis(
         kind=kind,
-        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        step=where,
+        # the divergence is where the failure shows; a caller that traces a root cause moves `step` back
+        # (the heuristic's draft), one that does not (the budget fallback) keeps the two equal
+        symptom_step=where,
         actor=at.get("actor") if isinstance(at.get("actor"), str) else None,
         tool=None if d.get("tool") is None else str(d.get("tool")),
         argument=None if d.get("argument") is None else str(d.get("argument")),

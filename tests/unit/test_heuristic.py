@@ -555,3 +555,14 @@ def test_answer_rules_compare_actions_by_name_and_arguments() -> None:
     ]
     assert compare_actions([same], None) == (None, [], [])
     assert missing_outputs(["1000", "Mia"], ["It is 1,000.", "hello mia!"]) == []
+
+
+def test_a_divergence_is_its_own_symptom_until_a_root_is_traced() -> None:
+    """`from_divergence` (the facts cell's finding, which the budget fallback reports as it is) places the
+    symptom where the divergence is; a root cause traced back from it moves only `step`."""
+    from reflector.analysis.diagnosis import from_divergence
+
+    d = from_divergence({"kind": "wrong_arguments", "step": 7, "tool": "book", "argument": "x"}, [2])
+    assert d is not None and (d.step, d.symptom_step) == (7, 7)
+    unplaced = from_divergence({"kind": "wrong_information", "step": None}, [2])
+    assert unplaced is not None and (unplaced.step, unplaced.symptom_step) == (None, None)
