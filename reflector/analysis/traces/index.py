@@ -11,8 +11,8 @@ a batch, one run per record) or steps/messages/events of one run (ACE, messages,
 unknown list), and JSON objects whose `steps` / `trace` / `messages` / `history` array holds the
 steps of one ACE or messages run (`history`: a multi-agent conversation such as Who&When's, one step
 per message). An object whose later fields would make a whole read take other steps (a `messages`
-list after a `history`, say) is read whole, so both readings agree. Other shapes (OTel spans, which are ordered by time across records, and a
-single tau-bench run) are read whole.
+list after a `history`, say) is read whole, so both readings agree. Other shapes (OTel spans, which
+are ordered by time across records, and a single tau-bench run) are read whole.
 
 The stored index (its format, where it lives) is `reflector.analysis.traces.index_file`'s.
 """
@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
-from reflector.analysis.traces.adapters.ace import _END_TOKEN, _ace_step, _history_message_step, _norm_ace_run
+from reflector.analysis.traces.adapters.ace import _ace_step, _history_message_step, _norm_ace_run, said_text
 from reflector.analysis.traces.adapters.messages import _message_steps
 from reflector.analysis.traces.adapters.openclaw import _openclaw_step
 from reflector.analysis.traces.adapters.tau import _norm_tau_run
@@ -136,14 +136,14 @@ class _RunStats:
                 self.last_assistant = text
                 break
         for k in range(len(roles) - 1, -1, -1):
-            if roles[k] != "tool" and (said := _said(contents[k])):
+            if roles[k] != "tool" and (said := said_text(contents[k])):
                 self.last_said = said
                 break
 
     def add_text(self, role: str, content: str) -> None:
         self.n += 1
         self.roles[role] += 1
-        if role != "tool" and (said := _said(content)):
+        if role != "tool" and (said := said_text(content)):
             self.last_said = said
         if role in ("user", "assistant"):
             text = _text_of(content)
@@ -157,13 +157,6 @@ class _RunStats:
 def _text_of(content: str) -> str:
     """A user or assistant step's text as the run's question or answer (thinking removed, stripped)."""
     return (_THINKING_RE.sub("", content) if "[thinking]" in content else content).strip()
-
-
-def _said(content: str) -> str | None:
-    """A conversation step's text as its answer (`adapters.ace._history_answer`): none when empty or
-    a bare end-of-chat token."""
-    text = _text_of(content)
-    return text if text and not _END_TOKEN.fullmatch(text) else None
 
 
 class _OpenclawStats:

@@ -151,10 +151,17 @@ def _history_answer(steps: list[dict[str, Any]]) -> str | None:
     "user" or "assistant" depending on the framework's point of view, so the role cannot pick the
     answer; a bare end-of-chat token (AutoGen's TERMINATE) is not one."""
     for s in reversed(steps):
-        text = _THINKING_RE.sub("", s["content"]).strip()
-        if text and not _END_TOKEN.fullmatch(text) and s["role"] != "tool":
+        text = said_text(s["content"]) if s["role"] != "tool" else None
+        if text:
             return text
     return None
+
+
+def said_text(content: str) -> str | None:
+    """A conversation step's text as its answer: thinking removed, stripped; None when nothing is left or
+    it is a bare end-of-chat token (the index pass uses the same rule, step by step)."""
+    text = _THINKING_RE.sub("", content).strip()
+    return text if text and not _END_TOKEN.fullmatch(text) else None
 
 
 def _merged(index: int, parts: list[dict[str, Any]], msg: Any) -> dict[str, Any]:
