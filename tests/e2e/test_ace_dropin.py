@@ -48,6 +48,7 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect  # noqa: E402
 from reflector.analysis.traces import TraceError  # noqa: E402
 from reflector.runtime.devserver import free_port  # noqa: E402
+from tests.support import prefork  # noqa: E402
 from tests.support.api_env import isolate, on_session_server  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -279,7 +280,7 @@ def test_a_script_driving_aces_pipeline_exits_cleanly_every_time(tmp_path: Path)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
         env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
         args = [sys.executable, "-m", "tests.support.ace_script", *(["2"] if i in (4, 14) else ["1"])]
-        p = subprocess.run(
+        p = prefork.run(
             args,
             cwd=REPO_ROOT,
             env=env,

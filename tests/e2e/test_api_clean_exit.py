@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from reflector.runtime.devserver import free_port
+from tests.support import prefork
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20
@@ -33,7 +34,7 @@ CORE_PANIC = "sdk-core/src/worker/activities/local_activities.rs"
 def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
-    return subprocess.run(
+    return prefork.run(
         [sys.executable, "-m", "tests.support.api_script"],
         cwd=REPO_ROOT,
         env=env,

@@ -22,6 +22,7 @@ from reflector.client import connect
 from reflector.client.audit.histories import collect, dump_bundle
 from reflector.contract import ReflectionConfig
 from reflector.runtime.settings import Settings
+from tests.support import prefork
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import ACE_TRACE, write_trace
 
@@ -81,7 +82,7 @@ def report(temporal_server, rr_home: Path, tmp_path: Path) -> tuple[Path, str]:
     out = tmp_path / "audit.html"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(tmp_path / "cli-home"), "RR_PLUGINS": "tests.support.audit_script"})
-    p = subprocess.run(
+    p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", str(export), "--html", str(out)],
         env=env,
         capture_output=True,

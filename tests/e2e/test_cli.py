@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reflector.runtime.devserver import is_reachable
+from tests.support import prefork
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -23,7 +24,7 @@ def _rr_cmd() -> list[str]:
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run(
+    return prefork.run(
         [*_rr_cmd(), *args],
         env={**base, **env},
         capture_output=True,
@@ -138,7 +139,7 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
         env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
-        proc = subprocess.Popen(
+        proc = prefork.Popen(
             [*_rr_cmd(), "worker", "--processes", "1"],
             env=env,
             stdout=subprocess.PIPE,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_cli import EXAMPLE, _rr_cmd
+from tests.support import prefork
 
 NO_SERVER = "127.0.0.1:1"  # the tests that must fail before connecting point at nothing
 
@@ -21,7 +22,7 @@ def rr_in(
     *args: str, stdin: bytes, env: dict[str, str], timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    p = subprocess.run(
+    p = prefork.run(
         [*_rr_cmd(), *args], env={**base, **env}, input=stdin, capture_output=True, timeout=timeout
     )
     return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
@@ -41,7 +42,7 @@ def _one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> str:
 
 
 def test_version() -> None:
-    p = subprocess.run(
+    p = prefork.run(
         [*_rr_cmd(), "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
     )
     assert p.returncode == 0, p.stderr

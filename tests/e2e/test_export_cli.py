@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import prefork
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
 PLAN = {"code": ["print('root', len(traces['steps']))"], "children": [{"code": ["print('child')"]}]}
@@ -27,7 +29,7 @@ def _rr_cmd() -> list[str]:
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run(
+    return prefork.run(
         [*_rr_cmd(), *args],
         env={**base, "PYTHONPATH": str(REPO_ROOT), **env},
         cwd=REPO_ROOT,

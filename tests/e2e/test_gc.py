@@ -33,6 +33,7 @@ from reflector.runtime.devserver import DevServer
 from reflector.runtime.settings import Settings
 from reflector.runtime.storage.blobs import RESPONSES_DIR, SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.payloads import stored_digest
+from tests.support import prefork
 from tests.support.fixtures import completed_activities, write_trace
 from tests.support.procs import REPO_ROOT, WorkerProcess
 
@@ -99,7 +100,7 @@ def age_everything(root: Path, but: set[Path] = set()) -> None:  # noqa: B006
 
 
 def rr_gc(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return prefork.run(
         [sys.executable, "-m", "reflector.cli", "gc", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **env.cli_env},

@@ -23,6 +23,7 @@ import pytest
 
 from reflector.runtime.devserver import free_port, is_reachable
 from reflector.runtime.homeserver import live_server
+from tests.support import prefork
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -40,7 +41,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _reflect(home: Path, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return prefork.run(
         [*RR, "reflect", str(EXAMPLE), *args],
         cwd=REPO_ROOT,
         env=_env(home, **extra),
@@ -89,7 +90,7 @@ def test_two_processes_of_one_home_and_a_second_home_at_once(tmp_path: Path) -> 
     home_a, home_b = tmp_path / "a", tmp_path / "b"
     homes = [home_a, home_a, home_b]
     procs = [
-        subprocess.Popen(
+        prefork.Popen(
             [sys.executable, "-m", "tests.support.api_rounds", str(ROUNDS)],
             cwd=REPO_ROOT,
             env=_env(home),
@@ -138,7 +139,7 @@ def test_rr_reflect_twice_on_one_home_and_once_on_another_at_once(tmp_path: Path
 
 def _count_reflections(home: Path, expected: int) -> None:
     """`rr list` of `home` (its own SQLite file, through its embedded server) lists exactly `expected`."""
-    p = subprocess.run(
+    p = prefork.run(
         [*RR, "list", "--json", "--limit", "1000"],
         cwd=REPO_ROOT,
         env=_env(home),
@@ -155,7 +156,7 @@ def _count_reflections(home: Path, expected: int) -> None:
 
 def _start_reflect(home: Path, *args: str, **extra: str) -> subprocess.Popen[str]:
     """An `rr reflect` that waits (a gated model never answers), as a user's long run would."""
-    return subprocess.Popen(
+    return prefork.Popen(
         [*RR, "reflect", str(EXAMPLE), "--model", "scripted-paced-20", *args],
         cwd=REPO_ROOT,
         env=_env(home, RR_PLUGINS="reflector.testing.scripted", **extra),
@@ -208,7 +209,7 @@ def test_the_server_lives_while_any_process_of_its_home_uses_it(tmp_path: Path) 
     """A worker of the home keeps the home's server; another process uses the same server (not a second one),
     its end does not stop it; the worker's SIGKILL does (nothing else uses it)."""
     home = tmp_path / "home"
-    worker = subprocess.Popen(
+    worker = prefork.Popen(
         [*RR, "worker", "--processes", "1"],
         cwd=REPO_ROOT,
         env=_env(home),
@@ -239,7 +240,7 @@ def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_pat
     """Different stores give different default queues; with one RR_TASK_QUEUE forced on both, a worker of
     home B refuses home A's reflection at once, naming both stores."""
     home_a, home_b = tmp_path / "a", tmp_path / "b"
-    worker = subprocess.Popen(
+    worker = prefork.Popen(
         [*RR, "worker", "--processes", "1"],
         cwd=REPO_ROOT,
         env=_env(home_b),
@@ -261,7 +262,7 @@ def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_pat
         worker.kill()
         worker.wait(30)
         queue = "shared-queue"
-        worker = subprocess.Popen(
+        worker = prefork.Popen(
             [*RR, "worker", "--processes", "1"],
             cwd=REPO_ROOT,
             env=_env(home_b, RR_TASK_QUEUE=queue),
@@ -309,7 +310,7 @@ def test_two_areflect_calls_at_once_on_the_embedded_default(tmp_path: Path) -> N
     both complete every time, and the home's server is gone after the script."""
     for i in range(3):
         home = tmp_path / f"home-{i}"
-        p = subprocess.run(
+        p = prefork.run(
             [sys.executable, "-m", "tests.support.api_gather"],
             cwd=REPO_ROOT,
             env=_env(home),

@@ -23,6 +23,7 @@ import pytest
 from reflector.runtime.devserver import is_reachable
 from reflector.runtime.settings import SettingError, env_flag
 from tests.e2e.test_cli import _one_line_error, _rr_cmd
+from tests.support import prefork
 from tests.support.procs import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return prefork.run(
         [*_rr_cmd(), *args],
         env=_env(env),
         cwd=REPO_ROOT,
@@ -53,7 +54,7 @@ class Running:
     """`rr ARGS` in a subprocess whose stderr is read line by line in a thread (to wait for a line)."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = prefork.Popen(
             [*_rr_cmd(), *args],
             env=_env(env),
             cwd=REPO_ROOT,

@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.test_cli import _rr_cmd
 from tests.e2e.test_hostile_cli import Running, _env
-from tests.support import endless
+from tests.support import endless, prefork
 from tests.support.procs import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return prefork.run(
         [*_rr_cmd(), *args],
         env=_env(env),
         cwd=REPO_ROOT,

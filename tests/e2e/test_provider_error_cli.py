@@ -12,6 +12,7 @@ from pathlib import Path
 
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.scripted_http import Fault
+from tests.support import prefork
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -35,7 +36,7 @@ def test_reflect_with_a_refused_key_says_so_in_one_line(temporal_server, tmp_pat
             OPENAI_API_KEY="sk-wrong",
             RR_PROVIDER_TIMEOUT_S="10",
         )
-        p = subprocess.run(
+        p = prefork.run(
             [*_rr_cmd(), "reflect", str(EXAMPLE), "--model", "openai-chat:gpt-4o-mini"],
             env=env,
             capture_output=True,

@@ -30,6 +30,7 @@ from reflector.client.api_traces import IN_MEMORY, _Answer, _place_answer, _skil
 from reflector.contract import ReflectionConfig
 from reflector.runtime.devserver import free_port, is_reachable
 from reflector.runtime.settings import Settings
+from tests.support import prefork
 from tests.support.api_env import isolate, on_session_server
 from tests.support.fixtures import ACE_TRACE, write_trace
 
@@ -410,7 +411,7 @@ def test_areflect_runs_on_the_callers_loop(on_server: Path) -> None:
 
 def _cells_rebuilt(wf_id: str) -> int:
     """How many of the workflow's cells found their sandbox host gone (`rr audit --json`)."""
-    p = subprocess.run(
+    p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", wf_id, "--json"],
         capture_output=True,
         text=True,

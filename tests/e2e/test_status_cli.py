@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import tests.support.gated_models as gated
+from tests.support import prefork
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.procs import REPO_ROOT, WorkerProcess
 
@@ -37,7 +38,7 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return prefork.run(
         [sys.executable, "-m", "reflector.cli", *args],
         env=_env(env),
         cwd=REPO_ROOT,
@@ -52,7 +53,7 @@ class Running:
     """`rr ARGS` in a subprocess; stderr is read line by line in a thread (to wait for a line)."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = prefork.Popen(
             [sys.executable, "-m", "reflector.cli", *args],
             env=_env(env),
             cwd=REPO_ROOT,
@@ -280,7 +281,7 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         "import os; os._exit(0)\n"
     )
     wf_id = f"idle-{uuid.uuid4().hex[:8]}"
-    started = subprocess.run(
+    started = prefork.run(
         [sys.executable, "-c", code, str(EXAMPLE), wf_id],
         env=_env(nobody),
         cwd=REPO_ROOT,
@@ -302,7 +303,7 @@ def test_status_without_a_worker_says_so_and_follow_reports_it(live: dict[str, s
         notice = follow.wait_for(f"rr: reflection {wf_id}: no worker is running it right now")
         assert "rr worker" in notice
     finally:
-        rr_term = subprocess.run(
+        rr_term = prefork.run(
             [
                 sys.executable,
                 "-c",

@@ -24,6 +24,7 @@ from reflector.client import connect
 from reflector.contract import ReflectionConfig
 from reflector.runtime.settings import Settings
 from tests.e2e.test_cli import rr as rr_cli
+from tests.support import prefork
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import write_trace
 from tests.support.procs import REPO_ROOT, read_model_log
@@ -46,7 +47,7 @@ class Supervised:
     def __init__(self, env: dict[str, str], log: Path, n: int = 2) -> None:
         self.log = log
         self._out = open(log, "w")  # closed in stop(
-        self.proc = subprocess.Popen(
+        self.proc = prefork.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", str(n)],
             cwd=REPO_ROOT,
             env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from reflector.runtime.settings import Settings
+from tests.support import prefork
 
 pytestmark = [pytest.mark.server]
 
@@ -291,7 +292,7 @@ async def test_without_the_client_certificate_or_the_ca_it_fails_clearly(
     no_ca = {k: v for k, v in env.items() if "SERVER_CA" not in k}
     plain = {k: v for k, v in env.items() if not k.startswith("TEMPORAL_TLS")}
     for bad, why in ((no_client_cert, "cannot connect"), (no_ca, "UnknownIssuer"), (plain, "cannot connect")):
-        p = subprocess.run(
+        p = prefork.run(
             [*_rr_cmd(), "list"],
             env=bad,
             capture_output=True,
@@ -329,7 +330,7 @@ client_key_path = "{pki.client_key}"
         tmp_path, {"TEMPORAL_CONFIG_FILE": str(toml), "TEMPORAL_PROFILE": "tls-test", **shared}
     )
     before = len(endpoint.verified_clients)
-    worker = subprocess.Popen(
+    worker = prefork.Popen(
         [*_rr_cmd(), "worker", "--processes", "1"],
         env=worker_env,
         stdout=subprocess.PIPE,
@@ -341,7 +342,7 @@ client_key_path = "{pki.client_key}"
         assert worker.stdout is not None
         first = worker.stdout.readline()
         assert first.startswith("rr worker pid=") and endpoint.address in first, (first, worker.stderr)
-        p = subprocess.run(
+        p = prefork.run(
             [*_rr_cmd(), "reflect", str(EXAMPLE), "--json"],
             env=client_env,
             capture_output=True,

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support import prefork
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,7 +24,7 @@ class WorkerProcess:
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.log = log
         self._out = open(log, "w")
-        self.proc = subprocess.Popen(
+        self.proc = prefork.Popen(
             [sys.executable, "-m", "reflector.cli", "worker", "--processes", "1"],
             cwd=REPO_ROOT,
             env={**os.environ, "RR_PLUGINS": "reflector.testing.scripted", **env},

@@ -18,6 +18,7 @@ from pydantic_ai.models import Model, infer_model
 from reflector.client import ReflectError, build_input
 from reflector.contract import ReflectionConfig, TraceRef
 from reflector.runtime import models
+from tests.support import prefork
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROVIDER_ENV = (
@@ -117,7 +118,7 @@ def test_cli_refuses_a_malformed_name_before_anything_starts(tmp_path: Path) -> 
     env.update(RR_HOME=str(tmp_path / "home"), TEMPORAL_ADDRESS="127.0.0.1:1")  # nothing to connect to
     exe = Path(sys.executable).parent / "rr"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "reflector.cli"]
-    p = subprocess.run(
+    p = prefork.run(
         [*cmd, "reflect", str(REPO_ROOT / "reflector/examples/failed_math.json"), "--model", "openai:"],
         env=env,
         capture_output=True,

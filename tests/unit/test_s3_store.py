@@ -23,6 +23,7 @@ from reflector.runtime.storage.blobs import BlobNotFound, BlobStore
 from reflector.runtime.storage.s3 import S3Mirror, S3Unavailable, parse_s3_url
 from reflector.runtime.storage.stores import check_store, mirror_for, open_store
 from sandbox.journal import Journal
+from tests.support import prefork
 from tests.support.s3_server import S3Server, s3_server
 
 pytest.importorskip("moto", reason="moto[server] comes with the dev extra")
@@ -195,7 +196,7 @@ def test_large_payloads_go_to_s3_through_temporalios_driver(
 
 def _rr(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
-    return subprocess.run(
+    return prefork.run(
         [sys.executable, "-m", "reflector.cli", *args],
         env={**base, **env},
         capture_output=True,

@@ -34,6 +34,7 @@ from reflector.client.audit.timeline import (
 )
 from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL, ReflectionConfig, ReflectorOutput
 from reflector.runtime.settings import Settings
+from tests.support import prefork
 from tests.support.fixtures import completed_activities, write_trace
 from worker import audit_replay_hooks
 
@@ -179,7 +180,7 @@ async def test_exported_file_audits_offline_like_the_server(reflection, client, 
     # and through the CLI, in a process that knows nothing of this server
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
     env.update({"RR_HOME": str(tmp_path / "home"), "RR_PLUGINS": "tests.support.audit_script"})
-    p = subprocess.run(
+    p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", str(path), "--json"],
         env=env,
         capture_output=True,
@@ -192,7 +193,7 @@ async def test_exported_file_audits_offline_like_the_server(reflection, client, 
     assert Audit.model_validate_json(p.stdout).model_dump(exclude={"source"}) == audit.model_dump(
         exclude={"source"}
     )
-    p = subprocess.run(
+    p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", str(tmp_path / "missing.json")],
         env=env,
         capture_output=True,
