@@ -4,8 +4,8 @@ interpreter paying ~1.6 s of CPU for the same imports. Everything else is a proc
 own pid (signals and `os.kill`/`os.killpg` reach it), session (`start_new_session`), streams, working
 directory, environment and argv, and the same interpreter exit (atexit, thread joins, finalization).
 
-Only plain command lines are forked: `[python, "-m", MODULE, ...]`, `[python, SCRIPT.py, ...]` and
-`[.../rr, ...]` (the console script), with no interpreter options and no `PYTHON*` variable the server cannot
+Only plain command lines are forked: `[python, "-m", MODULE, ...]`, `[python, "-c", CODE, ...]`,
+`[python, SCRIPT.py, ...]` and `[.../rr, ...]` (the console script), with no interpreter options and no `PYTHON*` variable the server cannot
 honour after start. Anything else, and every command when `RR_TESTS_EXEC=1` is set, runs through
 `subprocess` as usual. Tests whose subject is the interpreter's start itself (what a fresh process imports,
 the installed wheel) call `subprocess` directly.
@@ -99,8 +99,8 @@ def _plan(args: Sequence[str], env: dict[str, str] | None) -> tuple[str, str, li
         return ("script", str(exe), args[1:])
     if os.path.realpath(args[0]) != os.path.realpath(sys.executable) or len(args) < 2:
         return None
-    if args[1] == "-m" and len(args) >= 3:
-        return ("module", args[2], args[3:])
+    if args[1] in ("-m", "-c") and len(args) >= 3:
+        return ("module" if args[1] == "-m" else "code", args[2], args[3:])
     if not args[1].startswith("-") and args[1].endswith(".py"):
         return ("script", args[1], args[2:])
     return None
@@ -119,6 +119,7 @@ class Popen(subprocess.Popen[Any]):
         ):
             self._plan = _plan(args, kwargs.get("env"))
         self._status: socket.socket | None = None
+        self.cpu_s: float | None = None  # a forked child's user + system CPU, once it has ended
         self._pending = b""
         super().__init__(args, *rest, **kwargs)
 
@@ -191,7 +192,7 @@ class Popen(subprocess.Popen[Any]):
         self._child_created = True
         self._status = conn
 
-    def _read_message(self, conn: socket.socket, *, block: bool) -> dict[str, int] | None:
+    def _read_message(self, conn: socket.socket, *, block: bool) -> dict[str, float] | None:
         while b"\n" not in self._pending:
             if not block:
                 conn.setblocking(False)
@@ -207,7 +208,7 @@ class Popen(subprocess.Popen[Any]):
                 raise ChildProcessError("the fork server ended before reporting the child's end")
             self._pending += part
         line, _, self._pending = self._pending.partition(b"\n")
-        message: dict[str, int] = json.loads(line)
+        message: dict[str, float] = json.loads(line)
         return message
 
     def _forked_wait(self, wait_flags: int) -> tuple[int, int]:
@@ -216,6 +217,7 @@ class Popen(subprocess.Popen[Any]):
         if message is None:
             return (0, 0)
         self._status.close()
+        self.cpu_s = float(message["cpu_s"])
         return (self.pid, int(message["status"]))
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:

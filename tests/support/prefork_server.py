@@ -1,14 +1,14 @@
 """The fork server behind `tests.support.prefork`: a Python process that imports rr's worker stack once and
 then forks one child per request, which runs `python -m MODULE`, `python SCRIPT` or the `rr` console script as
-a fresh interpreter would, with the requester's argv, environment, working directory and standard streams.
+a fresh interpreter would (`python -c CODE` too), with the requester's argv, environment, working directory and standard streams.
 
 Why: about 300 processes of the suite import the worker stack (pydantic-ai's Temporal integration, temporalio,
 rr), ~1.6 s of CPU each before they do anything; forked from here they start with it imported.
 
 `python -m tests.support.prefork_server SOCKET_PATH`. A request is one message on the Unix socket: a 4-byte
 length, a JSON header and the child's stdin, stdout and stderr as passed file descriptors. The server answers
-`{"pid": N}` once the child is forked and `{"status": S}` (the `waitpid` status) once it has ended, on the same
-connection. It ends with the process that started it.
+`{"pid": N}` once the child is forked and `{"status": S, "cpu_s": C}` (the `wait4` status and the child's user +
+system CPU) once it has ended, on the same connection. It ends with the process that started it.
 
 A child differs from an exec'd interpreter in what it cannot change after start: the modules already imported,
 `sys.flags` (so `tests.support.prefork` forks only for plain `python -m`/script/`rr` command lines with no
@@ -17,6 +17,7 @@ interpreter options and no `PYTHON*` variable other than the ones handled below)
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import io
 import json
@@ -27,6 +28,7 @@ import signal
 import socket
 import struct
 import sys
+import types
 from typing import Any
 
 PRELOAD = (
@@ -59,7 +61,7 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(body), list(fds)
 
 
-def _send(conn: socket.socket, message: dict[str, int]) -> None:
+def _send(conn: socket.socket, message: dict[str, float]) -> None:
     try:
         conn.sendall(json.dumps(message).encode() + b"\n")
     except OSError:  # the requester is gone; its child runs on regardless
@@ -114,8 +116,8 @@ def serve(path: str) -> tuple[dict[str, Any], list[int]]:
             pid, conn = children.pop(pidfd)
             sel.unregister(pidfd)
             os.close(pidfd)
-            _, status = os.waitpid(pid, 0)
-            _send(conn, {"status": status})
+            _, status, usage = os.wait4(pid, 0)
+            _send(conn, {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
             conn.close()
 
 
@@ -162,18 +164,31 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     env: dict[str, str] = request["env"]
     os.environ.clear()
     os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     _stdio(env)
     kind, target = request["kind"], request["target"]
-    first = os.getcwd() if kind == "module" else os.path.dirname(os.path.abspath(target))
+    if kind == "module":
+        first = os.getcwd()
+    elif kind == "code":
+        first = ""  # as `python -c` puts it: the working directory, whatever it becomes
+    else:
+        first = os.path.dirname(os.path.abspath(target))
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first, *(os.path.abspath(p) for p in extra), *sys.path[1:]]
-    sys.argv[:] = [target, *request["args"]]
+    sys.argv[:] = ["-c" if kind == "code" else target, *request["args"]]
 
 
 def run(request: dict[str, Any]) -> None:
     if request["kind"] == "module":
         sys.argv[0] = "-m"  # runpy sets the module's file
         runpy.run_module(request["target"], run_name="__main__", alter_sys=True)
+    elif (
+        request["kind"] == "code"
+    ):  # `python -c CODE`: a new __main__ module, the code compiled as "<string>"
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        exec(compile(request["target"], "<string>", "exec"), main.__dict__)
     else:
         runpy.run_path(request["target"], run_name="__main__")
 

@@ -96,6 +96,22 @@ def test_a_module_runs_as_main_with_the_working_directory_first_on_its_path(tmp_
     assert p.stdout.startswith("rr ")
 
 
+def test_code_runs_as_python_c_runs_it(tmp_path: Path) -> None:
+    code = "import os, sys; print(os.getppid(), sys.argv, repr(sys.path[0]), __name__, __file__ if '__file__' in dir() else None)"
+    p = prefork.run(
+        [sys.executable, "-c", code, "x"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    ppid, rest = p.stdout.split(" ", 1)
+    assert int(ppid) != os.getpid()
+    assert rest == "['-c', 'x'] '' __main__ None\n"
+
+
 def test_signals_sessions_and_timeouts_reach_the_forked_child(probe: Path, tmp_path: Path) -> None:
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import os, time\nprint(os.getpid(), os.getsid(0), flush=True)\ntime.sleep(60)\n")
@@ -121,18 +137,24 @@ def test_signals_sessions_and_timeouts_reach_the_forked_child(probe: Path, tmp_p
 
 
 def test_what_the_server_cannot_honour_is_exec_d(probe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = "import os; print(os.getppid())"
     for args, env in (
-        ([sys.executable, "-c", code], _env()),  # -c: not a module, script or rr
         ([sys.executable, "-I", str(probe)], _env()),  # an interpreter option
+        ([sys.executable, "-X", "dev", str(probe)], _env()),
         ([sys.executable, str(probe)], _env(PYTHONDEVMODE="1")),  # sys.flags are fixed at the server's start
     ):
         p = prefork.run(args, env=env, input="\n", capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
-        ppid = json.loads(p.stdout)["ppid"] if p.stdout.startswith("{") else int(p.stdout)
-        assert ppid == os.getpid(), args
+        assert json.loads(p.stdout)["ppid"] == os.getpid(), args
     monkeypatch.setenv("RR_TESTS_EXEC", "1")  # asked for: the suite with no fork server
     p = prefork.run(
         [sys.executable, str(probe)], env=_env(), input="\n", capture_output=True, text=True, timeout=60
     )
     assert json.loads(p.stdout)["ppid"] == os.getpid()
+
+
+def test_a_forked_childs_cpu_time_is_reported(tmp_path: Path) -> None:
+    burner = tmp_path / "burn.py"
+    burner.write_text("import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n")
+    proc = prefork.Popen([sys.executable, str(burner)], env=_env())
+    assert proc.wait(60) == 0
+    assert proc.cpu_s is not None and proc.cpu_s >= 0.3

@@ -18,13 +18,14 @@ import pytest
 
 from reflector.runtime.settings import SettingError, Settings, parse_otel
 from reflector.testing.otlp_collector import OTLPCollector
+from tests.support import prefork
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_OTEL", "OTEL_"))}
-    return subprocess.run(
+    return prefork.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         env={**base, **env},

@@ -46,6 +46,7 @@ from reflector.runtime.models import prepare_workflow_side
 from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.otlp_collector import CollectedSpan, OTLPCollector
+from tests.support import prefork
 from tests.support.fixtures import write_trace
 
 ROOT_CELL = "print('root cell', len(traces['steps']))"
@@ -383,7 +384,7 @@ def test_rr_reflect_exports_its_reflection_over_otlp_before_it_exits(
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
             "OTEL_SERVICE_NAME": "rr-cli-test",
         }
-        p = subprocess.run(
+        p = prefork.run(
             [sys.executable, "-c", "from reflector.cli import run; run()", "reflect", str(EXAMPLE), "--json"],
             env=env,
             capture_output=True,
