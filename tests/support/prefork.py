@@ -119,6 +119,9 @@ class Popen(subprocess.Popen[Any]):
         ):
             self._plan = _plan(args, kwargs.get("env"))
         self._status: socket.socket | None = None
+        self.forked = (
+            False  # True once the fork server forked the child (its CPU is then `cpu_s`, not wait4's)
+        )
         self.cpu_s: float | None = None  # a forked child's user + system CPU, once it has ended
         self._pending = b""
         super().__init__(args, *rest, **kwargs)
@@ -191,6 +194,7 @@ class Popen(subprocess.Popen[Any]):
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
         self._child_created = True
         self._status = conn
+        self.forked = True
 
     def _read_message(self, conn: socket.socket, *, block: bool) -> dict[str, float] | None:
         while b"\n" not in self._pending:
@@ -272,3 +276,64 @@ def run(
         if check and retcode:
             raise subprocess.CalledProcessError(retcode, process.args, output=stdout, stderr=stderr)
     return subprocess.CompletedProcess(process.args, retcode if retcode is not None else -1, stdout, stderr)
+
+
+_SHIM = """#!{python} -IS
+# `rr` forked by the suite's fork server (tests/support/prefork.py): written for the docs blocks, whose shell
+# commands call `rr` from PATH. It passes its argv, environment, directory and streams to the server, forwards
+# the signals a shell or a test sends it to the forked `rr`, and ends as that `rr` ended. Where the server
+# cannot honour the environment (a PYTHON* variable) or is gone, it execs the real `rr`.
+import json, os, signal, socket, struct, sys
+
+RR = {rr!r}
+SOCKET = {socket!r}
+HONOURED = {honoured!r}
+
+
+def exec_real():
+    os.execv(RR, [RR, *sys.argv[1:]])
+
+
+if any(k.startswith("PYTHON") and k not in HONOURED for k in os.environ):
+    exec_real()
+body = json.dumps({{"kind": "script", "target": RR, "args": sys.argv[1:], "cwd": os.getcwd(),
+                   "env": dict(os.environ), "new_session": False}}).encode()
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    conn.connect(SOCKET)
+except OSError:
+    exec_real()
+head = 65536 - 4
+socket.send_fds(conn, [struct.pack("!I", len(body)) + body[:head]], [0, 1, 2])
+if len(body) > head:
+    conn.sendall(body[head:])
+replies = conn.makefile("rb")
+pid = json.loads(replies.readline())["pid"]
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+line = replies.readline()
+if not line:
+    sys.exit("rr (fork-server shim): the fork server ended before the forked rr did")
+status = json.loads(line)["status"]
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def write_rr_shim(directory: Path) -> Path:
+    """An executable `rr` in `directory` that runs this venv's `rr` forked by this process's fork server (for
+    commands a shell runs, as the docs blocks are); put `directory` first on PATH. Returns the shim's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shim = directory / "rr"
+    shim.write_text(
+        _SHIM.format(
+            python=sys.executable,
+            rr=str(Path(sys.executable).parent / "rr"),
+            socket=_the_server().path,
+            honoured=sorted(_HONOURED),
+        )
+    )
+    shim.chmod(0o755)
+    return shim

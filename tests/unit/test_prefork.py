@@ -158,3 +158,13 @@ def test_a_forked_childs_cpu_time_is_reported(tmp_path: Path) -> None:
     proc = prefork.Popen([sys.executable, str(burner)], env=_env())
     assert proc.wait(60) == 0
     assert proc.cpu_s is not None and proc.cpu_s >= 0.3
+
+
+def test_the_rr_shim_runs_rr_forked_and_ends_as_it_ended(tmp_path: Path) -> None:
+    shim = prefork.write_rr_shim(tmp_path / "bin")
+    env = _env(PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run(["bash", "-c", "rr --version; rr no-such-command"], env=env, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 2, p.stderr  # argparse's exit code, through the shim
+    assert p.stdout.startswith("rr ") and "invalid choice: 'no-such-command'" in p.stderr
+    # signals forwarded: the docs test stops its background `rr server` through the shim with SIGTERM and expects 0
