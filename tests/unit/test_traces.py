@@ -764,3 +764,33 @@ async def test_sandbox_host_loads_a_trace_at_the_nesting_limit(tmp_path: Path) -
         assert "schema:" in r.stdout and "dumped True" in r.stdout
     finally:
         await ex.close()
+
+
+def test_a_bare_end_of_chat_token_is_no_runs_answer_in_any_format() -> None:
+    """AutoGen ends a chat with TERMINATE: the answer is the last assistant text that says something."""
+    chat = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "assistant", "content": " TERMINATE. "},
+    ]
+    assert normalize(chat)["final_answer"] == "4"
+    assert normalize({"question": "What is 2 + 2?", "messages": chat})["final_answer"] == "4"
+    assert normalize({"question": "What is 2 + 2?", "steps": chat})["final_answer"] == "4"
+    assert normalize([{"role": "assistant", "content": "TERMINATE"}])["final_answer"] is None
+    assert normalize([{"role": "assistant", "content": "Terminate the process first."}])["final_answer"] == (
+        "Terminate the process first."
+    )
+
+
+def test_the_lazy_view_of_a_chat_that_ends_with_terminate_has_the_whole_reads_answer(tmp_path: Path) -> None:
+    from tests.support.lazy import lazy_view
+
+    chat = [{"role": "user", "content": "count"}]
+    chat += [{"role": "assistant", "content": f"step {i}"} for i in range(2000)]  # plain: the index's fast path
+    chat += [{"role": "assistant", "content": "TERMINATE"}, {"role": "user", "content": ""}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(m) for m in chat) + "\n", encoding="utf-8")
+    whole = load_normalized(path)
+    assert whole["final_answer"] == "step 1999"
+    for view in lazy_view(path):
+        assert view["final_answer"] == whole["final_answer"]

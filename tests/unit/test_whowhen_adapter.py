@@ -205,3 +205,31 @@ def test_real_whowhen_files_step_index_is_the_history_position(shared_traces: Pa
         assert [(s["index"], s["actor"], s["content"]) for s in v["steps"]] == [
             (i, m["name"], m["content"]) for i, m in enumerate(raw["history"])
         ], path.name
+
+
+def test_a_bare_list_of_named_messages_is_the_conversation_a_history_key_gives(tmp_path: Path) -> None:
+    """Messages that name their speaker and carry no role (`{"name", "content"}`) are a conversation whether
+    they come as a bare list, as JSON lines or under `history`: each a named agent's turn, the same steps and
+    actors, and the lazy view of the JSON lines reads them as the whole read does."""
+    named = [{"name": m["name"], "content": m["content"]} for m in WHOWHEN["history"]]
+    bare = normalize(named)
+    keyed = normalize({"history": named})
+    assert (detect_format(named), detect_format({"history": named})) == ("messages", "ace")
+    assert [(s["role"], s["actor"], s["content"]) for s in bare["steps"]] == [
+        (s["role"], s["actor"], s["content"]) for s in keyed["steps"]
+    ]
+    assert {s["role"] for s in bare["steps"]} == {"assistant"}
+    assert [s["actor"] for s in bare["steps"]] == [m["name"] for m in named]
+    assert actors(bare) == actors(keyed)
+    assert bare["final_answer"] == keyed["final_answer"] == "The answer is 4."  # a bare TERMINATE answers nothing
+    path = tmp_path / "named.jsonl"
+    path.write_text("\n".join(json.dumps(m) for m in named * 200) + "\n", encoding="utf-8")
+    whole = load_normalized(path)
+    assert whole["format"] == "messages" and len(whole["steps"]) == 800
+    for view in _lazy(path):
+        assert type(view["steps"]) is Steps
+        assert [dict(s) for s in view["steps"]] == whole["steps"]
+        assert actors(view) == actors(whole)
+        assert view["final_answer"] == whole["final_answer"] == "The answer is 4."
+    # an ACE run list whose records happen to have `name` and `content` stays ACE
+    assert detect_format([{"question": "q", "name": "n", "content": "c"}]) == "ace"

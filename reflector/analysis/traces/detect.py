@@ -66,8 +66,10 @@ def _detect_list(items: list[Any]) -> TraceFormat:
         isinstance(x.get("message"), dict) or x.get("type") == "session" for x in dicts
     ):
         return "openclaw"
-    if all("role" in x for x in dicts):
-        return "messages"
+    if all("role" in x for x in dicts) or (
+        _is_history(dicts) and not any(_ACE_KEYS & x.keys() for x in dicts)
+    ):
+        return "messages"  # chat messages, or a conversation whose messages name their speaker (no role)
     if all(_is_span(x) or "resourceSpans" in x for x in dicts):
         return "otel"
     if all(_ACE_KEYS & x.keys() for x in dicts):

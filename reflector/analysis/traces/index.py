@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
-from reflector.analysis.traces.adapters.ace import _ace_step, _history_message_step, _norm_ace_run, said_text
+from reflector.analysis.traces.adapters.ace import _ace_step, _history_message_step, _norm_ace_run
 from reflector.analysis.traces.adapters.messages import _message_steps
 from reflector.analysis.traces.adapters.openclaw import _openclaw_step
 from reflector.analysis.traces.adapters.tau import _norm_tau_run
@@ -34,7 +34,14 @@ from reflector.analysis.traces.detect import TraceFormat, detect_format
 from reflector.analysis.traces.index_file import INDEX_SUFFIX, INDEX_VERSION, TraceIndex, _Writer, index_path
 from reflector.analysis.traces.read import TraceError
 from reflector.analysis.traces.scan import Batch, PlainReader, ScanHeader, Scanner
-from reflector.analysis.traces.view import _THINKING_RE, _batch_view, _opt_float, _opt_str, _run_view
+from reflector.analysis.traces.view import (
+    _THINKING_RE,
+    _batch_view,
+    _opt_float,
+    _opt_str,
+    _run_view,
+    said_text,
+)
 
 __all__ = [
     "TraceIndex",
@@ -132,8 +139,8 @@ class _RunStats:
                     self.first_user = text
                     break
         for k in range(len(roles) - 1, -1, -1):
-            if roles[k] == "assistant" and (text := _text_of(contents[k])):
-                self.last_assistant = text
+            if roles[k] == "assistant" and (said := said_text(contents[k])):
+                self.last_assistant = said
                 break
         for k in range(len(roles) - 1, -1, -1):
             if roles[k] != "tool" and (said := said_text(contents[k])):
@@ -150,8 +157,8 @@ class _RunStats:
             if text:
                 if role == "user" and self.first_user is None:
                     self.first_user = text
-                elif role == "assistant":
-                    self.last_assistant = text
+                elif role == "assistant" and (said := said_text(content)):
+                    self.last_assistant = said
 
 
 def _text_of(content: str) -> str:

@@ -22,8 +22,9 @@ from typing import IO, Any
 __all__ = ["TraceIndex", "index_path", "INDEX_VERSION", "INDEX_SUFFIX"]
 
 # 3: written as it is built (constant memory), the resolved tool name is a column; 4: a multi-agent
-# `history` is indexed (record kind "history-message"), so an rr that cannot read one never finds it
-INDEX_VERSION = 4
+# `history` is indexed (record kind "history-message"), so an rr that cannot read one never finds it; 5: a run's
+# answer is never a bare end-of-chat token (`view.said_text`), in every format, as the whole read gives it
+INDEX_VERSION = 5
 INDEX_SUFFIX = f".index-v{INDEX_VERSION}"  # the index of blob X is the file X + this suffix, beside it
 # The columns, by group (a record group and a step group grow at different rates), with their types.
 _GROUPS: dict[str, tuple[tuple[str, str], ...]] = {

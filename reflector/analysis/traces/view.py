@@ -202,9 +202,24 @@ def _first_text(steps: list[dict[str, Any]], role: str, last: bool = False) -> s
     return None
 
 
+_END_TOKEN = re.compile(r"\W*terminate\W*", re.IGNORECASE)
+
+
+def said_text(content: str) -> str | None:
+    """A step's text as a run's answer: thinking removed, stripped; None when nothing is left or it is a bare
+    end-of-chat token (AutoGen's TERMINATE ends a chat, it answers nothing). The index pass uses the same rule,
+    step by step."""
+    text = _THINKING_RE.sub("", content).strip()
+    return text if text and not _END_TOKEN.fullmatch(text) else None
+
+
 def _last_answer(steps: list[dict[str, Any]]) -> str | None:
-    """The last assistant text, without its thinking blocks (they are not the answer)."""
-    return _first_text(steps, "assistant", last=True)
+    """The last assistant text that says something (`said_text`): without its thinking blocks, never a bare
+    end-of-chat token."""
+    for s in reversed(steps):
+        if s["role"] == "assistant" and (text := said_text(s["content"])):
+            return text
+    return None
 
 
 def iter_runs(view: dict[str, Any]) -> Iterable[dict[str, Any]]:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from reflector.analysis.traces.adapters.messages import _actor, _message_steps, _messages_steps
 from reflector.analysis.traces.agents import agent_of
 from reflector.analysis.traces.detect import _ACE_KEYS
 from reflector.analysis.traces.view import (
-    _THINKING_RE,
     _args_str,
     _batch_view,
     _last_answer,
@@ -19,9 +17,8 @@ from reflector.analysis.traces.view import (
     _step,
     _text,
     looks_like_error,
+    said_text,
 )
-
-_END_TOKEN = re.compile(r"\W*terminate\W*", re.IGNORECASE)
 
 
 def _norm_ace(data: Any) -> dict[str, Any]:
@@ -155,13 +152,6 @@ def _history_answer(steps: list[dict[str, Any]]) -> str | None:
         if text:
             return text
     return None
-
-
-def said_text(content: str) -> str | None:
-    """A conversation step's text as its answer: thinking removed, stripped; None when nothing is left or
-    it is a bare end-of-chat token (the index pass uses the same rule, step by step)."""
-    text = _THINKING_RE.sub("", content).strip()
-    return text if text and not _END_TOKEN.fullmatch(text) else None
 
 
 def _merged(index: int, parts: list[dict[str, Any]], msg: Any) -> dict[str, Any]:

@@ -41,8 +41,8 @@ def _message_steps(msg: Any, call_names: dict[str, str], first: int) -> list[dic
         return [_step(first, "unknown", _text(msg))]
     role = str(msg.get("role", "unknown"))
     actor, addressee = (None, None) if role in ("tool", "function") else agent_of(msg)
-    if "role" in msg and not is_chat_role(role) and actor is not None:
-        role = "assistant"  # the role names the agent (Magentic-One): an agent's turn
+    if actor is not None and ("role" not in msg or not is_chat_role(role)):
+        role = "assistant"  # the role names the agent (Magentic-One), or a named speaker has none: an agent's turn
     role = _ROLE_SYNONYMS.get(role, role)
     content = msg.get("content")
     calls = _openai_calls(msg.get("tool_calls") or msg.get("function_call"), call_names)
