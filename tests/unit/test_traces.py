@@ -786,7 +786,9 @@ def test_the_lazy_view_of_a_chat_that_ends_with_terminate_has_the_whole_reads_an
     from tests.support.lazy import lazy_view
 
     chat = [{"role": "user", "content": "count"}]
-    chat += [{"role": "assistant", "content": f"step {i}"} for i in range(2000)]  # plain: the index's fast path
+    chat += [
+        {"role": "assistant", "content": f"step {i}"} for i in range(2000)
+    ]  # plain: the index's fast path
     chat += [{"role": "assistant", "content": "TERMINATE"}, {"role": "user", "content": ""}]
     path = tmp_path / "chat.jsonl"
     path.write_text("\n".join(json.dumps(m) for m in chat) + "\n", encoding="utf-8")

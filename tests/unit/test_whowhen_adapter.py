@@ -221,7 +221,9 @@ def test_a_bare_list_of_named_messages_is_the_conversation_a_history_key_gives(t
     assert {s["role"] for s in bare["steps"]} == {"assistant"}
     assert [s["actor"] for s in bare["steps"]] == [m["name"] for m in named]
     assert actors(bare) == actors(keyed)
-    assert bare["final_answer"] == keyed["final_answer"] == "The answer is 4."  # a bare TERMINATE answers nothing
+    assert (
+        bare["final_answer"] == keyed["final_answer"] == "The answer is 4."
+    )  # a bare TERMINATE answers nothing
     path = tmp_path / "named.jsonl"
     path.write_text("\n".join(json.dumps(m) for m in named * 200) + "\n", encoding="utf-8")
     whole = load_normalized(path)
