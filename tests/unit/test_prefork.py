@@ -31,6 +31,12 @@ sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
 
 
+@pytest.fixture(autouse=True)
+def _fork_server_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the fork server itself: they run it even in a suite run with RR_TESTS_EXEC=1."""
+    monkeypatch.delenv("RR_TESTS_EXEC", raising=False)
+
+
 @pytest.fixture
 def probe(tmp_path: Path) -> Path:
     script = tmp_path / "probe.py"
