@@ -126,7 +126,7 @@ def place() -> Iterator[Place]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED)}
         # `rr` on PATH is this venv's, forked by the suite's fork server (tests/support/prefork.py) unless
         # RR_TESTS_EXEC=1: the blocks' commands as written, without each paying the worker stack's imports
-        shims = [] if os.environ.get("RR_TESTS_EXEC") == "1" else [prefork.write_rr_shim(root / "bin").parent]
+        shims = [] if not prefork.available() else [prefork.write_rr_shim(root / "bin").parent]
         env.update(
             PATH=os.pathsep.join([*map(str, shims), str(venv_bin), env.get("PATH", "")]),
             RR_HOME=str(root / "home"),

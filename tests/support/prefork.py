@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,26 @@ class _Server:
 
 _server: _Server | None = None
 _server_lock = threading.Lock()
+_unavailable: str | None = None  # why the fork server cannot run here (then every command is exec'd)
 
 
-def _the_server() -> _Server:
-    global _server
+def _the_server() -> _Server | None:
+    """This process's fork server (started on first use, again if it died); None where it cannot start (a
+    kernel without pidfds, say), once warned: the commands then run as fresh interpreters."""
+    global _server, _unavailable
     with _server_lock:
-        if _server is None or _server.proc.poll() is not None:
-            _server = _Server()
-        return _server
+        if _unavailable is None and (_server is None or _server.proc.poll() is not None):
+            try:
+                _server = _Server()
+            except (OSError, RuntimeError) as e:
+                _unavailable = str(e)[-2000:]
+                warnings.warn(f"no fork server, every process is exec'd: {_unavailable}", stacklevel=3)
+        return None if _unavailable is not None else _server
+
+
+def available() -> bool:
+    """Whether commands are forked here (not RR_TESTS_EXEC=1, and the fork server runs)."""
+    return os.environ.get("RR_TESTS_EXEC") != "1" and _the_server() is not None
 
 
 def _plan(args: Sequence[str], env: dict[str, str] | None) -> tuple[str, str, list[str]] | None:
@@ -118,6 +131,9 @@ class Popen(subprocess.Popen[Any]):
             and not kwargs.get("pass_fds")
         ):
             self._plan = _plan(args, kwargs.get("env"))
+        self._server = _the_server() if self._plan is not None else None
+        if self._server is None:
+            self._plan = None
         self._status: socket.socket | None = None
         self.forked = (
             False  # True once the fork server forked the child (its CPU is then `cpu_s`, not wait4's)
@@ -180,7 +196,8 @@ class Popen(subprocess.Popen[Any]):
         ]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(_the_server().path)
+            assert self._server is not None
+            conn.connect(self._server.path)
             socket.send_fds(conn, [_HEADER.pack(len(body)) + body[: 65536 - _HEADER.size]], fds)
             if len(body) > 65536 - _HEADER.size:
                 conn.sendall(body[65536 - _HEADER.size :])
@@ -325,13 +342,16 @@ os._exit(os.waitstatus_to_exitcode(status))
 def write_rr_shim(directory: Path) -> Path:
     """An executable `rr` in `directory` that runs this venv's `rr` forked by this process's fork server (for
     commands a shell runs, as the docs blocks are); put `directory` first on PATH. Returns the shim's path."""
+    server = _the_server()
+    if server is None:
+        raise RuntimeError(f"no fork server here: {_unavailable}")
     directory.mkdir(parents=True, exist_ok=True)
     shim = directory / "rr"
     shim.write_text(
         _SHIM.format(
             python=sys.executable,
             rr=str(Path(sys.executable).parent / "rr"),
-            socket=_the_server().path,
+            socket=server.path,
             honoured=sorted(_HONOURED),
         )
     )

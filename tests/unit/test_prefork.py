@@ -174,3 +174,20 @@ def test_the_rr_shim_runs_rr_forked_and_ends_as_it_ended(tmp_path: Path) -> None
     assert p.returncode == 2, p.stderr  # argparse's exit code, through the shim
     assert p.stdout.startswith("rr ") and "invalid choice: 'no-such-command'" in p.stderr
     # signals forwarded: the docs test stops its background `rr server` through the shim with SIGTERM and expects 0
+
+
+def test_without_a_fork_server_commands_are_exec_d_after_one_warning(
+    probe: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cannot_start(self: object) -> None:
+        raise OSError("pidfd_open: function not implemented")
+
+    monkeypatch.setattr(prefork, "_server", None)
+    monkeypatch.setattr(prefork, "_unavailable", None)
+    monkeypatch.setattr(prefork._Server, "__init__", cannot_start)
+    with pytest.warns(UserWarning, match="no fork server, every process is exec'd: pidfd_open"):
+        assert not prefork.available()
+    p = prefork.run(
+        [sys.executable, str(probe)], env=_env(), input="\n", capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0 and json.loads(p.stdout)["ppid"] == os.getpid()
