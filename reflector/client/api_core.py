@@ -32,6 +32,8 @@ _core_threads_before: set[str] | None = None
 
 
 _THREADS_GONE_WAIT_S = 5.0  # a wait only where threads are left; their exit can lag on a loaded machine
+_FIRST_COLLECTION_S = 0.05  # a wait's first garbage collection, after the call's own (`_Collections`)
+_COLLECTION_EVERY_S = 0.25
 
 
 @contextlib.contextmanager
@@ -64,9 +66,12 @@ async def _acall_core_runtime() -> AsyncIterator[None]:
         yield
     finally:
         last, before = _leave()
-        gc.collect()
         if last and before is not None:
-            await _await_core_threads_gone(before)
+            await _await_core_threads_gone(
+                before
+            )  # its first look collects, once the loop's timers are dropped
+        else:
+            gc.collect()
 
 
 def _enter() -> None:
@@ -113,10 +118,12 @@ async def _await_core_threads_gone(before: set[str]) -> None:
 
     deadline = time.monotonic() + _THREADS_GONE_WAIT_S
     pause = 0.0
+    collect = _Collections(first_after=0.0)  # the call's end did not collect: what held the runtime is in the
+    # cancelled timers this first look drops
     while True:
         _drop_cancelled_timers()
         _apply_deferred_core_drops()
-        gc.collect()
+        collect.if_due()
         left = _core_threads_left(before)
         with _core_lock:
             busy = _core_users > 0
@@ -169,6 +176,23 @@ def _threads() -> set[str] | None:
         return None
 
 
+class _Collections:
+    """When a wait for the runtime's threads collects garbage: a full collection costs ~0.1 s of CPU in a
+    process with pydantic-ai loaded (more in a larger one), and `reflect()`'s end has just made one (an
+    `areflect` wait makes its first at its first look, after dropping the loop's cancelled timers). Usually the
+    threads are gone a few milliseconds later; only where they are not, something in a reference cycle made
+    since (a deferred drop just applied, a callback the loop just ran) may still hold the runtime: collect
+    then, after `_FIRST_COLLECTION_S`, and again at most every `_COLLECTION_EVERY_S`."""
+
+    def __init__(self, first_after: float = _FIRST_COLLECTION_S) -> None:
+        self.due = time.monotonic() + first_after
+
+    def if_due(self) -> None:
+        if time.monotonic() >= self.due:
+            gc.collect()
+            self.due = time.monotonic() + _COLLECTION_EVERY_S
+
+
 def _wait_core_threads_gone(before: set[str]) -> None:
     """Wait until the core runtime threads started since `before` have ended: dropping the runtime stops
     them, and the last ones exit a few milliseconds after the drop returns.
@@ -180,11 +204,12 @@ def _wait_core_threads_gone(before: set[str]) -> None:
     error, whose traceback reaches the worker, its client and so the runtime: when that queued drop came
     after the call's last entry into the core (a loaded machine, about one call in 40), nothing applied it
     and the runtime with its threads stayed until the process exited, `gc.collect()` or not. So every
-    look is preceded by an entry into PyO3 and a collection."""
+    look is preceded by an entry into PyO3, and by a collection where one is due (`_Collections`)."""
     deadline = time.monotonic() + _THREADS_GONE_WAIT_S
+    collect = _Collections()
     while True:
         _apply_deferred_core_drops()
-        gc.collect()
+        collect.if_due()
         left = _core_threads_left(before)
         if not left:
             return

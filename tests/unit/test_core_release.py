@@ -23,9 +23,8 @@ def test_the_installed_bridge_can_be_entered_to_apply_queued_drops() -> None:
     assert api._apply_deferred_core_drops() is True
 
 
-def test_every_look_for_left_core_threads_first_applies_the_queued_drops(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _record(monkeypatch: pytest.MonkeyPatch, left: list[list[str]]) -> list[str]:
+    """Record the wait's entries into PyO3 and its collections; `left`: what each look finds (then none)."""
     calls: list[str] = []
 
     def enter_pyo3() -> bool:
@@ -36,12 +35,45 @@ def test_every_look_for_left_core_threads_first_applies_the_queued_drops(
         calls.append("gc")
         return 0
 
+    def threads_left(_before: set[str]) -> list[str]:
+        calls.append("look")
+        return left.pop(0) if left else []
+
     monkeypatch.setattr(api, "_apply_deferred_core_drops", enter_pyo3)
     monkeypatch.setattr(gc, "collect", collect)
-    before = api._threads()
-    assert before is not None  # Linux: /proc
-    api._wait_core_threads_gone(before)  # nothing started since `before`: one look, and it returns
-    assert calls == ["pyo3", "gc"]  # the drops applied, then a collection, then the look
+    monkeypatch.setattr(api, "_core_threads_left", threads_left)
+    return calls
+
+
+def test_every_look_for_left_core_threads_first_applies_the_queued_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _record(monkeypatch, [])
+    api._wait_core_threads_gone(
+        set()
+    )  # threads gone at the first look: no collection (the call's end made one)
+    assert calls == ["pyo3", "look"]
+
+
+def test_a_wait_whose_threads_stay_collects_after_a_while_not_at_every_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(api, "_FIRST_COLLECTION_S", 0.03)
+    monkeypatch.setattr(api, "_COLLECTION_EVERY_S", 10.0)
+    calls = _record(monkeypatch, [["t1"]] * 8)  # a cycle holds the runtime until a collection
+    api._wait_core_threads_gone(set())
+    looks_before_gc = calls.index("gc")
+    assert calls[:2] == ["pyo3", "look"] and calls.count("gc") == 1, calls  # ~0.1 s of CPU each: one here
+    assert calls[looks_before_gc - 1] == "pyo3"  # the collection follows an entry into PyO3, then a look
+    assert all(c != "look" or calls[i - 1] in ("pyo3", "gc") for i, c in enumerate(calls))
+
+
+async def test_an_areflect_wait_collects_at_its_first_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _record(monkeypatch, [])
+    await api._await_core_threads_gone(
+        set()
+    )  # the call's end left the collection to it: timers dropped first
+    assert calls == ["pyo3", "gc", "look"]
 
 
 async def test_the_cancelled_timers_of_a_loop_that_goes_on_no_longer_hold_the_calls_objects() -> None:
