@@ -100,6 +100,10 @@ def test_a_module_runs_as_main_with_the_working_directory_first_on_its_path(tmp_
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("rr ")
+    (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__, sys.path[0])\n")
+    p = prefork.run([sys.executable, "-m", "probe_mod"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                    timeout=60)  # fmt: skip
+    assert (p.returncode, p.stdout) == (0, f"__main__ {tmp_path}\n"), p.stderr  # importable from the cwd only
 
 
 def test_code_runs_as_python_c_runs_it(tmp_path: Path) -> None:
