@@ -67,9 +67,8 @@ async def _acall_core_runtime() -> AsyncIterator[None]:
     finally:
         last, before = _leave()
         if last and before is not None:
-            await _await_core_threads_gone(
-                before
-            )  # its first look collects, once the loop's timers are dropped
+            # no collection here: the wait's first look makes it, once the loop's cancelled timers are dropped
+            await _await_core_threads_gone(before)
         else:
             gc.collect()
 

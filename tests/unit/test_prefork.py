@@ -89,33 +89,25 @@ def test_a_forked_script_gets_its_argv_env_cwd_streams_and_exit_code(probe: Path
     assert got["sid"] == os.getsid(0)  # no new session unless asked
 
 
-def test_a_module_runs_as_main_with_the_working_directory_first_on_its_path(tmp_path: Path) -> None:
-    p = prefork.run(
-        [sys.executable, "-m", "reflector.cli", "--version"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+def _run_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` through the fork server in `cwd`, its output captured as text."""
+    return prefork.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=60
     )
+
+
+def test_a_module_runs_as_main_with_the_working_directory_first_on_its_path(tmp_path: Path) -> None:
+    p = _run_in(tmp_path, "-m", "reflector.cli", "--version")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("rr ")
     (tmp_path / "probe_mod.py").write_text("import sys\nprint(__name__, sys.path[0])\n")
-    p = prefork.run([sys.executable, "-m", "probe_mod"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                    timeout=60)  # fmt: skip
+    p = _run_in(tmp_path, "-m", "probe_mod")
     assert (p.returncode, p.stdout) == (0, f"__main__ {tmp_path}\n"), p.stderr  # importable from the cwd only
 
 
 def test_code_runs_as_python_c_runs_it(tmp_path: Path) -> None:
     code = "import os, sys; print(os.getppid(), sys.argv, repr(sys.path[0]), __name__, __file__ if '__file__' in dir() else None)"
-    p = prefork.run(
-        [sys.executable, "-c", code, "x"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = _run_in(tmp_path, "-c", code, "x")
     assert p.returncode == 0, p.stderr
     ppid, rest = p.stdout.split(" ", 1)
     assert int(ppid) != os.getpid()

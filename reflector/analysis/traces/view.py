@@ -193,9 +193,8 @@ def _part_type(part: Any) -> str | None:
     return part.get("type") if isinstance(part, dict) else None
 
 
-def _first_text(steps: list[dict[str, Any]], role: str, last: bool = False) -> str | None:
-    seq = reversed(steps) if last else iter(steps)
-    for s in seq:
+def _first_text(steps: list[dict[str, Any]], role: str) -> str | None:
+    for s in steps:
         text = _THINKING_RE.sub("", s["content"]).strip()
         if s["role"] == role and text:
             return text
