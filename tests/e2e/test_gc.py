@@ -120,6 +120,17 @@ async def history_has(client: Client, wid: str, activity: str, count: int = 1, t
     raise TimeoutError(f"{wid}: no {count} x {activity} in the history")
 
 
+async def visibility_settled(client: Client, executions: int, timeout: float = 30.0) -> None:
+    """Wait until the server's list (visibility, updated after a close) shows `executions`, none running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = [e async for e in client.list_workflows()]
+        if len(listed) == executions and all(e.status != WorkflowExecutionStatus.RUNNING for e in listed):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"the server's list never showed {executions} closed executions")
+
+
 def plan(
     code: list[str],
     children: list[dict[str, object]] | None = None,
@@ -230,7 +241,9 @@ async def test_gc_removes_orphans_and_keeps_what_running_and_finished_workflows_
     )
     assert "child sees {'a': 1}" in child.error_identification
 
-    # with every workflow closed and no grace period at all, gc removes only what nobody names ...
+    # with every workflow closed (and listed so: visibility follows a close) and no grace period at all,
+    # gc removes only what nobody names ...
+    await visibility_settled(client, len(listed) + 1)  # the child came since
     report = await gc.run_gc(gc.TemporalSource(client), root, min_age_s=0)
     assert report.executions == len(listed) + 1 and report.running == 0  # the child came since
     assert report.removed_paths == [young.relative_to(root).as_posix()]
