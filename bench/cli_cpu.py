@@ -83,7 +83,12 @@ def script_rows(repeat: int, trees: list[tuple[str, Path]], scratch: Path) -> li
         for i in range(repeat):
             for label, tree in trees:
                 home = scratch / f"script-{label}-{len(cpu[label])}-{i}"
-                e = {**env, "RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())}
+                e = {
+                    **env,
+                    "RR_HOME": str(home),
+                    "RR_EMBEDDED_PORT": str(free_port()),
+                    "RR_EMBEDDED_LINGER_S": "0",
+                }
                 c, w, code = run_once(tree, [], e, module=module)
                 cpu[label].append(c)
                 wall[label].append(w)
@@ -108,7 +113,7 @@ def start_rows(repeat: int, trees: list[tuple[str, Path]], scratch: Path) -> lis
     kinds: list[tuple[str, Callable[[Path], list[str]]]] = [
         (
             "keeper + its server: start, ready, stop",
-            lambda home: ["-m", "reflector.runtime.homeserver", str(home), "0"],
+            lambda home: ["-m", "reflector.runtime.homeserver", str(home), "0", "0"],  # port, linger
         ),
         (
             "rr reflect, embedded default, fresh home (own process)",
@@ -129,7 +134,12 @@ def start_rows(repeat: int, trees: list[tuple[str, Path]], scratch: Path) -> lis
             for label, tree in trees:
                 home = scratch / f"start-{label}-{len(rows)}-{i}"
                 home.mkdir(parents=True)
-                e = {**env, "RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())}
+                e = {
+                    **env,
+                    "RR_HOME": str(home),
+                    "RR_EMBEDDED_PORT": str(free_port()),
+                    "RR_EMBEDDED_LINGER_S": "0",
+                }
                 c, w, code = run_once(tree, [], e, module=argv(home))
                 cpu[label].append(c)
                 wall[label].append(w)

@@ -11,6 +11,7 @@ Add new fixtures under their own section below; keep this file free of test logi
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pytest
 import sandbox.isolation
 from reflector.runtime.devserver import DevServer
 from reflector.runtime.settings import Settings
+from tests.support.user_env import SUITE_SETTINGS
 
 # A suite started as a background job of a non-interactive shell (`./.ci/run &`) inherits SIGINT ignored, and
 # every `rr` subprocess would inherit that too (exec keeps an ignored signal): the tests that press Ctrl-C
@@ -31,6 +33,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Hosts the tests build directly (without a worker) follow RR_SANDBOX_ISOLATION too: on a machine without
 # Landlock, `RR_SANDBOX_ISOLATION=language-only pytest` runs the suite without the OS layer.
 sandbox.isolation.DEFAULT_MODE = Settings.from_env().sandbox_isolation
+
+# The homes the suite's commands create stop their embedded servers with their last user (`user_env`)
+for _name, _value in SUITE_SETTINGS.items():
+    os.environ.setdefault(_name, _value)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"

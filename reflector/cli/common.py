@@ -175,7 +175,8 @@ def _interrupted(wf_id: str, rt: object, settings: Settings, tty: bool, noun: st
         )
     if rt.embedded_server:
         _say(
-            f"  the embedded server of this RR_HOME stops when no rr process of it runs; the {noun} is saved in "
-            f"{settings.db_file}: the commands above (same RR_HOME) start it again"
+            f"  the embedded server of this RR_HOME stops a while after no rr process of it runs "
+            f"(RR_EMBEDDED_LINGER_S); the {noun} is saved in {settings.db_file}: the commands above (same "
+            "RR_HOME) start it again"
         )
     return 130

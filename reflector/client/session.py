@@ -84,15 +84,21 @@ async def lease_home_server(
 
     usable_dir(settings.home, "RR_HOME")
     port = int(env_number("RR_EMBEDDED_PORT", 7233, maximum=65535))
+    linger_s = env_number(
+        "RR_EMBEDDED_LINGER_S", homeserver.DEFAULT_LINGER_S, integer=False, minimum=0, maximum=7 * 86400
+    )
     try:
-        server, lease, started = await asyncio.to_thread(homeserver.acquire, settings.home, port=port)
+        server, lease, started = await asyncio.to_thread(
+            homeserver.acquire, settings.home, port=port, linger_s=linger_s
+        )
     except homeserver.HomeServerError as e:
         raise ReflectError(f"could not start the embedded Temporal server: {e}") from e
     stack.callback(lease.release)
     if started:
         announce(
             f"started the embedded Temporal server of {settings.home} on {server.address} (SQLite "
-            f"{settings.db_file}, Web UI {server.ui_url}); it stops when no rr process of this home uses it"
+            f"{settings.db_file}, Web UI {server.ui_url}); it stops {linger_s:g} s after the last rr process "
+            "of this home stops using it (RR_EMBEDDED_LINGER_S)"
         )
     else:
         announce(f"using the embedded Temporal server of {settings.home} on {server.address}")

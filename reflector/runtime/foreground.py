@@ -24,9 +24,17 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233, home: P
     """
     address = f"{LOOPBACK}:{port}"
     if home is not None:
-        from reflector.runtime.homeserver import live_server
+        from reflector.runtime.homeserver import live_server, stop_idle
 
         running = live_server(home)
+        if running is not None and stop_idle(home):  # one lingering after its last user makes way
+            print(
+                f"rr server: stopped the embedded server of {home} (pid {running.server_pid}), which no rr "
+                "process used",
+                file=sys.stderr,
+                flush=True,
+            )
+            running = None
         if running is not None:
             print(
                 f"rr server: the embedded server of {home} is already running on {running.address} "

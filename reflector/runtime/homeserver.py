@@ -13,7 +13,14 @@ server running. So a home owns its server:
   dropped by the kernel when the process dies, SIGKILL included. Nothing has to be cleaned up.
 * The keeper (`python -m reflector.runtime.homeserver HOME`, started by the first user, in its own session)
   runs the server as its child, with `PR_SET_PDEATHSIG` so the server dies with the keeper, and checks
-  every `POLL_S` whether any lease is left; when none is, it stops the server and exits.
+  every `POLL_S` whether any lease is left; when none has been for its **linger** (`RR_EMBEDDED_LINGER_S`,
+  default `DEFAULT_LINGER_S`, of the process that started it), it stops the server and exits. Why linger:
+  a server start costs ~1.4 s of wall time and ~1 s of CPU, an idle server ~0.2 % of a core, so without
+  it every `rr` command of a session and every `reflect()` of a loop with a pause between calls (ACE's
+  generator between reflections) paid a start. A lease's release touches `server.users`, so the linger
+  counts from the last use even when a lease lived shorter than one look. The keeper also stops when
+  its home's record no longer names it (RR_HOME removed), and `rr server` stops an idle one
+  (`stop_idle`) to run in the foreground.
 * Decisions (is it live? start one?) are taken under `RR_HOME/server.lock`, so two processes starting
   at once start one server. The keeper takes that lock too before it stops, so a user never leases a
   server that is about to stop.
@@ -45,6 +52,8 @@ __all__ = [
     "live_server",
     "register_foreground",
     "POLL_S",
+    "DEFAULT_LINGER_S",
+    "stop_idle",
 ]
 
 STATE_FILE = "server.json"
@@ -52,7 +61,9 @@ LOCK_FILE = "server.lock"
 USERS_FILE = "server.users"
 KEEPER_FILE = "server.keeper"
 LOG_FILE = "server.log"
-POLL_S = 0.2  # how often the keeper looks for leases (a server outlives its last user by at most this)
+STOP_FILE = "server.stop"  # `stop_idle`'s request to the keeper
+POLL_S = 0.2  # how often the keeper looks for leases (a server outlives its linger by at most this)
+DEFAULT_LINGER_S = 300.0  # how long an unused server waits for its next user before it stops
 START_TIMEOUT_S = 60.0
 
 
@@ -80,6 +91,8 @@ class Lease:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # the last use: the keeper's linger counts from here
             with contextlib.suppress(OSError):
                 os.close(fd)  # closing the descriptor drops its lock
 
@@ -153,9 +166,10 @@ def live_server(home: Path) -> HomeServer | None:
 
 
 def acquire(
-    home: Path, *, port: int = 7233, timeout: float = START_TIMEOUT_S
+    home: Path, *, port: int = 7233, timeout: float = START_TIMEOUT_S, linger_s: float = DEFAULT_LINGER_S
 ) -> tuple[HomeServer, Lease, bool]:
-    """Lease the home's server, starting it (through a keeper) when it is not running.
+    """Lease the home's server, starting it (through a keeper that lingers `linger_s` after its last lease)
+    when it is not running.
 
     Returns (the server, the lease, whether this call started it). Blocking: call it off the event loop.
     """
@@ -171,7 +185,7 @@ def acquire(
         if state is not None:
             return state, lease, False
         try:
-            return _start_keeper(home, port, timeout), lease, True
+            return _start_keeper(home, port, timeout, linger_s), lease, True
         except BaseException:
             lease.release()
             raise
@@ -179,13 +193,13 @@ def acquire(
         os.close(guard)
 
 
-def _start_keeper(home: Path, port: int, timeout: float) -> HomeServer:
+def _start_keeper(home: Path, port: int, timeout: float, linger_s: float) -> HomeServer:
     with contextlib.suppress(OSError):
         (home / STATE_FILE).unlink()  # a dead keeper's record
     log = home / LOG_FILE
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "reflector.runtime.homeserver", str(home), str(port)],
+            [sys.executable, "-m", "reflector.runtime.homeserver", str(home), str(port), f"{linger_s:g}"],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -237,8 +251,9 @@ def unregister_foreground(home: Path, keeper_fd: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the keeper
-def _keep(home: Path, port: int) -> int:
-    """The keeper's main: run the home's server until no lease is left (or SIGTERM/SIGINT/SIGHUP)."""
+def _keep(home: Path, port: int, linger_s: float = DEFAULT_LINGER_S) -> int:
+    """The keeper's main: run the home's server until no lease has been left for `linger_s` (or a stop is
+    requested while none is, or SIGTERM/SIGINT/SIGHUP, or the home's record no longer names this keeper)."""
     import asyncio
 
     from reflector.runtime.devserver import DevServer, DevServerError, free_port, is_reachable
@@ -254,6 +269,7 @@ def _keep(home: Path, port: int) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    _clear_stop_request(home)  # a request no keeper answered (its caller died) is not for this one
     db_file = home / "temporal.sqlite"
     preferred = port if not is_reachable(f"127.0.0.1:{port}", timeout=0.2) else None
     server: DevServer | None = None
@@ -285,22 +301,35 @@ def _keep(home: Path, port: int) -> int:
     assert server.pid is not None
     _write_state(home, HomeServer(server.address, server.ui_url, os.getpid(), server.pid, managed=True))
     print(f"rr keeper pid={os.getpid()}: server pid={server.pid} on {server.address}", flush=True)
+    idle_since: float | None = None  # when a look first found no lease (since the last one that found one)
     try:
         while not stopping and server.running:
             time.sleep(POLL_S)
+            state = _read_state(home)
+            if state is None or state.keeper_pid != os.getpid():
+                # RR_HOME (or its record) was removed: nobody can find this server any more
+                print("rr keeper: the home's record is gone; stopping", flush=True)
+                server.stop()
+                return 0
             guard = _lock(home / LOCK_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if guard is None:
                 continue  # a user is deciding: look again next time
             try:
                 unused = _lock(home / USERS_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if unused is not None:
-                    # no lease left: stop while holding both locks, so nobody leases a stopping server
-                    # or starts a second one on the same SQLite file
-                    try:
+                if unused is None:
+                    idle_since = None
+                    _clear_stop_request(home)  # in use: `stop_idle` is refused
+                    continue
+                try:
+                    now = time.time()  # noqa: TID251  (the keeper process: compared with a file mtime)
+                    idle_since = now if idle_since is None else idle_since
+                    if now - max(idle_since, _last_use(home)) >= linger_s or _stop_requested(home):
+                        # stop while holding both locks, so nobody leases a stopping server or starts a
+                        # second one on the same SQLite file
                         _stop(home, server)
                         return 0
-                    finally:
-                        os.close(unused)
+                finally:
+                    os.close(unused)
             finally:
                 os.close(guard)
         guard = _lock(home / LOCK_FILE, fcntl.LOCK_EX)
@@ -312,6 +341,57 @@ def _keep(home: Path, port: int) -> int:
         return 0 if stopping or not server.running else 1
     finally:
         os.close(keeper_fd)
+
+
+def _last_use(home: Path) -> float:
+    """When a lease was last released (`Lease.release` touches the file); 0 if unknown."""
+    try:
+        return (home / USERS_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _stop_requested(home: Path) -> bool:
+    return (home / STOP_FILE).exists()
+
+
+def _clear_stop_request(home: Path) -> None:
+    with contextlib.suppress(OSError):
+        (home / STOP_FILE).unlink()
+
+
+def stop_idle(home: Path, timeout: float = 15.0) -> bool:
+    """Stop the home's embedded server if no process uses it (e.g. one lingering after its last user).
+
+    True: no server of the home runs now (it stopped, or none ran); False: it is in use (or it is a
+    foreground `rr server`), and it goes on. The keeper decides under `server.lock`, as for its linger, so
+    a process that leases the server meanwhile keeps it (the request is then withdrawn).
+    """
+    guard = _lock(home / LOCK_FILE, fcntl.LOCK_EX)
+    assert guard is not None
+    try:
+        state = live_server(home)
+        if state is None:
+            return True
+        if not state.managed:
+            return False
+        unused = _lock(home / USERS_FILE, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if unused is None:
+            return False
+        os.close(unused)
+        (home / STOP_FILE).touch()
+    finally:
+        os.close(guard)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _keeper_alive(home):
+            _clear_stop_request(home)
+            return True
+        if not _stop_requested(home):
+            return False  # withdrawn: a user leased it first
+        time.sleep(0.05)
+    _clear_stop_request(home)
+    return False
 
 
 def _stop(home: Path, server: object) -> None:
@@ -326,4 +406,10 @@ def _stop(home: Path, server: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_keep(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 7233))
+    sys.exit(
+        _keep(
+            Path(sys.argv[1]),
+            int(sys.argv[2]) if len(sys.argv) > 2 else 7233,
+            float(sys.argv[3]) if len(sys.argv) > 3 else DEFAULT_LINGER_S,
+        )
+    )

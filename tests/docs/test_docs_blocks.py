@@ -31,6 +31,7 @@ from markdown.extensions.toc import slugify
 
 from tests.docs.blocks import REPO, Block, all_blocks, blocks_of, markdown_files
 from tests.support import prefork
+from tests.support.user_env import SUITE_SETTINGS
 
 pytestmark = pytest.mark.docs  # `pytest -m docs`: the tests that keep README.md and docs/ true
 
@@ -130,6 +131,7 @@ def place() -> Iterator[Place]:
         env.update(
             PATH=os.pathsep.join([*map(str, shims), str(venv_bin), env.get("PATH", "")]),
             RR_HOME=str(root / "home"),
+            **SUITE_SETTINGS,
             OPENAI_BASE_URL=openai.base_url,
             OPENAI_API_KEY="sk-docs-test",
         )

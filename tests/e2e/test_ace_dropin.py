@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from reflector.analysis.traces import TraceError  # noqa: E402
 from reflector.runtime.devserver import free_port  # noqa: E402
 from tests.support import prefork  # noqa: E402
 from tests.support.api_env import isolate, on_session_server  # noqa: E402
+from tests.support.user_env import user_env  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -277,7 +277,7 @@ def test_a_script_driving_aces_pipeline_exits_cleanly_every_time(tmp_path: Path)
     ACE's Pipeline(workers=2)): each exits 0, with no fatal error and no traceback."""
     for i in range(20):
         home = tmp_path / f"home-{i}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+        env = user_env()
         env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
         args = [sys.executable, "-m", "tests.support.ace_script", *(["2"] if i in (4, 14) else ["1"])]
         p = prefork.run(

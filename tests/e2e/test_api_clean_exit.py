@@ -14,7 +14,6 @@ aborted), whatever else runs on the machine.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 
 from reflector.runtime.devserver import free_port
 from tests.support import prefork
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20
@@ -32,7 +32,7 @@ CORE_PANIC = "sdk-core/src/worker/activities/local_activities.rs"
 
 
 def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    env = user_env()
     env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
     return prefork.run(
         [sys.executable, "-m", "tests.support.api_script"],

@@ -8,7 +8,6 @@ the unsupported citations marked, make no network request, and never run the tra
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -25,6 +24,7 @@ from reflector.runtime.settings import Settings
 from tests.support import prefork
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.fixtures import ACE_TRACE, write_trace
+from tests.support.user_env import user_env
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -80,7 +80,7 @@ def report(temporal_server, rr_home: Path, tmp_path: Path) -> tuple[Path, str]:
     export = tmp_path / "export.json"
     export.write_text(exported)
     out = tmp_path / "audit.html"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    env = user_env()
     env.update({"RR_HOME": str(tmp_path / "cli-home"), "RR_PLUGINS": "tests.support.audit_script"})
     p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", str(export), "--html", str(out)],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from reflector.runtime.devserver import is_reachable
 from tests.support import prefork
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -23,7 +23,7 @@ def _rr_cmd() -> list[str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    base = user_env()
     return prefork.run(
         [*_rr_cmd(), *args],
         env={**base, **env},
@@ -136,7 +136,7 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
 
     if sys.platform != "linux" or landlock_abi() < 1:
         pytest.skip("needs Linux with Landlock")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    base = user_env()
     for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
         env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
         proc = prefork.Popen(

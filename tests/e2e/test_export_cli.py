@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import prefork
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -28,7 +28,7 @@ def _rr_cmd() -> list[str]:
 
 
 def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    base = user_env()
     return prefork.run(
         [*_rr_cmd(), *args],
         env={**base, "PYTHONPATH": str(REPO_ROOT), **env},

@@ -10,8 +10,8 @@ a SIGTERMed `rr reflect` left its server running.
 from __future__ import annotations
 
 import json
-import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +24,7 @@ import pytest
 from reflector.runtime.devserver import free_port, is_reachable
 from reflector.runtime.homeserver import live_server
 from tests.support import prefork
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.slow]
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    env = user_env()
     # a free preferred port: the suite's other worker may run its own homes at the same time
     env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port()), **extra})
     return env
@@ -234,6 +235,131 @@ def test_the_server_lives_while_any_process_of_its_home_uses_it(tmp_path: Path) 
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def _rr(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    p = prefork.run(
+        [*RR, *args],
+        cwd=REPO_ROOT,
+        env=_env(home, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def _reachable_within(address: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not is_reachable(address):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_an_unused_server_lingers_for_the_next_command_and_then_stops(tmp_path: Path) -> None:
+    """With a linger, the next command of the home within it uses the same server (no start paid again); the
+    server stops once no lease has been taken for that long."""
+    home = tmp_path / "home"
+    first = _rr(home, "list", RR_EMBEDDED_LINGER_S="60")
+    assert "it stops 60 s after the last rr process of this home stops using it" in first.stderr, first.stderr
+    server_pid = _recorded_server_pid(home, within=1)  # its only user has ended: the server is still there
+    second = _rr(home, "list", RR_EMBEDDED_LINGER_S="60")
+    assert "using the embedded Temporal server" in second.stderr, second.stderr
+    assert live_server(home).server_pid == server_pid
+    # a short linger (the one of the process that started the server counts): stops once unused that long
+    home2 = tmp_path / "home2"
+    _rr(home2, "list", RR_EMBEDDED_LINGER_S="1")
+    _no_server_left(home2, _recorded_server_pid(home2, within=1), within=30)
+    # the first one is still up (60 s); once its record is gone nobody can find it: it stops, and the next
+    # command starts another (not refused by the old keeper); the same when the whole home is removed
+    assert live_server(home).server_pid == server_pid
+    (home / "server.json").unlink()
+    third = _rr(home, "list", RR_EMBEDDED_LINGER_S="60")
+    assert "started the embedded Temporal server" in third.stderr, third.stderr
+    assert _zombie(server_pid)
+    replacement = live_server(home).server_pid
+    shutil.rmtree(home)
+    _no_server_left(home, replacement, within=30)
+
+
+def test_rr_server_takes_over_an_idle_embedded_server_but_not_one_in_use(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _rr(home, "list", RR_EMBEDDED_LINGER_S="600")
+    idle = live_server(home)
+    assert idle is not None and idle.managed
+    port = free_port()
+    server = prefork.Popen(
+        [*RR, "server", "--port", str(port), "--ui-port", str(free_port())],
+        cwd=REPO_ROOT,
+        env=_env(home),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (live_server(home) and not live_server(home).managed):
+            assert server.poll() is None, server.communicate()
+            time.sleep(0.05)
+        foreground = live_server(home)
+        assert foreground is not None and not foreground.managed and foreground.address.endswith(f":{port}")
+        assert _zombie(idle.server_pid) and _zombie(idle.keeper_pid)  # gone (or not yet reaped)
+        # `rr server` in use by itself: a second one is refused, naming the running one
+        second = prefork.run(
+            [*RR, "server", "--port", str(free_port()), "--ui-port", str(free_port())],
+            cwd=REPO_ROOT,
+            env=_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert second.returncode == 1 and "is already running on" in second.stderr, second.stderr
+        assert _reachable_within(foreground.address, 60)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _out, err = server.communicate(timeout=60)
+    assert (
+        f"stopped the embedded server of {home} (pid {idle.server_pid}), which no rr process used" in err
+    ), err
+    # a managed server in use (a worker holds its lease) is never taken over
+    home_b = tmp_path / "b"
+    worker = prefork.Popen(
+        [*RR, "worker", "--processes", "1"],
+        cwd=REPO_ROOT,
+        env=_env(home_b, RR_EMBEDDED_LINGER_S="600"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        busy = _recorded_server_pid(home_b)
+        refused = prefork.run(
+            [*RR, "server", "--port", str(free_port()), "--ui-port", str(free_port())],
+            cwd=REPO_ROOT,
+            env=_env(home_b),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert refused.returncode == 1 and f"(pid {busy}); its clients use it" in refused.stderr, (
+            refused.stderr
+        )
+        assert live_server(home_b).server_pid == busy and not (home_b / "server.stop").exists()
+    finally:
+        worker.kill()
+        worker.wait()
+    from reflector.runtime.homeserver import stop_idle
+
+    assert stop_idle(home_b)  # the worker is gone: nothing uses it now
+    _no_server_left(home_b, busy, within=5)
 
 
 def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_path: Path) -> None:

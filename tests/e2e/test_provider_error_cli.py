@@ -4,7 +4,6 @@ session's Temporal server; the provider is the local scripted OpenAI server."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
@@ -13,6 +12,7 @@ from pathlib import Path
 from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.scripted_http import Fault
 from tests.support import prefork
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "reflector" / "examples" / "failed_math.json"
@@ -27,7 +27,7 @@ def _rr_cmd() -> list[str]:
 def test_reflect_with_a_refused_key_says_so_in_one_line(temporal_server, tmp_path: Path) -> None:
     with OpenAIServer() as server:
         server.faults.extend([Fault.unauthorized()] * 6)  # a retry would be refused again, and show
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_", "OPENAI_"))}
+        env = user_env(("RR_", "TEMPORAL_", "OPENAI_"))
         env.update(
             RR_HOME=str(tmp_path / "rr-home"),
             TEMPORAL_ADDRESS=temporal_server.address,

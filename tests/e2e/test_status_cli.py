@@ -9,7 +9,6 @@ the test waits for is there (no timing assumption: a bound on the wait, never on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import tests.support.gated_models as gated
 from tests.support import prefork
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
 from tests.support.procs import REPO_ROOT, WorkerProcess
+from tests.support.user_env import user_env
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -33,7 +33,7 @@ PLUGINS = "reflector.testing.scripted,tests.support.gated_models"
 
 
 def _env(env: dict[str, str]) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    base = user_env()
     return {**base, "PYTHONPATH": str(REPO_ROOT), **env}
 
 

@@ -10,7 +10,6 @@ reflection runs end to end from it (its worker, sandbox host and prompts all fro
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.support.user_env import user_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -87,7 +88,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(installed: Path, **extra: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_", "PYTHON"))}
+    base = user_env(("RR_", "TEMPORAL_", "PYTHON"))
     return {**base, "PYTHONPATH": str(installed), **extra}
 
 

@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.blob_dirs import EXTRA_BLOB_DIRS
+from tests.support.user_env import SUITE_SETTINGS
 
 
 def isolate(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    """Drop every RR_* and TEMPORAL_* variable and point RR_HOME at `home`."""
+    """Drop every RR_* and TEMPORAL_* variable (but `SUITE_SETTINGS`) and point RR_HOME at `home`."""
     for name in list(os.environ):
         if name.startswith(("RR_", "TEMPORAL_")):
             monkeypatch.delenv(name)
+    for name, value in SUITE_SETTINGS.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("RR_HOME", str(home))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from reflector.runtime.storage.stores import check_store, mirror_for, open_store
 from sandbox.journal import Journal
 from tests.support import prefork
 from tests.support.s3_server import S3Server, s3_server
+from tests.support.user_env import user_env
 
 pytest.importorskip("moto", reason="moto[server] comes with the dev extra")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def test_large_payloads_go_to_s3_through_temporalios_driver(
 
 
 def _rr(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    base = user_env()
     return prefork.run(
         [sys.executable, "-m", "reflector.cli", *args],
         env={**base, **env},

@@ -9,7 +9,6 @@ nothing. The audit (server and exported-file paths, text, JSON and the CLI) must
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -36,6 +35,7 @@ from reflector.contract import EXECUTE_CODE_TOOL, RECURSE_TOOL, ReflectionConfig
 from reflector.runtime.settings import Settings
 from tests.support import prefork
 from tests.support.fixtures import completed_activities, write_trace
+from tests.support.user_env import user_env
 from worker import audit_replay_hooks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +178,7 @@ async def test_exported_file_audits_offline_like_the_server(reflection, client, 
     )  # payloads are inlined: no blob store needed
     assert offline.model_dump(exclude={"source"}) == audit.model_dump(exclude={"source"})
     # and through the CLI, in a process that knows nothing of this server
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_"))}
+    env = user_env()
     env.update({"RR_HOME": str(tmp_path / "home"), "RR_PLUGINS": "tests.support.audit_script"})
     p = prefork.run(
         [sys.executable, "-m", "reflector.cli", "audit", str(path), "--json"],

@@ -10,13 +10,14 @@ The check runs in a fresh process (this one has imported everything long ago).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def test_first_activation_of_each_model_imports_nothing(temporal_server, tmp_pat
         f"openai-chat:rr-first-{tag}",  # names never seen before: resolved in workflow code, not prebuilt
         f"openai:rr-first-{tag}",
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "OPENAI_"))}
+    env = user_env(("RR_", "OPENAI_"))
     # the worker serves the OpenAI families (any model name of them), the heuristic and the plugin's models
     env.update(
         {

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -48,6 +47,7 @@ from reflector.testing.openai_server import OpenAIServer
 from reflector.testing.otlp_collector import CollectedSpan, OTLPCollector
 from tests.support import prefork
 from tests.support.fixtures import write_trace
+from tests.support.user_env import user_env
 
 ROOT_CELL = "print('root cell', len(traces['steps']))"
 CHILD_CELL = "print('child cell')"
@@ -373,7 +373,7 @@ def test_rr_reflect_exports_its_reflection_over_otlp_before_it_exits(
 ) -> None:
     """The CLI end to end: `rr reflect` (its in-process worker takes the reflection) with RR_OTEL=1 sends the
     reflection's tree to the collector the OTEL_* variables name, before it leaves with `os._exit`."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RR_", "TEMPORAL_", "OTEL_"))}
+    base = user_env(("RR_", "TEMPORAL_", "OTEL_"))
     with OTLPCollector() as collector:
         env = {
             **base,
