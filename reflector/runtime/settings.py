@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -71,6 +72,8 @@ def env_number(
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):  # also nan and inf, which every comparison below would let through
         kind = "a whole number" if integer else "a number"
         raise SettingError(f"{name} must be {kind}, got {raw!r}") from None
     if value < minimum:

@@ -118,6 +118,7 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
         ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "many", "must be a whole number"),
         ("RR_MAX_CONCURRENT_ACTIVITIES", "0", "must be >= 1"),
         ("RR_STICKY_TIMEOUT_S", "soon", "must be a number"),
+        ("RR_STICKY_TIMEOUT_S", "nan", "must be a number"),  # (every comparison with nan is False)
         ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0"),
         ("RR_SANDBOX_ISOLATION", "off", "must be one of auto, strict, language-only"),
     ]:
@@ -127,6 +128,11 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
         rr("reflect", str(EXAMPLE), env={**live, "RR_MAX_TRACE_BYTES": "lots"}),
         "RR_MAX_TRACE_BYTES must be a whole number",
     )
+    # the embedded server's linger, read where the home's server is leased (no TEMPORAL_ADDRESS)
+    for value in ("nan", "-1", "1e309"):
+        _one_line_error(
+            rr("list", env={**home_env, "RR_EMBEDDED_LINGER_S": value}), "RR_EMBEDDED_LINGER_S must be"
+        )
 
 
 def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
