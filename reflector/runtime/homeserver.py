@@ -258,7 +258,9 @@ def _keep(home: Path, port: int, linger_s: float = DEFAULT_LINGER_S) -> int:
 
     from reflector.runtime.devserver import DevServer, DevServerError, free_port, is_reachable
 
-    keeper_fd = _take_keeper_lock(home)
+    # patience: a keeper whose record was removed (RR_HOME deleted and made again) stops within a look and
+    # the time its server takes to stop; this one then takes over the home
+    keeper_fd = _take_keeper_lock(home, patience_s=15.0)
     if keeper_fd is None:
         print("rr keeper: this home's server already has a keeper", flush=True)
         return 3
