@@ -44,7 +44,8 @@ def run_foreground(db_file: Path, port: int = 7233, ui_port: int = 8233, home: P
             return 1
     if is_reachable(address, timeout=0.5):
         print(
-            f"rr server: {address} is already in use (a Temporal server may already be running); "
+            f"rr server: {address} is already in use (a Temporal server may already be running, e.g. the "
+            "embedded server of another RR_HOME, which stops RR_EMBEDDED_LINGER_S after its last use); "
             "set TEMPORAL_ADDRESS to use it, or choose another port.",
             file=sys.stderr,
         )
