@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--port", type=int, default=7233)
     s.add_argument("--ui-port", type=int, default=8233)
+    s.add_argument(
+        "--stop",
+        action="store_true",
+        help="instead: stop the home's embedded server now if no rr process uses it (it stops by itself "
+        "RR_EMBEDDED_LINGER_S after its last use); exit 1 if one does",
+    )
 
     w = sub.add_parser("worker", help="run a worker against TEMPORAL_ADDRESS on RR_TASK_QUEUE")
     w.add_argument(

@@ -352,14 +352,23 @@ def test_rr_server_takes_over_an_idle_embedded_server_but_not_one_in_use(tmp_pat
         assert refused.returncode == 1 and f"(pid {busy}); its clients use it" in refused.stderr, (
             refused.stderr
         )
+        in_use = prefork.run(
+            [*RR, "server", "--stop"],
+            cwd=REPO_ROOT,
+            env=_env(home_b),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert in_use.returncode == 1 and "is in use by an rr process" in in_use.stderr, in_use.stderr
         assert live_server(home_b).server_pid == busy and not (home_b / "server.stop").exists()
     finally:
         worker.kill()
         worker.wait()
-    from reflector.runtime.homeserver import stop_idle
-
-    assert stop_idle(home_b)  # the worker is gone: nothing uses it now
+    stop = _rr(home_b, "server", "--stop")  # the worker is gone: nothing uses it now
+    assert f"stopped the embedded server of {home_b} (pid {busy})" in stop.stdout, stop.stdout
     _no_server_left(home_b, busy, within=5)
+    assert "no embedded server" in _rr(home_b, "server", "--stop").stdout
 
 
 def test_two_homes_never_share_a_queue_and_a_mismatched_store_is_refused(tmp_path: Path) -> None:
