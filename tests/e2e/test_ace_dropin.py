@@ -47,6 +47,7 @@ from pydantic_ai.usage import RequestUsage  # noqa: E402
 from reflector import ReflectorOutput, RRConfig, RRStep, areflect, reflect  # noqa: E402
 from reflector.analysis.traces import TraceError  # noqa: E402
 from reflector.runtime.devserver import free_port  # noqa: E402
+from reflector.runtime.homeserver import stop_idle  # noqa: E402
 from tests.support import prefork  # noqa: E402
 from tests.support.api_env import isolate, on_session_server  # noqa: E402
 from tests.support.user_env import user_env  # noqa: E402
@@ -274,11 +275,23 @@ def test_gather_of_two_areflect_and_a_sync_call_in_a_loop_on_the_embedded_defaul
 @pytest.mark.timeout(20 * 90)
 def test_a_script_driving_aces_pipeline_exits_cleanly_every_time(tmp_path: Path) -> None:
     """20 interpreter runs in a row on the embedded default (runs 5 and 15: two reflections at once through
-    ACE's Pipeline(workers=2)): each exits 0, with no fatal error and no traceback."""
+    ACE's Pipeline(workers=2)): each exits 0, with no fatal error and no traceback. The first 5 each start the
+    embedded server of a new home; the others share one home whose server lingers between them (the default)."""
+    try:
+        _clean_exit_runs(tmp_path)
+    finally:
+        stop_idle(tmp_path / "shared")
+
+
+def _clean_exit_runs(tmp_path: Path) -> None:
     for i in range(20):
-        home = tmp_path / f"home-{i}"
+        fresh = i < 5
+        home = tmp_path / (f"home-{i}" if fresh else "shared")
         env = user_env()
-        env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
+        linger = "0" if fresh else "600"
+        env.update(
+            {"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port()), "RR_EMBEDDED_LINGER_S": linger}
+        )
         args = [sys.executable, "-m", "tests.support.ace_script", *(["2"] if i in (4, 14) else ["1"])]
         p = prefork.run(
             args,

@@ -7,9 +7,11 @@ call may leave a core thread running: about one call in 40 on a loaded machine d
 core's threads dropped their last Python objects off the GIL and PyO3 only queued those drops
 (`reflector.client.api_core._wait_core_threads_gone`, which now enters PyO3 so that they are applied).
 
-The script runs 20 times, one after another (the suite's other worker runs beside it), each with its own RR_HOME, no TEMPORAL_ADDRESS and its own
-free RR_EMBEDDED_PORT, so that each starts its own embedded dev server and in-process worker (the path that
-aborted), whatever else runs on the machine.
+The script runs 20 times, one after another (the suite's other worker runs beside it), with no TEMPORAL_ADDRESS
+and a free RR_EMBEDDED_PORT, each with an in-process worker (the path that aborted), whatever else runs on the
+machine: the first `FRESH` runs each on a new RR_HOME (each starts its own embedded dev server), the others on one
+home whose server lingers between them (`RR_EMBEDDED_LINGER_S`, the default since the linger: a call finds the
+server a previous one left).
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ from pathlib import Path
 import pytest
 
 from reflector.runtime.devserver import free_port
+from reflector.runtime.homeserver import live_server, stop_idle
 from tests.support import prefork
 from tests.support.user_env import user_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20
+FRESH = 5
 CORE_PANIC = "sdk-core/src/worker/activities/local_activities.rs"
 
 
-def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
+def _run_script(home: Path, linger_s: str) -> subprocess.CompletedProcess[str]:
     env = user_env()
-    env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port())})
+    env.update({"RR_HOME": str(home), "RR_EMBEDDED_PORT": str(free_port()), "RR_EMBEDDED_LINGER_S": linger_s})
     return prefork.run(
         [sys.executable, "-m", "tests.support.api_script"],
         cwd=REPO_ROOT,
@@ -49,9 +53,19 @@ def _run_script(home: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(RUNS * 60)
 def test_a_script_using_reflect_exits_cleanly_every_time(tmp_path: Path) -> None:
     started = time.monotonic()
+    try:
+        _runs(tmp_path)
+    finally:
+        stop_idle(tmp_path / "shared")
+    print(f"{RUNS} runs in {time.monotonic() - started:.0f} s")
+
+
+def _runs(tmp_path: Path) -> None:
+    shared_pid = 0
     for i in range(RUNS):
-        home = tmp_path / f"home-{i}"
-        p = _run_script(home)
+        fresh = i < FRESH
+        home = tmp_path / (f"home-{i}" if fresh else "shared")
+        p = _run_script(home, "0" if fresh else "600")
         where = f"run {i + 1} (exit code {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-3000:]}"
         assert "Fatal Python error" not in p.stderr, where
         assert p.returncode == 0, where
@@ -66,4 +80,8 @@ def test_a_script_using_reflect_exits_cleanly_every_time(tmp_path: Path) -> None
         assert int(threads[2]) <= int(threads[1]), (
             f"core threads left running after reflect() returned: {where}"
         )
-    print(f"{RUNS} runs in {time.monotonic() - started:.0f} s")
+        if not fresh:  # the shared home's server outlives each run, and the next run uses it
+            state = live_server(home)
+            assert state is not None, where
+            shared_pid = shared_pid or state.server_pid
+            assert state.server_pid == shared_pid, where
