@@ -46,7 +46,7 @@ from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.client.audit.histories import CLOSE_EVENTS
-from reflector.runtime import lean_openai, lean_schemas, lean_visits, telemetry
+from reflector.runtime import event_loop, lean_openai, lean_schemas, lean_visits, telemetry
 from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, LiveRuns, StartDelay
 from reflector.runtime.build_id import build_id
 from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
@@ -316,6 +316,7 @@ async def _serve(settings: Settings) -> None:
     )
     print(f"sandbox: {isolation.summary()}", flush=True)
     print(f"blobs: {describe_store(settings)}", flush=True)
+    print(f"event loop: {event_loop.running()} (RR_EVENT_LOOP={settings.event_loop})", flush=True)
     how = "set by RR_TASK_QUEUE" if settings.task_queue_setting else "derived from the store: rr-<store id>"
     print(f"store id: {store_id(settings)} (the task queue is {how})", flush=True)
     if isolation.mode == "language-only":

@@ -4,6 +4,7 @@ TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
 
 `RR_BENCH_WITHOUT=lean_visits,lean_schemas` (any of them) keeps the library's own code path where rr's worker
 would replace it, for an A/B of what each replacement saves (`reflector/runtime/lean_*.py`).
+`RR_EVENT_LOOP=asyncio|uvloop` chooses its event loop as it does `rr worker`'s (default: uvloop when installed).
 """
 
 from __future__ import annotations
@@ -80,4 +81,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    from reflector.runtime import event_loop
+
+    loop = Settings.from_env().event_loop
+    print(f"bench worker: event loop {loop} (uvloop installed: {event_loop.uvloop_installed()})", flush=True)
+    event_loop.run(main(), loop)

@@ -4,7 +4,6 @@ supervisor, each a `reflector/cli/worker_child.py`)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from reflector.runtime.settings import Settings
@@ -58,7 +57,8 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from reflector.client import configure_core_logging
 
     configure_core_logging(worker_warnings=True)
+    from reflector.runtime import event_loop
     from worker import run_worker
 
-    asyncio.run(run_worker(settings))
+    event_loop.run(run_worker(settings), settings.event_loop)
     return 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from reflector.runtime.event_loop import EVENT_LOOP_ENV, EventLoopSetting, uvloop_installed
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 from sandbox.protocol import MAX_LIVE_HOSTS
 
@@ -324,6 +325,8 @@ class Settings:
     # the S3 endpoint (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL; None: AWS's): passed to the client explicitly,
     # so that a client is never reused for another endpoint
     s3_endpoint: str | None = None
+    # the event loop of rr's own processes (RR_EVENT_LOOP: auto, uvloop, asyncio; reflector/runtime/event_loop.py)
+    event_loop: EventLoopSetting = "auto"
 
     @property
     def blob_dir(self) -> Path:
@@ -406,6 +409,7 @@ class Settings:
             s3_addressing_style=_addressing_style(env),
             s3_region=(env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip() or None,
             s3_endpoint=(env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "").strip() or None,
+            event_loop=_event_loop(env.get(EVENT_LOOP_ENV)),
         )
 
 
@@ -437,6 +441,18 @@ def _addressing_style(env: Mapping[str, str]) -> str:
     if raw:
         return raw
     return "path" if env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") else "auto"
+
+
+def _event_loop(raw: str | None) -> EventLoopSetting:
+    value = (raw or "").strip().lower() or "auto"
+    if value not in ("auto", "uvloop", "asyncio"):
+        raise SettingError(f"{EVENT_LOOP_ENV} must be auto, uvloop or asyncio, got {raw!r}")
+    if value == "uvloop" and not uvloop_installed():
+        raise SettingError(
+            f"{EVENT_LOOP_ENV}=uvloop, but uvloop is not installed here (pip install uvloop, or set "
+            f"{EVENT_LOOP_ENV}=auto to use it only where it is)"
+        )
+    return value  # type: ignore[return-value]
 
 
 def _isolation(raw: str | None) -> IsolationMode:

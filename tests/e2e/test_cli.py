@@ -121,6 +121,7 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
         ("RR_STICKY_TIMEOUT_S", "nan", "must be a number"),  # (every comparison with nan is False)
         ("RR_PAYLOAD_THRESHOLD_BYTES", "-1", "must be >= 0"),
         ("RR_SANDBOX_ISOLATION", "off", "must be one of auto, strict, language-only"),
+        ("RR_EVENT_LOOP", "trio", "must be auto, uvloop or asyncio"),
     ]:
         _one_line_error(rr("worker", env={**live, name: value}, timeout=60), f"{name} {msg}")
     # settings every command reads
@@ -135,7 +136,9 @@ def test_worker_with_an_unreachable_server_or_bad_settings(home_env: dict[str, s
         )
 
 
-def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str], temporal_server) -> None:
+def test_worker_prints_the_sandbox_isolation_and_event_loop_it_achieved(
+    home_env: dict[str, str], temporal_server
+) -> None:
     import signal
 
     from sandbox.confinement import landlock_abi
@@ -143,8 +146,20 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
     if sys.platform != "linux" or landlock_abi() < 1:
         pytest.skip("needs Linux with Landlock")
     base = user_env()
-    for mode, expect in [("", "sandbox: namespaces"), ("language-only", "sandbox: language-only")]:
-        env = {**base, **home_env, "TEMPORAL_ADDRESS": temporal_server.address, "RR_SANDBOX_ISOLATION": mode}
+    from reflector.runtime.event_loop import uvloop_installed
+
+    default_loop = "uvloop" if uvloop_installed() else "asyncio"
+    for mode, expect, loop_setting, loop in [
+        ("", "sandbox: namespaces", "", f"event loop: {default_loop} (RR_EVENT_LOOP=auto)"),
+        ("language-only", "sandbox: language-only", "asyncio", "event loop: asyncio (RR_EVENT_LOOP=asyncio)"),
+    ]:
+        env = {
+            **base,
+            **home_env,
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "RR_SANDBOX_ISOLATION": mode,
+            "RR_EVENT_LOOP": loop_setting,
+        }
         proc = prefork.Popen(
             [*_rr_cmd(), "worker", "--processes", "1"],
             env=env,
@@ -155,11 +170,14 @@ def test_worker_prints_the_sandbox_isolation_it_achieved(home_env: dict[str, str
         )
         try:
             assert proc.stdout is not None
-            lines = [proc.stdout.readline(), proc.stdout.readline()]
+            lines = [proc.stdout.readline()]
+            while lines[-1] and not lines[-1].startswith("store id:"):  # the last line of its start
+                lines.append(proc.stdout.readline())
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)
         sandbox_line = next((ln for ln in lines if ln.startswith("sandbox:")), "")
+        assert loop + "\n" in lines, (lines, err)
         assert sandbox_line.startswith(expect), (lines, err)
         if mode == "":
             assert all(layer in sandbox_line for layer in ("landlock", "seccomp", "no-new-privs")), (
