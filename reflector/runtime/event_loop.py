@@ -1,14 +1,15 @@
-"""The event loop rr's own processes run on: uvloop where it is installed, else asyncio's.
+"""The event loop of `rr worker`: uvloop where it is installed, else asyncio's.
 
 A worker's event loop carries every activation, activity, provider request and sandbox cell of the
-reflections it holds; under load its turn time is what delays their next workflow tasks (and sends them
-from the sticky queue back to the shared one). uvloop (libuv) turns the same loop for less CPU than
-asyncio's pure-Python `BaseEventLoop` (`bench/throughput.py`, BENCHMARKS.md).
+reflections it holds; with hundreds in flight on a slow model its turns lag by seconds, and that lag is what
+delays their next workflow tasks. There uvloop (libuv) did more steps per second for a little less CPU than
+asyncio's pure-Python loop; with few reflections it changes nothing measurable (BENCHMARKS.md, "The worker's
+event loop").
 
 `RR_EVENT_LOOP` (`Settings.event_loop`): `auto` (the default: uvloop when importable, else asyncio),
-`uvloop` (refused with a clear error when it is not installed), `asyncio`. Only processes rr owns choose:
-`rr worker` and its supervised children, and the CLI's commands. The Python API runs on the caller's loop
-(`areflect`) or on asyncio's (`reflect()`, in the caller's process), never on a loop it chose for them.
+`uvloop` (refused with a clear error when it is not installed), `asyncio`. Only `rr worker` and the children
+of `rr worker --processes N` choose it. The CLI's other commands keep asyncio's loop, and the Python API runs
+on the caller's loop (`areflect`) or on asyncio's (`reflect()`, in the caller's process).
 """
 
 from __future__ import annotations
