@@ -325,7 +325,7 @@ class Settings:
     # the S3 endpoint (AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL; None: AWS's): passed to the client explicitly,
     # so that a client is never reused for another endpoint
     s3_endpoint: str | None = None
-    # the event loop of rr's own processes (RR_EVENT_LOOP: auto, uvloop, asyncio; reflector/runtime/event_loop.py)
+    # the event loop of `rr worker` (RR_EVENT_LOOP: auto, uvloop, asyncio; reflector/runtime/event_loop.py)
     event_loop: EventLoopSetting = "auto"
 
     @property

@@ -1,4 +1,4 @@
-"""RR_EVENT_LOOP: which loop rr's own processes run on, and the errors for a value that cannot be used."""
+"""RR_EVENT_LOOP: which loop `rr worker` runs on, and the errors for a value that cannot be used."""
 
 from __future__ import annotations
 
