@@ -29,6 +29,7 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import (
     FixedSizeSlotSupplier,
+    Interceptor,
     PollerBehaviorSimpleMaximum,
     Replayer,
     UnsandboxedWorkflowRunner,
@@ -148,6 +149,7 @@ def build_worker(
     admission: AdmissionControl | None = None,
     activity_slots_supplier: AdmissionControl | None = None,
     settings: Settings | None = None,
+    extra_interceptors: Sequence[Interceptor] = (),
 ) -> Worker:
     """A worker for reflections on `task_queue`; the sandbox session manager is process-wide.
 
@@ -202,6 +204,7 @@ def build_worker(
     ]  # a retried provider error's failure fits in the history (no stack traces)
     if isinstance(workflow_slots, AdmissionControl):
         interceptors.append(LiveRuns(workflow_slots))  # the runs alive, for its `live_limit`
+    interceptors.extend(extra_interceptors)  # a bench's or test's observers, innermost
     tuner = WorkerTuner.create_composite(
         workflow_supplier=workflow_slots,
         activity_supplier=activity_slots,

@@ -13,6 +13,8 @@ import asyncio
 import os
 import signal
 
+from temporalio.worker import Interceptor
+
 import bench.scripts  # noqa: F401
 from activities import sandbox as sandbox_activities
 from bench.anchor import AnchorWorkflow
@@ -66,12 +68,19 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     suppliers = {"workflow tasks": workflow_admission(), "activities": activity_admission()}
+    observers: list[Interceptor] = []
+    if slow_s := float(os.environ.get("RR_BENCH_SLOW_S", "0")):
+        from bench.slow_log import SlowActivities, install_activation_log
+
+        install_activation_log(slow_s)
+        observers.append(SlowActivities(slow_s))
     async with build_worker(
         client,
         s.task_queue,
         extra_workflows=[AnchorWorkflow],
         admission=suppliers["workflow tasks"],
         activity_slots_supplier=suppliers["activities"],
+        extra_interceptors=observers,
     ):
         print(f"rr worker pid={os.getpid()} ready", flush=True)
         lag = asyncio.create_task(_report(suppliers))
