@@ -63,7 +63,7 @@ from reflector.contract import AGENT_NAME, LOCAL_MODEL_PATCH, LOCAL_MODEL_SUFFIX
 from reflector.runtime.models import answers_in_process
 from workflows.patches import patch_on
 from workflows.rerun import maybe_reused_response
-from workflows.state import await_cancel_safe
+from workflows.state import SessionState, await_cancel_safe
 
 __all__ = [
     "LocalModelDurability",
@@ -117,6 +117,7 @@ class _LocalModelRequest:
             return await self._inner(params, config=config)
         if not answers_in_process(getattr(params, "model_id", None)) and provider_model_activities():
             return await self._inner(params, config=config)
+        _note_cached_response()
         payload = self._inner.operation.parameter_transport.dump(params)
         op_id = cast(ModelRequestId, self._inner.operation.operation_id)
         model_name = getattr(params, "model_id", None) or op_id.model_name
@@ -139,6 +140,13 @@ class _LocalModelRequest:
                 )
             )
         return response
+
+
+def _note_cached_response() -> None:
+    """Tell the session that its response cache holds an entry (its last run forgets them: `_close`)."""
+    state = getattr(workflow.instance(), "state", None)
+    if isinstance(state, SessionState):
+        state.responses_cached = True
 
 
 class LocalModelDurability(TemporalDurability[AgentDepsT]):

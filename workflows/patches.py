@@ -26,6 +26,7 @@ from temporalio import workflow
 
 from reflector.contract import (
     CANCEL_PATCH,
+    FORGET_ONLY_CACHED_PATCH,
     INLINE_SKILLBOOK_PATCH,
     LOCAL_MODEL_PATCH,
     PATCHES_FIRST_PATCH,
@@ -52,7 +53,7 @@ IMPLIED: frozenset[str] = frozenset(
 )
 """The patches recorded before `PATCHES_FIRST_PATCH`: on in every run that has its marker."""
 
-ASKED_AT_START: tuple[str, ...] = ()
+ASKED_AT_START: tuple[str, ...] = (FORGET_ONLY_CACHED_PATCH,)
 """Patches added after `PATCHES_FIRST_PATCH`, in the order `begin()` asks them (append only)."""
 
 LIBRARY_PATCHES: tuple[str, ...] = ("pydantic_ai:stable_default_run_id",)

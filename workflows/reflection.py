@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         CLOSE_ACTIVITY,
         EXECUTE_CODE_TOOL,
         FORGET_ACTIVITY,
+        FORGET_ONLY_CACHED_PATCH,
         INLINE_SKILLBOOK_PATCH,
         PREPARE_ACTIVITY,
         PROGRESS_QUERY,
@@ -246,9 +247,10 @@ class ReflectionWorkflow(PydanticAIWorkflow):
                 summary="close sandbox",
             )
         )
-        if local_model_requests():
+        if local_model_requests() and (self.state.responses_cached or not patch_on(FORGET_ONLY_CACHED_PATCH)):
             # A regular activity: scheduling it ends the workflow task, which records every model
-            # response in the history before the response cache is deleted.
+            # response in the history before the response cache is deleted. Only where a request of the
+            # session was cached (in-process models): a provider model's are recorded by their own activities.
             await _despite_cancel(
                 workflow.start_activity(
                     FORGET_ACTIVITY,

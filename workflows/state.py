@@ -74,6 +74,9 @@ class SessionState:
     last_event: str = ""
     last_tool: str = ""  # what the model called in its latest response (the progress query shows it)
     continue_after_summary: bool = False
+    responses_cached: bool = (
+        False  # an in-process model request's response is in the cache (carried across runs)
+    )
     recurse_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
@@ -93,6 +96,7 @@ class SessionState:
             subagent_calls=list(c.subagent_calls),
             facts=TraceFacts.model_validate(c.facts),
             cell_outputs=dict(c.cell_outputs),
+            responses_cached=c.responses_cached,
         )
 
     def continuation(self, messages_json: str) -> Continuation:
@@ -105,6 +109,7 @@ class SessionState:
             subagent_calls=self.subagent_calls,
             facts=self.facts.model_dump(),
             cell_outputs=self.cell_outputs,
+            responses_cached=self.responses_cached,
         )
 
     @property

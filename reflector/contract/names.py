@@ -84,6 +84,10 @@ recorded before this change: the config's settings as they were."""
 PATCHES_FIRST_PATCH = "rr-patches-first"
 """Every patch above is decided once, before the run's first command (`workflows.patches`): a run recorded with
 this marker has all of them on and records no other patch marker; recorded before it: each asked where used."""
+FORGET_ONLY_CACHED_PATCH = "rr-forget-only-cached"
+"""A session deletes its cached model responses (`FORGET_ACTIVITY`, a regular activity: one more workflow task and
+activity per reflection) only when one of its runs made an in-process model request, the only kind cached;
+recorded before this change: every session did, provider-model ones included (asked at start, `workflows.patches`)."""
 MEMO_KEY = "rr_display"  # the memo set at start, for display (`rr list`): {"trace": file name, "format", "size", "runs"}
 
 BATCH_WORKFLOW_NAME = "BatchReflectionWorkflow"  # the parent of a batch: one child ReflectionWorkflow per run

@@ -86,6 +86,9 @@ class Continuation(Counters):
     subagent_calls: list[dict[str, Any]] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
     cell_outputs: dict[int, str] = Field(default_factory=dict)  # what each cell showed the model, by cell id
+    # a run of the session made an in-process model request, whose response the response cache holds until
+    # the session's last run forgets it (`FORGET_ONLY_CACHED_PATCH`)
+    responses_cached: bool = False
 
 
 class SkillbookRef(_Frozen):

@@ -204,6 +204,19 @@ def test_continuation_carries_every_counter_and_the_next_run_counts_itself() -> 
     )
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_continuation_carries_whether_a_response_was_cached(cached: bool) -> None:
+    # the session's last run forgets the cached responses of every run before it (workflows/reflection.py _close)
+    state = _state()
+    state.responses_cached = cached
+    cont = state.continuation("[]")
+    nxt = SessionState.create(state.inp.model_copy(update={"continuation": cont}), "wf-1")
+    assert nxt.responses_cached is cached
+    # recorded before the field existed: nothing cached is claimed (the patch then decides: every run forgot)
+    old = Continuation.model_validate({k: v for k, v in cont.model_dump().items() if k != "responses_cached"})
+    assert old.responses_cached is False
+
+
 @pytest.mark.parametrize("field", sorted(Counters.model_fields))
 def test_every_counter_has_a_default(field: str) -> None:
     # persisted in histories: a counter added later must load from a continuation recorded without it

@@ -26,7 +26,7 @@ from reflector.runtime import models
 from reflector.runtime.settings import Settings
 from reflector.testing.openai_server import CELL_CODE, OpenAIServer
 from tests.support.fixtures import ACE_TRACE, completed_activities, write_trace
-from workflows.patches import LIBRARY_PATCHES
+from workflows.patches import ASKED_AT_START, LIBRARY_PATCHES
 
 API_KEY = "test-key"
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 20
@@ -146,8 +146,14 @@ async def test_reflection_completes_over_local_openai_server(
     assert _model_attempts(history) == [1, 1]
     requests = [r for r in completed_activities(history.events) if r.is_model_request]
     assert [(r.name, r.local) for r in requests] == [("agent__rr_reflector__model_request", False)] * 2
-    # the provider-model behaviour is implied by the one patch decided before the first command
-    assert _patches(history) == {PATCHES_FIRST_PATCH, *LIBRARY_PATCHES}
+    # and they are the only regular activities: nothing of a provider model's is cached, so no activity
+    # forgets cached responses at the end (an in-process model's session has one: tests/workflows/test_reflection.py)
+    assert [r.name for r in completed_activities(history.events) if not r.local] == [
+        "agent__rr_reflector__model_request"
+    ] * 2
+    # the provider-model behaviour is implied by the one patch decided before the first command; the patches
+    # added since are asked at start too
+    assert _patches(history) == {PATCHES_FIRST_PATCH, *LIBRARY_PATCHES, *ASKED_AT_START}
 
     for r in reqs:
         assert r.headers["authorization"] == f"Bearer {API_KEY}"
