@@ -345,6 +345,21 @@ def _requests_used(results: list[Any]) -> tuple[int, collections.Counter[str]]:
     return used, stops
 
 
+async def _results_while_alive(kind: Kind, handles: list[WorkflowHandle[Any, Any]]) -> list[Any]:
+    """The runs' results, or an error naming the worker that died meanwhile (its exit status and last log
+    lines) instead of waiting for reflections no worker will run."""
+    gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles), return_exceptions=True))
+    while not gathered.done():
+        await asyncio.wait([gathered], timeout=1.0)
+        for proc, log in zip(kind.procs, kind.logs, strict=True):
+            if (code := proc.poll()) is not None and not gathered.done():
+                gathered.cancel()
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{kind.name} worker pid {proc.pid} died ({how}); log {log}:\n{tail}")
+    return gathered.result()
+
+
 async def run_point(
     kind: Kind, n: int, steps: int, latency: int, model: str, env: BenchEnv, calls: Calls
 ) -> list[object]:
@@ -361,7 +376,7 @@ async def run_point(
     with MemorySampler(pids) as mem:
         t = time.perf_counter()
         handles = await _start_batch(kind, n, model, env)
-        results = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
+        results = await _results_while_alive(kind, handles)
         wall = time.perf_counter() - t
     o1 = own_cpu(pids)
     w1, s1, d1, p1 = tree_cpu(pids), tree_cpu([env.server.pid or 0]), time.process_time(), calls.cpu()
