@@ -26,6 +26,43 @@ __all__ = ["close_zygotes"]
 log = logging.getLogger(__name__)
 
 
+class _PipeEnd:
+    """The file object a loop's pipe transport gets for our end of a host's stdin or stdout pipe.
+
+    A transport closes its pipe when it is closed; how differs by loop. asyncio's calls `pipe.close()`, which must
+    close the fd. uvloop's (0.23) gives the fd to libuv, which closes it, and then calls `pipe.close()` too: with an
+    `os.fdopen` file object that closed the fd number a second time (MagicStack/uvloop#763), and in a worker whose
+    other threads open files all the time that number was often already someone else's: a blob read failed with
+    EBADF, and once the worker died of SIGABRT (libuv aborting on an fd it was polling closed under it).
+
+    So `close()` closes the fd only if it is still this pipe end: closed already (EBADF), or reused for another file
+    (another inode), it is not ours any more. Nothing else in this process holds either end of a host's pipes (the
+    other ends went to the zygote), so an fd that is this pipe's inode is this one, whichever loop closed or not."""
+
+    def __init__(self, fd: int) -> None:
+        st = os.fstat(fd)
+        self._fd, self._inode = fd, (st.st_dev, st.st_ino)
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError("I/O operation on a closed pipe end")
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return  # the transport's loop closed it
+        if (st.st_dev, st.st_ino) == self._inode:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"<host pipe end fd={self._fd}>"
+
+
 class _ForkedProcess:
     """The parts of `asyncio.subprocess.Process` the executor uses, for a host forked by the zygote
     (`sandbox.zygote`): the zygote is its parent and reports its exit status."""
@@ -186,11 +223,9 @@ class _Zygote:
             os.close(out_r)
             raise
         reader = asyncio.StreamReader(limit=2**16, loop=self.loop)
-        await self.loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(out_r, "rb", 0)
-        )
+        await self.loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), _PipeEnd(out_r))
         transport, protocol = await self.loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0)
+            asyncio.streams.FlowControlMixin, _PipeEnd(in_w)
         )
         writer = asyncio.StreamWriter(transport, protocol, None, self.loop)
         proc = _ForkedProcess(pid, writer, reader)

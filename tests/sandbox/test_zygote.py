@@ -4,6 +4,7 @@ exactly the fds a directly started host holds, and a dead zygote costs nothing b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -156,3 +157,66 @@ async def test_closing_this_loops_zygote_leaves_its_running_hosts_closable(trace
         assert (await ex.run_cell("print('still here')")).stdout.strip() == "still here"
     finally:
         await asyncio.wait_for(ex.close(), 10)  # its exit is seen through a pidfd now
+
+
+def _open_inodes() -> set[tuple[int, int]]:
+    """The files this process has open, as (device, inode)."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own fd, or one closed meanwhile
+            st = os.stat(f"/proc/self/fd/{name}")
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_hosts_pipes_are_closed_once_on_either_event_loop(
+    trace_file: str, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker runs on uvloop, whose pipe transports close the fd themselves and then close the file object
+    they were given as well (MagicStack/uvloop#763): a host's pipes were closed twice, the second time often
+    another thread's file by then (a blob read failed with EBADF; a worker died of SIGABRT). Each pipe end's
+    close here first opens a pipe, as another thread would, whose fds take the lowest free numbers (the pipe
+    end's own number, if the loop has closed it already): those must survive, and no pipe end may stay open."""
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+    probes: list[int] = []
+    ends: list[tuple[int, int]] = []
+
+    class Probe(zygote_client._PipeEnd):
+        def __init__(self, fd: int) -> None:
+            super().__init__(fd)
+            ends.append(self._inode)
+
+        def close(self) -> None:
+            probes.extend(os.pipe())  # another thread opening a file at this moment
+            super().close()
+
+    monkeypatch.setattr(zygote_client, "_PipeEnd", Probe)
+
+    async def host_lifecycle() -> None:
+        ex = await _started(trace_file)
+        try:
+            assert (await ex.run_cell("print(6 * 7)")).stdout.strip() == "42"
+            assert ex.host_pid is not None and _zygote_pid() in _ancestors(
+                ex.host_pid
+            )  # forked: its pipes are ours
+        finally:
+            await ex.close()
+            await zygote_client.close_zygotes()
+
+    if loop == "uvloop":
+        uvloop.run(host_lifecycle())
+    else:
+        asyncio.run(host_lifecycle())
+    assert len(ends) == 2 and len(probes) == 4  # the host's stdin and stdout pipe ends, a probe pipe each
+    stolen = []
+    for fd in probes:
+        try:
+            os.fstat(fd)
+        except OSError:
+            stolen.append(fd)
+    for fd in set(probes) - set(stolen):
+        os.close(fd)
+    assert not stolen, f"closing the host's pipes closed fds {stolen} that were another file's by then"
+    assert not set(ends) & _open_inodes(), "a pipe end of the host was never closed"
