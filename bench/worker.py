@@ -5,6 +5,7 @@ TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
 `RR_BENCH_WITHOUT=lean_visits,lean_schemas` (any of them) keeps the library's own code path where rr's worker
 would replace it, for an A/B of what each replacement saves (`reflector/runtime/lean_*.py`).
 `RR_EVENT_LOOP=asyncio|uvloop` chooses its event loop as it does `rr worker`'s (default: uvloop when installed).
+`RR_BENCH_SLOW_S=2` logs slow activations and activities (`bench.slow_log`); `RR_BENCH_CORE_LOG=debug` the Temporal core's log.
 """
 
 from __future__ import annotations
@@ -59,8 +60,20 @@ def _without() -> None:
         print(f"bench worker: without {name}", flush=True)
 
 
+def _core_log() -> None:
+    """RR_BENCH_CORE_LOG=debug (a tracing filter level) prints the Temporal core's own log at that level on
+    stderr (the worker's log): which task it polled, activated and completed, for a run's held task that timed out."""
+    level = os.environ.get("RR_BENCH_CORE_LOG")
+    if level:
+        from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+        logging = LoggingConfig(filter=TelemetryFilter(core_level=level.upper(), other_level="WARN"))
+        Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging)), error_if_already_set=False)
+
+
 async def main() -> None:
     _without()
+    _core_log()
     print_evictions()
     s = Settings.from_env()
     client = await connect(s.address)
