@@ -20,7 +20,7 @@ from reflector import client as rr
 from reflector.contract import PATCHES_FIRST_PATCH, ReflectionConfig
 from tests.support.fixtures import write_trace
 from tests.support.late_resolution import deliver_local_results_late, late_deliveries, patch_ids
-from workflows.patches import LIBRARY_PATCHES
+from workflows.patches import ASKED_AT_START, LIBRARY_PATCHES
 from workflows.reflection import ReflectionWorkflow
 
 COMMITTED = Path(__file__).parents[1] / "replay" / "histories" / "stateful_v3.json"
@@ -45,8 +45,8 @@ async def test_reflection_replays_with_local_results_delivered_late(
     history = await handle.fetch_history()
     data = json.loads(history.to_json())
 
-    # one umbrella marker and the library's patch, both before the prefill's local activity
-    assert patch_ids(data) == [PATCHES_FIRST_PATCH, *LIBRARY_PATCHES]
+    # one umbrella marker, the library's patch and the patches added since, all before the prefill's local activity
+    assert patch_ids(data) == [PATCHES_FIRST_PATCH, *LIBRARY_PATCHES, *ASKED_AT_START]
     markers = [
         i
         for i, e in enumerate(data["events"])
