@@ -74,9 +74,8 @@ class SessionState:
     last_event: str = ""
     last_tool: str = ""  # what the model called in its latest response (the progress query shows it)
     continue_after_summary: bool = False
-    responses_cached: bool = (
-        False  # an in-process model request's response is in the cache (carried across runs)
-    )
+    # an in-process model request's response is in the cache (carried across runs; the last run forgets them)
+    responses_cached: bool = False
     recurse_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
