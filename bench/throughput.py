@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import collections
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -624,4 +625,6 @@ if __name__ == "__main__":
         if a.point
         else [(lat, n) for lat in lats for n in concs]
     )
+    # `timeout` or `kill` ends the bench like Ctrl-C: its workers and its dev server are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main(points, a.steps, a.kinds, a.transport, a.worker_processes, a.repeat))
