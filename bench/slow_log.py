@@ -17,6 +17,8 @@ from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 from temporalio.worker import _workflow as temporal_workflow_worker
 
+from reflector.runtime.admission import start_delay_s
+
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
@@ -65,7 +67,8 @@ class _Timed(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         began, at = time.monotonic(), _now()
-        waited = (datetime.now(UTC) - info.started_time).total_seconds() if info.started_time else -1.0
+        waited = start_delay_s(info)
+        waited = -1.0 if waited is None else waited
         try:
             return await self.next.execute_activity(input)
         finally:

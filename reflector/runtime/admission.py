@@ -68,7 +68,14 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-__all__ = ["AdmissionControl", "AdmissionStats", "LiveRuns", "StartDelay", "WORKFLOW_TASK_POLLS"]
+__all__ = [
+    "AdmissionControl",
+    "AdmissionStats",
+    "LiveRuns",
+    "StartDelay",
+    "WORKFLOW_TASK_POLLS",
+    "start_delay_s",
+]
 
 # Workflow-task polls a worker keeps open (temporalio's default is 5, of which 4 on the sticky queue). Each poll
 # first reserves a slot through this supplier, i.e. a turn of the worker's event loop; with 4 sticky polls and
@@ -426,6 +433,16 @@ class LiveRuns(Interceptor):
         return _Counted
 
 
+def start_delay_s(info: activity.Info) -> float | None:
+    """How long an activity attempt waited in this worker, from being handed to it to its body beginning."""
+    started = info.started_time
+    if started is None:
+        return None
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - started).total_seconds())
+
+
 class StartDelay(Interceptor):
     """Reports each activity's start delay (from the moment its attempt started, i.e. was handed to
     this worker, to its body beginning) to an `AdmissionControl`: regular activities to `activities`,
@@ -455,11 +472,9 @@ class _StartDelayInbound(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         target = self._owner._local if info.is_local else self._owner._activities
-        if info.started_time is not None and (target is not None or self._owner._backlog is not None):
-            started = info.started_time
-            if started.tzinfo is None:
-                started = started.replace(tzinfo=UTC)
-            delay = max(0.0, (datetime.now(UTC) - started).total_seconds())
+        if (target is not None or self._owner._backlog is not None) and (
+            delay := start_delay_s(info)
+        ) is not None:
             if target is not None:
                 target.observe(delay)
             if self._owner._backlog is not None:
