@@ -58,6 +58,7 @@ from reflector.runtime.storage.stores import check_store, describe_store
 from sandbox.isolation import IsolationUnavailable
 from workflows.agents import MODEL_ACTIVITIES
 from workflows.batch import BatchReflectionWorkflow
+from workflows.local_model import use_heartbeats_when_due
 from workflows.reflection import ReflectionWorkflow
 
 __all__ = [
@@ -172,6 +173,8 @@ def build_worker(
     # workflow tasks: one payload walk per activation and per completion instead of three each
     # (reflector/runtime/lean_visits.py)
     lean_visits.install()
+    # activities: no heartbeat before one is due (one server write per model request; reflector/runtime/lean_heartbeats.py)
+    use_heartbeats_when_due()
     # Regular activities: provider model requests, summaries. A worker that accepts more than it can run
     # promptly lets them sit "started" past their heartbeat timeout and Temporal retries them: a request
     # paid twice (measured with 200 concurrent reflections on 2 cores: 200 fixed slots -> hundreds of

@@ -36,6 +36,7 @@ class BenchEnv:
     trace: TraceRef
     address: str
     server: DevServer
+    metrics_url: str | None = None  # the server's Prometheus endpoint (bench.server_rpcs), when asked for
 
 
 async def start_bench_env() -> BenchEnv:
@@ -44,9 +45,15 @@ async def start_bench_env() -> BenchEnv:
     home = bench_home()
     settings = Settings.from_env()
     trace = upload_bench_trace(settings)
-    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log")
+    from bench.server_rpcs import top_n
+    from reflector.runtime.devserver import LOOPBACK, free_port
+
+    metrics_port = free_port() if top_n() else None
+    extra = ["--metrics-port", str(metrics_port)] if metrics_port else []
+    server = DevServer(home / "temporal.sqlite", ui=False, log_file=home / "server.log", extra_args=extra)
     address = await server.astart()
-    return BenchEnv(home, settings, trace, address, server)
+    url = f"http://{LOOPBACK}:{metrics_port}/metrics" if metrics_port else None
+    return BenchEnv(home, settings, trace, address, server, url)
 
 
 def upload_bench_trace(settings: Settings) -> TraceRef:

@@ -36,7 +36,8 @@ reaper, host), and the peak PSS of worker + hosts (shared pages split among thei
 in-flight reflection.
 
 `--worker-processes N` runs N rr worker processes on the task queue (CPU and memory summed).
-Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the rr worker (GIL-holding threads only).
+Set RR_BENCH_PYSPY=<file> (with py-spy on PATH) to sample the rr worker (GIL-holding threads only), and
+RR_BENCH_SERVER_RPCS=N to print the server's N largest request counters per step of each point (`bench.server_rpcs`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowHandle
 
 import bench.scripts as scripts
+from bench import server_rpcs
 from bench.anchor import AnchorWorkflow
 from bench.common import BenchEnv, start, start_bench_env, table
 from bench.evictions import MARK as EVICTION
@@ -374,6 +376,7 @@ async def run_point(
     )
     ev0, p0 = kind.evictions(), calls.cpu()
     d0 = time.process_time()  # this process: the client and the scripted HTTP model
+    rpcs0 = server_rpcs.scrape(env.metrics_url) if env.metrics_url else None
     with MemorySampler(pids) as mem:
         t = time.perf_counter()
         handles = await _start_batch(kind, n, model, env)
@@ -389,6 +392,8 @@ async def run_point(
         )
     total_steps = n * (steps + 1)
     used, stops = _requests_used(results)
+    if rpcs0 is not None and env.metrics_url:
+        server_rpcs.report(kind.name, rpcs0, server_rpcs.scrape(env.metrics_url), used, server_rpcs.top_n())
     if set(stops) != {"completed"} or used != total_steps:
         print(
             f"  {kind.name}: stop reasons {dict(stops)}, {used} requests used, {total_steps} scripted",

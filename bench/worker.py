@@ -2,7 +2,7 @@
 
 TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
 
-`RR_BENCH_WITHOUT=lean_visits,lean_schemas` (any of them) keeps the library's own code path where rr's worker
+`RR_BENCH_WITHOUT=lean_visits,lean_schemas,lean_heartbeats` (any of them) keeps the library's own code path where rr's worker
 would replace it, for an A/B of what each replacement saves (`reflector/runtime/lean_*.py`).
 `RR_EVENT_LOOP=asyncio|uvloop` chooses its event loop as it does `rr worker`'s (default: uvloop when installed).
 `RR_BENCH_SLOW_S=2` logs slow activations and activities (`bench.slow_log`); `RR_BENCH_CORE_LOG=debug` the Temporal core's log.
@@ -48,10 +48,10 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
 
 def _without() -> None:
     """Mark the replacements named in RR_BENCH_WITHOUT as installed, so `build_worker` leaves them out."""
-    from reflector.runtime import lean_schemas, lean_visits
+    from reflector.runtime import lean_heartbeats, lean_schemas, lean_visits
 
     names = {n.strip() for n in os.environ.get("RR_BENCH_WITHOUT", "").split(",") if n.strip()}
-    modules = {"lean_visits": lean_visits, "lean_schemas": lean_schemas}
+    modules = {"lean_visits": lean_visits, "lean_schemas": lean_schemas, "lean_heartbeats": lean_heartbeats}
     unknown = names - modules.keys()
     if unknown:
         raise SystemExit(f"RR_BENCH_WITHOUT: unknown {sorted(unknown)}; known: {sorted(modules)}")

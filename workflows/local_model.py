@@ -193,3 +193,28 @@ def local_model_activities(*agents: AbstractAgent[Any, Any]) -> list[Callable[..
             raise TypeError(f"agent {agent.name!r} has no LocalModelDurability capability")
         out.append(durability.local_request_activity)
     return out
+
+
+def use_heartbeats_when_due() -> None:
+    """pydantic-ai's durable activities (model requests above all) heartbeat only when a beat is due, not at
+    their start: one server write less per model request (`reflector.runtime.lean_heartbeats`). The modules
+    named are those that call `heartbeating()` (MCP's only when its optional dependency is installed)."""
+    from types import ModuleType
+
+    from pydantic_ai.durable_exec.temporal import (
+        _dynamic_toolset,
+        _function_toolset,
+        _operation_backend,
+        _toolset,
+    )
+
+    from reflector.runtime import lean_heartbeats
+
+    modules: list[ModuleType] = [_toolset, _operation_backend, _function_toolset, _dynamic_toolset]
+    try:
+        from pydantic_ai.durable_exec.temporal import _mcp_toolset
+    except ImportError:  # pydantic-ai's MCP support is optional
+        pass
+    else:
+        modules.append(_mcp_toolset)
+    lean_heartbeats.install(_toolset.heartbeating, modules)
