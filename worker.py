@@ -47,7 +47,7 @@ from activities.scope import STORE, BindWorkerScope
 from activities.summarise import summarise
 from reflector.client import InProcessWorker, ReflectError, check_namespace, connect
 from reflector.client.audit.histories import CLOSE_EVENTS
-from reflector.runtime import event_loop, lean_openai, lean_schemas, lean_visits, telemetry
+from reflector.runtime import event_loop, lean_gc, lean_openai, lean_schemas, lean_visits, telemetry
 from reflector.runtime.admission import WORKFLOW_TASK_POLLS, AdmissionControl, LiveRuns, StartDelay
 from reflector.runtime.build_id import build_id
 from reflector.runtime.models import SHIPPED_FAMILIES, load_plugins, prepare_workflow_side
@@ -238,7 +238,7 @@ def build_worker(
         kwargs["workflow_task_poller_behavior"] = PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS)
     if max_cached_workflows is not None:
         kwargs["max_cached_workflows"] = max_cached_workflows
-    return Worker(
+    worker = Worker(
         client,
         task_queue=task_queue,
         # rr's sources and library versions (reflector/runtime/build_id.py), not temporalio's hash of every
@@ -264,6 +264,7 @@ def build_worker(
         interceptors=interceptors,
         **kwargs,  # type: ignore[arg-type]
     )
+    return worker
 
 
 async def run_worker(settings: Settings | None = None) -> None:
@@ -312,6 +313,9 @@ async def _serve(settings: Settings) -> None:
     # family before polling (unless the operator listed what this worker serves).
     served = None if settings.worker_models else list(SHIPPED_FAMILIES)
     worker = build_worker(client, settings.task_queue, models=served, settings=settings)
+    # a process that only runs this worker: what it imported stays out of the collector's full collections
+    # (reflector/runtime/lean_gc.py; not in build_worker, which an application's own process may call)
+    lean_gc.install()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,7 +5,8 @@ TEMPORAL_ADDRESS=... RR_TASK_QUEUE=... python -m bench.worker
 `RR_BENCH_WITHOUT=lean_visits,lean_schemas,lean_heartbeats` (any of them) keeps the library's own code path where rr's worker
 would replace it, for an A/B of what each replacement saves (`reflector/runtime/lean_*.py`).
 `RR_EVENT_LOOP=asyncio|uvloop` chooses its event loop as it does `rr worker`'s (default: uvloop when installed).
-`RR_BENCH_SLOW_S=2` logs slow activations and activities (`bench.slow_log`); `RR_BENCH_CORE_LOG=debug` the Temporal core's log.
+`RR_BENCH_SLOW_S=2` logs slow activations and activities (`bench.slow_log`); `RR_BENCH_CORE_LOG=debug` the Temporal core's log;
+`RR_BENCH_GC=10` the garbage collector's collections and time every 10 s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from activities import sandbox as sandbox_activities
 from bench.anchor import AnchorWorkflow
 from bench.evictions import print_evictions
 from reflector.client import connect
+from reflector.runtime import lean_gc
 from reflector.runtime.admission import AdmissionControl
 from reflector.runtime.settings import Settings
 from worker import activity_admission, build_worker, workflow_admission
@@ -48,10 +50,15 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
 
 def _without() -> None:
     """Mark the replacements named in RR_BENCH_WITHOUT as installed, so `build_worker` leaves them out."""
-    from reflector.runtime import lean_heartbeats, lean_schemas, lean_visits
+    from reflector.runtime import lean_gc, lean_heartbeats, lean_schemas, lean_visits
 
     names = {n.strip() for n in os.environ.get("RR_BENCH_WITHOUT", "").split(",") if n.strip()}
-    modules = {"lean_visits": lean_visits, "lean_schemas": lean_schemas, "lean_heartbeats": lean_heartbeats}
+    modules = {
+        "lean_visits": lean_visits,
+        "lean_schemas": lean_schemas,
+        "lean_heartbeats": lean_heartbeats,
+        "lean_gc": lean_gc,
+    }
     unknown = names - modules.keys()
     if unknown:
         raise SystemExit(f"RR_BENCH_WITHOUT: unknown {sorted(unknown)}; known: {sorted(modules)}")
@@ -71,9 +78,42 @@ def _core_log() -> None:
         Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging)), error_if_already_set=False)
 
 
+def _gc_stats() -> None:
+    """RR_BENCH_GC=S prints, every S seconds, the cyclic garbage collector's collections and CPU time per
+    generation so far (the worker holds every cached reflection's objects: a full collection walks them all)."""
+    period = float(os.environ.get("RR_BENCH_GC", "0") or 0)
+    if not period:
+        return
+    import gc
+    import threading
+    import time
+
+    spent = [0.0, 0.0, 0.0]
+    count = [0, 0, 0]
+    began = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.thread_time()
+        else:
+            spent[info["generation"]] += time.thread_time() - began[0]
+            count[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
+
+    def report() -> None:
+        while True:
+            time.sleep(period)
+            parts = [f"gen{g}: {count[g]} collections {spent[g]:.2f} s" for g in range(3)]
+            print(f"gc: {'; '.join(parts)}; counts {gc.get_count()}", flush=True)
+
+    threading.Thread(target=report, daemon=True, name="gc-stats").start()
+
+
 async def main() -> None:
     _without()
     _core_log()
+    _gc_stats()
     print_evictions()
     s = Settings.from_env()
     client = await connect(s.address)
@@ -95,6 +135,7 @@ async def main() -> None:
         activity_slots_supplier=suppliers["activities"],
         extra_interceptors=observers,
     ):
+        lean_gc.install()  # as `rr worker` does (worker.py `_serve`)
         print(f"rr worker pid={os.getpid()} ready", flush=True)
         lag = asyncio.create_task(_report(suppliers))
         await stop.wait()
