@@ -238,7 +238,7 @@ def build_worker(
         kwargs["workflow_task_poller_behavior"] = PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS)
     if max_cached_workflows is not None:
         kwargs["max_cached_workflows"] = max_cached_workflows
-    worker = Worker(
+    return Worker(
         client,
         task_queue=task_queue,
         # rr's sources and library versions (reflector/runtime/build_id.py), not temporalio's hash of every
@@ -264,7 +264,6 @@ def build_worker(
         interceptors=interceptors,
         **kwargs,  # type: ignore[arg-type]
     )
-    return worker
 
 
 async def run_worker(settings: Settings | None = None) -> None:
