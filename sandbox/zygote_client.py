@@ -99,6 +99,8 @@ class _Zygote:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._children: dict[int, _ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the spawn reply was handled
+        self._send_lock = asyncio.Lock()  # requests leave in the order they were made
+        self._write_wait: asyncio.Future[None] | None = None  # a sender waiting for room (`_writable`)
         self._workdir = ""
 
     async def start(self) -> None:
@@ -171,6 +173,11 @@ class _Zygote:
         if self._sock is not None:
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(self._sock.fileno())
+            if self._write_wait is not None:
+                with contextlib.suppress(Exception):
+                    self.loop.remove_writer(self._sock.fileno())
+                if not self._write_wait.done():
+                    self._write_wait.set_result(None)  # the sender sees the socket gone
             self._sock.close()
             self._sock = None
         for fut in self._pending.values():
@@ -205,14 +212,16 @@ class _Zygote:
         spawn_id = next(self._ids)
         fut: asyncio.Future[int] = self.loop.create_future()
         self._pending[spawn_id] = fut
+        msg = json.dumps({"spawn": spawn_id, "argv": argv, "env": env, "cwd": cwd}).encode()
         try:
-            msg = json.dumps({"spawn": spawn_id, "argv": argv, "env": env, "cwd": cwd}).encode()
-            socket.send_fds(self._sock, [msg], [in_r, out_w, err])
-        except OSError:
+            async with asyncio.timeout(timeout_s):
+                await self._send(msg, [in_r, out_w, err])
+        except BaseException as exc:
             self._pending.pop(spawn_id, None)
             for fd in (in_r, in_w, out_r, out_w, err):
                 os.close(fd)
-            self._lost()
+            if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                self._lost()
             raise
         for fd in (in_r, out_w, err):
             os.close(fd)
@@ -237,6 +246,43 @@ class _Zygote:
         else:
             self._children[pid] = proc
         return proc
+
+    async def _send(self, msg: bytes, fds: list[int]) -> None:
+        """Send one request, in the order callers asked, waiting while the zygote's queue is full.
+
+        The socket is non-blocking and its send buffer holds ~100 requests the zygote has not read yet:
+        a burst of spawns (hundreds of reflections reaching their first cell together) fills it while
+        the zygote forks, and the next send fails with EAGAIN. That is back pressure, not a dead
+        zygote (taking it for one made every host of the burst start directly, at ~10x the CPU, and
+        restarted the zygote): wait until the socket is writable again and send then."""
+        async with self._send_lock:
+            while True:
+                if self._sock is None:
+                    raise RuntimeError("the zygote exited")
+                try:
+                    socket.send_fds(self._sock, [msg], fds)
+                    return
+                except BlockingIOError:
+                    await self._writable()
+
+    async def _writable(self) -> None:
+        """Until the socket can take a message, or the zygote is lost (`_lost` wakes this)."""
+        assert self._sock is not None
+        fd = self._sock.fileno()
+        ready: asyncio.Future[None] = self.loop.create_future()
+        self._write_wait = ready
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self.loop.add_writer(fd, wake)
+        try:
+            await ready
+        finally:
+            self._write_wait = None
+            if self._sock is not None:
+                self.loop.remove_writer(fd)
 
     def abandon(self) -> None:
         """Let go without awaiting anything (its loop is closed, or it died): closing the socket ends the fork

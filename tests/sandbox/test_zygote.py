@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -114,6 +115,44 @@ async def test_a_dead_zygote_stops_no_host_and_the_next_host_still_starts(trace_
         assert _zygote_pid() in _ancestors(again.host_pid)
     finally:
         await again.close()
+
+
+async def test_a_burst_of_hosts_waits_for_the_zygote_instead_of_losing_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hundreds of reflections reach their first cell together: spawn requests beyond what the zygote's
+    socket buffers are back pressure, and every host is still forked by the one zygote (none started
+    directly at ~10x the CPU, the zygote not dropped). The buffer is made small here so that a few
+    requests fill it (a default one holds ~100 of them)."""
+    from sandbox.hostproc import _kill_host, _launch
+
+    await _started_zygote()
+    z = zygote_client.running_zygote(sys.executable)
+    assert z is not None and z._sock is not None
+    z._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    zygote = _zygote_pid()
+    os.kill(zygote, signal.SIGSTOP)  # busy forking: it reads nothing while the burst arrives
+    try:
+        with caplog.at_level("WARNING"):
+            burst = asyncio.gather(*(_launch(sys.executable, None) for _ in range(12)))
+            await asyncio.sleep(0.3)
+            os.kill(zygote, signal.SIGCONT)
+            hosts = await burst
+    finally:
+        os.kill(zygote, signal.SIGCONT)
+    try:
+        assert [r.getMessage() for r in caplog.records if "fork server" in r.getMessage()] == []
+        assert all(isinstance(h.proc, zygote_client._ForkedProcess) for h in hosts)
+        assert _zygote_pid() == zygote
+        assert all(_ppid(h.proc.pid) == zygote for h in hosts)
+    finally:
+        await asyncio.gather(*(_kill_host(h) for h in hosts))
+
+
+async def _started_zygote() -> None:
+    from sandbox.zygote_client import _zygote
+
+    assert await _zygote(sys.executable) is not None
 
 
 async def test_another_event_loop_never_touches_this_loops_zygote(trace_file: str) -> None:
