@@ -17,11 +17,12 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandbox.archive import ArchiveGrants
+from sandbox.eviction import next_pause
 from sandbox.journal import Journal, RebuildFailed, inherit_digest, load_inherit
 from sandbox.protocol import Executor, ExecutorFactory, Inherit, SandboxLimits
 
@@ -36,6 +37,15 @@ class _Live:
     executor: Executor
     last_seq: int
     start_key: str
+    idle_since: float = field(default_factory=time.monotonic)  # when its last cell (or export) ended
+    pause_s: float | None = None  # its session's usual pause between cells (`sandbox.eviction`)
+
+    def busy(self) -> None:
+        """A cell begins: the pause that ends here joins the session's estimate."""
+        self.pause_s = next_pause(self.pause_s, time.monotonic() - self.idle_since)
+
+    def idle(self) -> None:
+        self.idle_since = time.monotonic()
 
 
 @dataclass

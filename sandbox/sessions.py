@@ -9,8 +9,9 @@ is discarded, so in every path - crashed or not - their effects are gone and the
 exactly the state of the previous completed cells.
 
 Fast path: the live host for the session has run exactly seq-1 -> run the cell directly.
-Recovery path (new worker, dead host, retry of the same seq, host evicted): fresh host, replay the
-journal entries with seq < current in order (output discarded), then run the cell.
+Recovery path (new worker, dead host, retry of the same seq, host evicted above the cap: `sandbox.eviction`
+says which): fresh host, replay the journal entries with seq < current in order (output discarded), then
+run the cell.
 
 Bounded recovery (`snapshot_every=N`): a periodic snapshot of the host's namespace lets a recovery replay
 only the later entries (`sandbox.recovery` says how, and why correctness never depends on it).
@@ -30,14 +31,13 @@ Archived transcripts: hosts get `archive_root` (the blob store) so cells can run
 the same immutable blob again. The blobs must stay in the store while the session can be rebuilt.
 
 Durability (`fsync`; the files are `sandbox.journal`'s): every journal entry, snapshot and sidecar is
-written to a temp file and renamed into place, so a reader sees a whole file or none. With
-`fsync=True` the file and its directory are fsynced before the cell's result is returned: entries
-survive a power loss / kernel crash. With
-`fsync=False` they sit in the page cache: they survive a crash or kill of the worker process (the
-kernel still writes them back) but not of the machine; after a machine crash a session may lose its
-latest entries and rebuild an *older* state (a later cell then fails visibly, e.g. NameError, rather
-than silently diverging - entries are never torn). fsync costs a disk flush per cell (~9% of the
-worker's CPU under load), so workers on one machine may prefer `fsync=False`.
+written to a temp file and renamed into place, so a reader sees a whole file or none. With `fsync=True`
+the file and its directory are fsynced before the cell's result is returned: entries survive a power
+loss / kernel crash. With `fsync=False` they sit in the page cache: they survive a crash or kill of the
+worker process (the kernel still writes them back) but not of the machine; after a machine crash a
+session may lose its latest entries and rebuild an *older* state (a later cell then fails visibly, e.g.
+NameError, rather than silently diverging - entries are never torn). fsync costs a disk flush per cell
+(~9% of the worker's CPU under load), so workers on one machine may prefer `fsync=False`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 
 from sandbox import isolation as isolation_defaults
 from sandbox.archive import GRANTS_SUFFIX, ArchiveGrants
+from sandbox.eviction import Parking, eviction_order
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
 from sandbox.journal import Journal, RebuildFailed, Replica
@@ -122,18 +123,17 @@ class SessionManager:
         archive_fetch: Callable[[str], object] | None = None,
         grants_fetch: Callable[[Path], object] | None = None,
     ) -> None:
-        """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool);
-        `snapshot_every` cells a snapshot bounds the replay on recovery (0 disables snapshots);
-        `archive_root` is the blob store `ARCHIVE(sha256)` reads from (default factory only; None:
-        `ARCHIVE` raises a clear error in the cell); `isolation`: the OS layer of the hosts (default
-        factory only; None: `sandbox.isolation.DEFAULT_MODE`, `auto`, see `sandbox.isolation`; the worker passes its `RR_SANDBOX_ISOLATION`);
-        `zygote`: fork the hosts from the worker's fork server (default factory only; see
-        `sandbox.zygote`; the worker passes its `RR_SANDBOX_ZYGOTE`). `max_live`: live hosts kept
-        (least recently used ones are stopped; the worker passes its `RR_MAX_LIVE_SANDBOXES`).
+        """`pool_size` idle hosts are kept warm (default factory only; 0 disables the pool); `snapshot_every`
+        cells a snapshot bounds the replay on recovery (0 disables snapshots); `archive_root` is the blob store
+        `ARCHIVE(sha256)` reads from (default factory only; None: `ARCHIVE` raises a clear error in the cell);
+        `isolation`: the OS layer of the hosts (default factory only; None: `sandbox.isolation.DEFAULT_MODE`,
+        `auto`; the worker passes its `RR_SANDBOX_ISOLATION`); `zygote`: fork the hosts from the worker's fork
+        server (default factory only; `sandbox.zygote`; the worker passes its `RR_SANDBOX_ZYGOTE`).
+        `max_live`: live hosts kept (those whose next cell is furthest off are stopped first,
+        `sandbox.eviction`; the worker passes its `RR_MAX_LIVE_SANDBOXES`).
 
-        `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning.
-        Off, the writes still survive a crash of the worker process (page cache) but not of the
-        machine; see the module doc for what a session loses then.
+        `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning. Off,
+        the writes survive a crash of the worker process (page cache) but not of the machine (module doc).
         """
         self.journal = Journal(journal_root, fsync=fsync, replica=replica)
         self.journal_root = self.journal.root
@@ -152,6 +152,7 @@ class SessionManager:
         self._factory = executor_factory
         self._max_live = max(1, max_live)
         self._live: OrderedDict[str, _Live] = OrderedDict()
+        self._parked = Parking(4 * self._max_live)
         self._locks: dict[str, asyncio.Lock] = {}
         self.stats = _Stats()
 
@@ -210,6 +211,7 @@ class SessionManager:
                 and live.executor.alive
             ):
                 self._live.move_to_end(session_id)
+                live.busy()
                 await self._io(self.journal.forget, session_id, seq, only_this=True)
                 result = await live.executor.run_cell(code)
                 if result.error_kind == "crash":
@@ -319,6 +321,7 @@ class SessionManager:
                 path, resp = await export(directory)
                 if path is not None:
                     self._live.move_to_end(session_id)
+                    live.idle()
                     return path, [str(n) for n in resp.get("skipped") or []]
                 # Never keep a host whose export failed; a live host that had died gets one rebuild.
                 await self._drop(session_id)
@@ -330,6 +333,7 @@ class SessionManager:
         """Stop the session's host; optionally delete its journal (the session is over)."""
         async with self._lock(session_id):
             await self._drop(session_id)
+            self._parked.forget(session_id)
             if delete_journal:
                 await self._io(self.journal.delete, session_id)
         self._locks.pop(session_id, None)
@@ -420,6 +424,7 @@ class SessionManager:
             fresh, self.journal, self.stats, session_id, seq, start_key, entries
         )
         live = _Live(executor=executor, last_seq=seq - 1, start_key=start_key)
+        self._parked.resume(session_id, live)  # evicted before: it keeps its session's rhythm
         self._live[session_id] = live
         self._live.move_to_end(session_id)
         await self._evict(keep=session_id)
@@ -464,6 +469,7 @@ class SessionManager:
         if rebuilt is not None:
             meta.update(rebuilt)
             restarted = True
+        live.idle()
         return CellResult(
             ok=result.ok,
             stdout=result.stdout,
@@ -482,11 +488,13 @@ class SessionManager:
             await live.executor.close()
 
     async def _evict(self, keep: str) -> None:
-        """Close least-recently-used idle hosts above the cap; their state comes back from the journal."""
-        for session_id in list(self._live):
+        """Close idle hosts above the cap, furthest next cell first (`sandbox.eviction`); journals restore them."""
+        idle = {sid: live for sid, live in self._live.items() if sid != keep and not self._lock(sid).locked()}
+        for session_id in eviction_order(idle, time.monotonic()):
             if len(self._live) <= self._max_live:
                 return
-            if session_id == keep or self._lock(session_id).locked():
-                continue
+            if (live := self._live.get(session_id)) is None or self._lock(session_id).locked():
+                continue  # used again while an earlier one was being stopped
             self.stats.evictions += 1
+            self._parked.park(session_id, live)
             await self._drop(session_id)

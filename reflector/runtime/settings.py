@@ -300,7 +300,7 @@ class Settings:
     sandbox_isolation: IsolationMode = "auto"
     journal_fsync: bool = False
     no_worker_warn_s: float = DEFAULT_NO_WORKER_WARN_S
-    # live sandbox hosts per worker process (RR_MAX_LIVE_SANDBOXES; LRU ones are stopped)
+    # live sandbox hosts per worker process (RR_MAX_LIVE_SANDBOXES; those whose next cell is furthest off are stopped: sandbox.eviction)
     max_live_sandboxes: int = MAX_LIVE_HOSTS
     # fork sandbox hosts from the worker's fork server (RR_SANDBOX_ZYGOTE; "0": start each directly)
     sandbox_zygote: bool = True
