@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import Any
 
 from temporalio.worker import Interceptor
 
@@ -25,6 +26,7 @@ from reflector.client import connect
 from reflector.runtime import lean_gc
 from reflector.runtime.admission import AdmissionControl
 from reflector.runtime.settings import Settings
+from sandbox.sessions import SessionManager
 from worker import activity_admission, build_worker, workflow_admission
 
 
@@ -45,7 +47,29 @@ async def _report(suppliers: dict[str, AdmissionControl], every_s: float = 5.0) 
                 f"{name}: lag max {s.window_max_lag_s * 1000:.0f} ms, limit {s.limit}{rate}, in use {s.in_use}{live}"
             )
             s.window_max_lag_s = 0.0
-        print("admission: " + "; ".join(parts), flush=True)
+        print("admission: " + "; ".join(parts) + _sandbox_stats(), flush=True)
+
+
+def _sandbox_stats() -> str:
+    """The worker's sandbox hosts: live, host starts (a session's first, or a rebuild), evictions above the cap."""
+    return "".join(
+        f"; sandbox: live {len(m._live)}, host starts {m.stats.rebuilds}, evictions {m.stats.evictions}"
+        for m in _SESSION_MANAGERS
+    )
+
+
+_SESSION_MANAGERS: list[SessionManager] = []
+
+
+def _count_session_managers() -> None:
+    """Remember the worker's `SessionManager` (built inside `build_worker`) for `_sandbox_stats`."""
+    init = SessionManager.__init__
+
+    def recorded(self: SessionManager, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _SESSION_MANAGERS.append(self)
+
+    SessionManager.__init__ = recorded  # type: ignore[method-assign]
 
 
 def _without() -> None:
@@ -114,6 +138,7 @@ async def main() -> None:
     _without()
     _core_log()
     _gc_stats()
+    _count_session_managers()
     print_evictions()
     s = Settings.from_env()
     client = await connect(s.address)
