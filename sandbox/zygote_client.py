@@ -311,6 +311,7 @@ class _Zygote:
 # started it, and another loop must never touch them (a sync `reflect()` runs its own loop beside a
 # program's, or a test session's, long-lived one)
 _zygotes: dict[tuple[str, asyncio.AbstractEventLoop], _Zygote] = {}
+_starting: dict[tuple[str, asyncio.AbstractEventLoop], asyncio.Lock] = {}
 
 
 def _forget_closed_loops() -> None:
@@ -320,6 +321,8 @@ def _forget_closed_loops() -> None:
         if z.loop.is_closed():
             del _zygotes[key]
             z.abandon()
+    for key in [k for k in _starting if k[1].is_closed()]:
+        del _starting[key]
 
 
 def running_zygote(python: str) -> _Zygote | None:
@@ -346,13 +349,19 @@ async def _zygote(python: str) -> _Zygote | None:
     z = _zygotes.get(key)
     if z is not None and z.alive:
         return z
-    if z is not None:  # this loop's zygote died
-        z.abandon()
-    z = _Zygote(python)
-    try:
-        await z.start()
-    except OSError as exc:
-        log.warning("sandbox: cannot start the host fork server (%s); starting hosts one by one", exc)
-        return None
-    _zygotes[key] = z
-    return z
+    # One start at a time: hosts asked for together (a burst after the zygote died) would each start a
+    # zygote, and all but the last stored would run on unreferenced, their work dirs left behind.
+    async with _starting.setdefault(key, asyncio.Lock()):
+        z = _zygotes.get(key)
+        if z is not None and z.alive:
+            return z
+        if z is not None:  # this loop's zygote died
+            z.abandon()
+        z = _Zygote(python)
+        try:
+            await z.start()
+        except OSError as exc:
+            log.warning("sandbox: cannot start the host fork server (%s); starting hosts one by one", exc)
+            return None
+        _zygotes[key] = z
+        return z

@@ -149,6 +149,35 @@ async def test_a_burst_of_hosts_waits_for_the_zygote_instead_of_losing_it(
         await asyncio.gather(*(_kill_host(h) for h in hosts))
 
 
+async def test_hosts_asked_for_together_after_the_zygote_died_start_one_new_zygote() -> None:
+    """Every spawn of the burst finds the zygote dead: one new zygote is started and forks them all (not one
+    zygote each, all but the last left running unreferenced with their work dirs)."""
+    from sandbox.hostproc import _kill_host, _launch
+
+    await _started_zygote()
+    os.kill(_zygote_pid(), signal.SIGKILL)
+    for _ in range(100):  # the worker notices the zygote's socket closing
+        z = zygote_client.running_zygote(sys.executable)
+        if z is None or not z.alive:
+            break
+        await asyncio.sleep(0.02)
+    hosts = await asyncio.gather(*(_launch(sys.executable, None) for _ in range(6)))
+    try:
+        zygote = _zygote_pid()
+        assert [_ppid(h.proc.pid) for h in hosts] == [zygote] * len(hosts)
+        zygotes = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _is_child_zygote(pid)]
+        assert zygotes == [zygote], zygotes
+    finally:
+        await asyncio.gather(*(_kill_host(h) for h in hosts))
+
+
+def _is_child_zygote(pid: int) -> bool:
+    try:
+        return _ppid(pid) == os.getpid() and b"sandbox.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 async def _started_zygote() -> None:
     from sandbox.zygote_client import _zygote
 
