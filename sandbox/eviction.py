@@ -4,9 +4,9 @@ A stopped host costs its session a rebuild at its next cell (a fresh host, then 
 snapshot restored): the host to stop is the one whose next cell is furthest away (Belady's rule).
 Least-recently-used is the opposite here. Reflections run a cell, wait for a model reply, run the next: each
 session comes back after about one model latency, so the host idle the longest is the one whose reply is due
-first. With more sessions than the cap, LRU stopped every host just before its next cell (300 reflections on
-a 256 cap: 75 % of cells rebuilt a host, 5x the hosts' CPU); stopping the next-furthest rebuilds only the
-sessions above the cap.
+first. With more sessions than the cap, LRU stopped every host just before its next cell (300 sessions on a
+256 cap: 70 % of the cells rebuilt a host, `bench/sandbox_hosts.py`); stopping the next-furthest rebuilds
+about the sessions above the cap (14 %).
 
 So each live host keeps when it went idle and an estimate of its session's pause between cells (a moving
 average of the pauses seen; the median of the other sessions' estimates until it has one). A host idle for
