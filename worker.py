@@ -55,6 +55,7 @@ from reflector.runtime.settings import SettingError, Settings, usable_dir
 from reflector.runtime.storage.identity import store_id
 from reflector.runtime.storage.payloads import blob_dir_of, replay_storage
 from reflector.runtime.storage.stores import check_store, describe_store
+from sandbox import capacity
 from sandbox.isolation import IsolationUnavailable
 from workflows.agents import MODEL_ACTIVITIES
 from workflows.batch import BatchReflectionWorkflow
@@ -324,6 +325,10 @@ async def _serve(settings: Settings) -> None:
         flush=True,
     )
     print(f"sandbox: {isolation.summary()}", flush=True)
+    print(
+        f"sandbox hosts: {capacity.describe(settings.max_live_sandboxes, set_explicitly=settings.max_live_sandboxes_set)}",
+        flush=True,
+    )
     print(f"blobs: {describe_store(settings)}", flush=True)
     print(f"event loop: {event_loop.running()} (RR_EVENT_LOOP={settings.event_loop})", flush=True)
     how = "set by RR_TASK_QUEUE" if settings.task_queue_setting else "derived from the store: rr-<store id>"

@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import resource
 import tempfile
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -55,6 +56,7 @@ from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.runtime.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
+from sandbox.capacity import FDS_PER_HOST, RESERVE, raise_open_files
 from sandbox.hostproc import sweep_stale_workdirs
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
@@ -106,6 +108,7 @@ _runtimes: dict[tuple[object, ...], _Runtime] = {}
 
 
 _warned = False
+_fd_warned: set[int] = set()  # live-host counts the open-file limit was too low for (said once each)
 
 
 RUNTIME: ContextVar[_Runtime | None] = ContextVar("rr_sandbox_runtime", default=None)
@@ -128,7 +131,7 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
     sweep_stale_workdirs()
     store = open_store(settings)
     private_store_dirs(Path(settings.blob_dir))
-    live = settings.max_live_sandboxes if max_live is None else max_live
+    live = _open_files_for(settings.max_live_sandboxes if max_live is None else max_live)
     key: tuple[object, ...] = (
         str(Path(settings.blob_dir).resolve()),
         settings.s3_url,
@@ -165,6 +168,22 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
         _warned = True  # once per worker process
         log.warning(LANGUAGE_ONLY_WARNING)
     return rt
+
+
+def _open_files_for(live: int) -> int:
+    """`live` hosts, or as many as this process's open-file limit allows once lifted (`sandbox.capacity`)."""
+    allowed = raise_open_files(live)
+    if allowed < live and live not in _fd_warned:
+        _fd_warned.add(live)
+        log.warning(
+            "%d live sandbox hosts need ~%d open files and this process may open %d (its hard limit, "
+            "`ulimit -Hn`): it keeps %d; raise the limit or lower RR_MAX_LIVE_SANDBOXES",
+            live,
+            live * FDS_PER_HOST + RESERVE,
+            resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+            allowed,
+        )
+    return allowed
 
 
 def configure(settings: Settings | None = None, *, max_live: int | None = None) -> _Runtime:

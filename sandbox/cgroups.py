@@ -17,7 +17,7 @@ from sandbox.isolation import (
     IsolationReport,
 )
 
-__all__ = ["check_cgroup_base", "enter_cgroup", "find_cgroup_base"]
+__all__ = ["check_cgroup_base", "cgroup2_mounts", "enter_cgroup", "find_cgroup_base"]
 
 _cgroup_dir: str | None = None  # this host's own cgroup (the reaper and the host inherit it through fork)
 
@@ -33,7 +33,7 @@ def _read_words(path: str) -> set[str]:
         return set()
 
 
-def _cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     """Mount points of the cgroup v2 file system, from `mountinfo` (field 5; fs type after ` - `)."""
     try:
         with open(mountinfo, encoding="utf-8", errors="replace") as fh:
@@ -88,7 +88,7 @@ def find_cgroup_base(explicit: str | None = None) -> tuple[str | None, str]:
     if explicit:
         why = check_cgroup_base(explicit)
         return (explicit, "") if why is None else (None, why)
-    mounts = _cgroup2_mounts()
+    mounts = cgroup2_mounts()
     if not mounts:
         return None, "no cgroup v2 file system is mounted"
     own = _own_cgroup()
@@ -174,7 +174,7 @@ def enter_cgroup(mode: IsolationMode, report: IsolationReport, *, unavailable: I
             os.rmdir(mine)
         report.missing["cgroup"] = f"cannot use a cgroup under {base}: {exc.strerror or exc}"
         return
-    own, mounts = _own_cgroup(), _cgroup2_mounts()
+    own, mounts = _own_cgroup(), cgroup2_mounts()
     _cgroup_dir = mine
     _cgroup_home = next((os.path.normpath(m + "/" + (own or "").lstrip("/")) for m in mounts), None)
     report.layers.append("cgroup")

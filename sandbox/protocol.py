@@ -22,8 +22,9 @@ __all__ = [
     "MAX_LIVE_HOSTS",
 ]
 
-# Live sandbox hosts a worker process keeps (those whose next cell is furthest off are stopped; their state comes
-# back from the journal). The worker's `RR_MAX_LIVE_SANDBOXES` defaults to it (`reflector.runtime.settings`).
+# Live sandbox hosts a `SessionManager` keeps when not told (those whose next cell is furthest off are stopped;
+# their state comes back from the journal). A worker passes its `RR_MAX_LIVE_SANDBOXES`, whose default is sized
+# from the machine (`sandbox.capacity`).
 MAX_LIVE_HOSTS = 256
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:@=+-]{1,200}$"  # session ids usable as a file name as they are
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from reflector.runtime.event_loop import EVENT_LOOP_ENV, EventLoopSetting, uvloop_installed
+from sandbox.capacity import host_budget
 from sandbox.isolation import ISOLATION_ENV, IsolationMode, parse_mode
 from sandbox.protocol import MAX_LIVE_HOSTS
 
@@ -300,8 +301,10 @@ class Settings:
     sandbox_isolation: IsolationMode = "auto"
     journal_fsync: bool = False
     no_worker_warn_s: float = DEFAULT_NO_WORKER_WARN_S
-    # live sandbox hosts per worker process (RR_MAX_LIVE_SANDBOXES; those whose next cell is furthest off are stopped: sandbox.eviction)
+    # live sandbox hosts per worker process (RR_MAX_LIVE_SANDBOXES, default sized from the machine: sandbox.capacity;
+    # those whose next cell is furthest off are stopped: sandbox.eviction)
     max_live_sandboxes: int = MAX_LIVE_HOSTS
+    max_live_sandboxes_set: bool = False  # RR_MAX_LIVE_SANDBOXES given (else the machine's budget)
     # fork sandbox hosts from the worker's fork server (RR_SANDBOX_ZYGOTE; "0": start each directly)
     sandbox_zygote: bool = True
     # models this worker prepares before polling (RR_WORKER_MODELS: names, provider prefixes or `*`)
@@ -390,7 +393,8 @@ class Settings:
             no_worker_warn_s=env_number(
                 "RR_NO_WORKER_WARN_S", DEFAULT_NO_WORKER_WARN_S, integer=False, minimum=0.1
             ),
-            max_live_sandboxes=int(env_number("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS)),
+            max_live_sandboxes=_live_hosts(),
+            max_live_sandboxes_set=bool(env.get("RR_MAX_LIVE_SANDBOXES", "").strip()),
             sandbox_zygote=env.get("RR_SANDBOX_ZYGOTE", "1") != "0",
             worker_models=_names(env.get(WORKER_MODELS_ENV, "")),
             plugins=_names(env.get("RR_PLUGINS", "")),
@@ -480,3 +484,11 @@ def _names(raw: str) -> tuple[str, ...]:
 
 def _optional_count(name: str) -> int | None:
     return int(env_number(name, 1)) if os.environ.get(name, "").strip() else None
+
+
+def _live_hosts() -> int:
+    """`RR_MAX_LIVE_SANDBOXES`, or (unset) the machine's budget (`sandbox.capacity`: memory, open files,
+    processes)."""
+    if os.environ.get("RR_MAX_LIVE_SANDBOXES", "").strip():
+        return int(env_number("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS))
+    return host_budget().hosts

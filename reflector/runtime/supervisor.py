@@ -35,7 +35,7 @@ from types import FrameType
 from typing import IO
 
 from reflector.runtime.settings import SettingError, env_number
-from sandbox.protocol import MAX_LIVE_HOSTS
+from sandbox.capacity import host_budget
 
 __all__ = [
     "PROCESSES_ENV",
@@ -48,12 +48,13 @@ __all__ = [
 ]
 
 PROCESSES_ENV = "RR_WORKER_PROCESSES"
-# per-machine budgets split among the children: (variable, default); the defaults are the worker's. No
-# default: split only when set (unset, each child's admission control finds its own number of slots)
-BUDGETS: tuple[tuple[str, int | None], ...] = (
+# per-machine budgets split among the children: (variable, default); the defaults are the worker's (the live
+# hosts': the machine's budget, sandbox.capacity). No default: split only when set (unset, each child's
+# admission control finds its own number of slots)
+BUDGETS: tuple[tuple[str, Callable[[], int] | None], ...] = (
     ("RR_MAX_CONCURRENT_WORKFLOW_TASKS", None),
     ("RR_MAX_CONCURRENT_ACTIVITIES", None),
-    ("RR_MAX_LIVE_SANDBOXES", MAX_LIVE_HOSTS),
+    ("RR_MAX_LIVE_SANDBOXES", lambda: host_budget().hosts),
 )
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 30.0
@@ -90,7 +91,8 @@ def split_budgets(n: int) -> dict[str, str]:
     for name, default in BUDGETS:
         if default is None and not os.environ.get(name, "").strip():
             continue
-        out[name] = str(max(1, math.ceil(int(env_number(name, default or 1)) / n)))
+        total = int(env_number(name, 1)) if os.environ.get(name, "").strip() or default is None else default()
+        out[name] = str(max(1, math.ceil(total / n)))
     return out
 
 

@@ -4,6 +4,7 @@ crash loop, a child's start-up error, stop."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from reflector.runtime import supervisor as sv
 from reflector.runtime.settings import SettingError
+from sandbox.capacity import HostBudget, host_budget
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +38,9 @@ def _run(cmd: list[str], n: int = 2, stop_after: float | None = None) -> tuple[i
 
 
 def test_budgets_are_split_with_ceil_and_at_least_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    # slot counts are not split unless set: each child's admission control finds its own number
+    # slot counts are not split unless set: each child's admission control finds its own number; the live
+    # hosts' default is the machine's budget (sandbox.capacity), split like a set value
+    monkeypatch.setattr(sv, "host_budget", lambda: HostBudget(hosts=256, bound="memory", memory_bytes=1))
     assert sv.split_budgets(1) == {"RR_MAX_LIVE_SANDBOXES": "256"}
     assert sv.split_budgets(2) == {"RR_MAX_LIVE_SANDBOXES": "128"}
     assert sv.split_budgets(16) == {"RR_MAX_LIVE_SANDBOXES": "16"}
@@ -46,6 +50,8 @@ def test_budgets_are_split_with_ceil_and_at_least_one(monkeypatch: pytest.Monkey
     assert sv.split_budgets(2)["RR_MAX_CONCURRENT_WORKFLOW_TASKS"] == "15"
     monkeypatch.setenv("RR_MAX_CONCURRENT_WORKFLOW_TASKS", "3")
     assert sv.split_budgets(64)["RR_MAX_CONCURRENT_WORKFLOW_TASKS"] == "1"
+    monkeypatch.setenv("RR_MAX_LIVE_SANDBOXES", "1000")  # a set value wins over the machine's budget
+    assert sv.split_budgets(4)["RR_MAX_LIVE_SANDBOXES"] == "250"
     monkeypatch.setenv("RR_MAX_LIVE_SANDBOXES", "lots")
     with pytest.raises(SettingError, match="RR_MAX_LIVE_SANDBOXES must be a whole number"):
         sv.split_budgets(2)
@@ -75,7 +81,8 @@ def test_children_get_their_share_and_are_stopped_by_sigterm() -> None:
     )
     code, out, err = _run(_script(child), n=3, stop_after=1.5)
     assert code == 0, (out, err)
-    assert out.count("sandboxes=86") == 3 and out.count("child stopping") == 3, out
+    share = math.ceil(host_budget().hosts / 3)  # the machine's budget (unset), split three ways
+    assert out.count(f"sandboxes={share}") == 3 and out.count("child stopping") == 3, out
     assert "restarting" not in out and "rr: error:" not in err, (out, err)
 
 
