@@ -35,6 +35,8 @@ from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
 from reflector.runtime import lean_visits
 from reflector.runtime.storage.payloads import external_storage
 
+_MARKER = "__temporal_external_storage_reference"  # temporalio.converter._extstore._REFERENCE_MARKER_KEY
+
 # temporalio's own (an in-process worker of another test may have installed the one-walk versions)
 ORIGINAL_DECODE, ORIGINAL_ENCODE = lean_visits._originals or (
     bridge_worker.decode_activation,
@@ -180,3 +182,28 @@ def test_install_replaces_only_the_signature_it_knows(monkeypatch: pytest.Monkey
     assert lean_visits.install() is True
     assert bridge_worker.decode_activation is lean_visits.decode_activation
     assert bridge_worker.encode_completion is lean_visits.encode_completion
+
+
+async def test_sequences_left_unchanged_skip_the_converter(tmp_path: Path) -> None:
+    # only the sequences the functions would change reach them: one with a payload over the threshold when
+    # encoding, one with a storage reference when decoding (each call resolves a converter per command)
+    dc = _converter(tmp_path, codec=False)
+    seen: list[int] = []
+
+    async def full(payloads: Sequence[Payload]) -> list[Payload]:
+        seen.append(len(payloads))
+        return await lean_visits.chained(
+            *(getattr(dc, name) for name in lean_visits._ENCODE if name != "_encode_payload_sequence")
+        )(payloads)
+
+    encode = lean_visits.unchanged_skipped(1, dc, full)
+    small = [_p("a"), _p("b", 1000)]
+    assert await encode(small) == small and seen == []
+    stored = await encode([_p("a"), _p("big", 40_000)])
+    assert seen == [2] and stored[0] == _p("a") and stored[1].ByteSize() < 1000  # a reference
+    decode = lean_visits.unchanged_skipped(0, dc, lambda ps: dc._external_retrieve_payload_sequence(ps))
+    assert await decode(small) == small
+    assert await decode(stored) == [_p("a"), _p("big", 40_000)]
+    marked = Payload(metadata={"encoding": b"json/plain", _MARKER: b"true"}, data=b"x")
+    with pytest.raises(RuntimeError):  # a marker on what is no reference: the library's error, not skipped
+        await lean_visits.unchanged_skipped(0, dc, dc._decode_reference_payload_sequence)([marked])
