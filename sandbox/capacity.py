@@ -62,9 +62,7 @@ class HostBudget:
     memory_bytes: int
 
     def summary(self) -> str:
-        return (
-            f"{self.hosts} live hosts (bound by {self.bound}; memory {self.memory_bytes / 1024**3:.1f} GiB)"
-        )
+        return f"bound by {self.bound}; memory {self.memory_bytes / 1024**3:.1f} GiB"
 
 
 def _read_int(path: str) -> int | None:

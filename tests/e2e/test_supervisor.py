@@ -125,9 +125,10 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
     log_path = Path(sup_env["RR_TEST_MODEL_LOG"])
     sup = Supervised(sup_env, tmp_path / "supervisor.log")
     try:
-        # each child prints its `rr worker pid=` line, then its `sandbox:` line: wait for both of both
+        # each child prints its `rr worker pid=` line, then its `sandbox:` and `sandbox hosts:` lines: wait for
+        # all of both
         sup.wait_for(
-            lambda: sup.text().count("rr worker pid=") >= 2 and sup.text().count("sandbox: ") >= 2,
+            lambda: sup.text().count("rr worker pid=") >= 2 and sup.text().count("sandbox hosts: ") >= 2,
             "two ready workers",
         )
         first = sup.started()
@@ -138,6 +139,7 @@ async def test_a_killed_child_is_restarted_and_every_reflection_completes(sup_en
             text
         )
         assert text.count("sandbox: ") == 2, text  # the children's own output passes through
+        assert text.count(f"sandbox hosts: up to {share} live (RR_MAX_LIVE_SANDBOXES)") == 2, text
 
         settings = Settings.from_env()
         client = await connect(sup_env["TEMPORAL_ADDRESS"])
