@@ -25,7 +25,7 @@ import os
 import resource
 from dataclasses import dataclass
 
-from sandbox.cgroups import cgroup2_mounts
+from sandbox.cgroups import cgroup2_mounts, own_cgroups
 
 __all__ = [
     "HOST_MEMORY_BYTES",
@@ -79,22 +79,6 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def _own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
-    """This process's cgroup path per hierarchy: "" for v2 (the `0::` line), else each v1 controller's name."""
-    out: dict[str, str] = {}
-    try:
-        with open(proc_cgroup, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for name in parts[1].split(",") if parts[1] else [""]:
-                out[name] = parts[2] or "/"
-    return out
-
-
 def _ancestors(root: str, path: str) -> list[str]:
     """`root` + `path` and each of its parents up to `root` (a limit anywhere above applies)."""
     out = []
@@ -115,7 +99,7 @@ def cgroup_limit(
 ) -> int:
     """The tightest limit of this process's cgroups and their ancestors (v2 `v2_file`, v1
     `v1_controller/v1_file`), or _UNLIMITED where none is set."""
-    own = _own_cgroups(proc_cgroup)
+    own = own_cgroups(proc_cgroup)
     found = [_UNLIMITED]
     if "" in own:
         for mount in cgroup2_mounts() if v2_mounts is None else v2_mounts:

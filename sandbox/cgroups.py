@@ -17,7 +17,7 @@ from sandbox.isolation import (
     IsolationReport,
 )
 
-__all__ = ["check_cgroup_base", "cgroup2_mounts", "enter_cgroup", "find_cgroup_base"]
+__all__ = ["check_cgroup_base", "cgroup2_mounts", "enter_cgroup", "find_cgroup_base", "own_cgroups"]
 
 _cgroup_dir: str | None = None  # this host's own cgroup (the reaper and the host inherit it through fork)
 
@@ -49,16 +49,25 @@ def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     return found
 
 
-def _own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
-    """This process's cgroup v2 path (the `0::` line), or None (cgroup v1 only)."""
+def own_cgroups(proc_cgroup: str = "/proc/self/cgroup") -> dict[str, str]:
+    """This process's cgroup path per hierarchy: "" for v2 (the `0::` line), else each v1 controller's name."""
+    out: dict[str, str] = {}
     try:
         with open(proc_cgroup, encoding="utf-8", errors="replace") as fh:
-            for line in fh.read().splitlines():
-                if line.startswith("0::"):
-                    return line[3:] or "/"
+            lines = fh.read().splitlines()
     except OSError:
-        pass
-    return None
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for name in parts[1].split(",") if parts[1] else [""]:
+                out[name] = parts[2] or "/"
+    return out
+
+
+def _own_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
+    """This process's cgroup v2 path (the `0::` line), or None (cgroup v1 only)."""
+    return own_cgroups(proc_cgroup).get("")
 
 
 def check_cgroup_base(base: str) -> str | None:
