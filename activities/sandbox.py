@@ -56,7 +56,7 @@ from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.runtime.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
-from sandbox.capacity import FDS_PER_HOST, RESERVE, raise_open_files
+from sandbox.capacity import FDS_PER_HOST, HOST_MEMORY_BYTES, RESERVE, raise_open_files
 from sandbox.hostproc import sweep_stale_workdirs
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
@@ -153,6 +153,7 @@ def runtime_for(settings: Settings, *, max_live: int | None = None) -> _Runtime:
         sessions = SessionManager(
             Path(settings.blob_dir) / SESSIONS_DIR,
             max_live=live,
+            host_memory=HOST_MEMORY_BYTES,  # and at most `live` x 16 MiB of their memory (sandbox.capacity)
             fsync=settings.journal_fsync,
             archive_root=settings.blob_dir,
             isolation=settings.sandbox_isolation,

@@ -30,8 +30,10 @@ __all__ = [
     "OVERDUE_SLACK_S",
     "Parking",
     "Rhythm",
+    "Sized",
     "eviction_order",
     "next_pause",
+    "over_cap",
 ]
 
 # A host is overdue (its session waits for something other than a model reply) once idle for more than
@@ -39,6 +41,12 @@ __all__ = [
 OVERDUE_FACTOR = 2.0
 OVERDUE_SLACK_S = 1.0
 _WEIGHT = 0.5  # of the newest pause in the moving average
+
+
+class Sized(Protocol):
+    """A live host's memory in bytes, as the cap counts it (`sandbox.recovery._Live` measures it)."""
+
+    memory: int
 
 
 class Rhythm(Protocol):
@@ -103,3 +111,10 @@ class Parking:
 
     def forget(self, session_id: str) -> None:
         self._parked.pop(session_id, None)
+
+
+def over_cap(hosts: Mapping[str, Sized], max_live: int, max_memory: int | None) -> bool:
+    """More live hosts than `max_live`, or (with `max_memory`) more of their memory (`.memory`, bytes)."""
+    if len(hosts) > max_live:
+        return True
+    return max_memory is not None and sum(h.memory for h in hosts.values()) > max_memory

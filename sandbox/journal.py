@@ -7,7 +7,11 @@ are written, replayed and trusted is `sandbox.sessions`' business; this module o
 
 Durability (`fsync`): every journal entry, snapshot and sidecar is written to a temp file and renamed
 into place, so a reader sees a whole file or none. With `fsync=True` the file and its directory are
-fsynced before the write returns (see `sandbox.sessions` for what a session loses without it).
+fsynced before the write returns (before the cell's result is returned): entries survive a power loss /
+kernel crash. With `fsync=False` they sit in the page cache: they survive a crash or kill of the worker
+process (the kernel still writes them back) but not of the machine; after a machine crash a session may
+lose its latest entries and rebuild an *older* state (a later cell then fails visibly, e.g. NameError,
+rather than silently diverging - entries are never torn).
 
 Replica (`RR_BLOB_URL=s3://...`): with a `replica` every write is uploaded before the local file is
 renamed into place and every removal is applied to it too, so another worker that holds nothing

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.archive import ArchiveGrants
+from sandbox.capacity import host_memory
 from sandbox.eviction import next_pause
 from sandbox.journal import Journal, RebuildFailed, inherit_digest, load_inherit
 from sandbox.protocol import Executor, ExecutorFactory, Inherit, SandboxLimits
@@ -39,6 +40,8 @@ class _Live:
     start_key: str
     idle_since: float = field(default_factory=time.monotonic)  # when its last cell (or export) ended
     pause_s: float | None = None  # its session's usual pause between cells (`sandbox.eviction`)
+    memory: int = 0  # bytes, after its last cell (`measure`)
+    host_pid: int | None = None
 
     def busy(self) -> None:
         """A cell begins: the pause that ends here joins the session's estimate."""
@@ -46,6 +49,12 @@ class _Live:
 
     def idle(self) -> None:
         self.idle_since = time.monotonic()
+
+    def measure(self) -> None:
+        """Read the host's memory (`sandbox.capacity.host_memory`; its pid is looked up once)."""
+        if self.host_pid is None:
+            self.host_pid = getattr(self.executor, "host_pid", None)
+        self.memory = host_memory(self.host_pid)
 
 
 @dataclass

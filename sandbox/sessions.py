@@ -20,24 +20,16 @@ First-cell latency: new hosts come from a `HostPool` of pre-spawned idle hosts (
 
 Child sessions (`recurse`): `export_namespace(parent, seq, ...)` returns a self-contained copy of the
 parent's state after cell `seq` (bytes; see `sandbox.host.snapshot.take_export`) without running or
-journaling anything; a child's `run_cell(..., inherit=those bytes)` loads it into every host it
-starts for the session, right after `start` and before the snapshot / journal replay, so the
-inherited state is part of the child's starting point (its start key includes the export's digest:
-a live host started with another `inherit` is never reused, snapshots likewise). The child only ever
-holds a copy: nothing it does can reach the parent's host or journal.
+journaling anything; a child's `run_cell(..., inherit=those bytes)` loads it into every host it starts
+for the session, right after `start` and before the snapshot / journal replay, so the inherited state is
+part of the child's starting point (its start key includes the export's digest: a live host started with
+another `inherit` is never reused, snapshots likewise). The child only ever holds a copy.
 
-Archived transcripts: hosts get `archive_root` (the blob store) so cells can run
-`history.extend(ARCHIVE("<sha256>"))`; such a cell is journaled like any other, and a replay reads
-the same immutable blob again. The blobs must stay in the store while the session can be rebuilt.
+Archived transcripts: hosts get `archive_root` (the blob store) so cells can run `history.extend(ARCHIVE(
+"<sha256>"))`, journaled like any other and replayed from the same immutable blob (kept while rebuildable).
 
-Durability (`fsync`; the files are `sandbox.journal`'s): every journal entry, snapshot and sidecar is
-written to a temp file and renamed into place, so a reader sees a whole file or none. With `fsync=True`
-the file and its directory are fsynced before the cell's result is returned: entries survive a power
-loss / kernel crash. With `fsync=False` they sit in the page cache: they survive a crash or kill of the
-worker process (the kernel still writes them back) but not of the machine; after a machine crash a
-session may lose its latest entries and rebuild an *older* state (a later cell then fails visibly, e.g.
-NameError, rather than silently diverging - entries are never torn). fsync costs a disk flush per cell
-(~9% of the worker's CPU under load), so workers on one machine may prefer `fsync=False`.
+Durability (`fsync`): `sandbox.journal` says what a session keeps with and without it; fsync costs a disk
+flush per cell (~9% of the worker's CPU under load), so workers on one machine may prefer `fsync=False`.
 """
 
 from __future__ import annotations
@@ -56,7 +48,7 @@ from typing import Any, TypeVar
 
 from sandbox import isolation as isolation_defaults
 from sandbox.archive import GRANTS_SUFFIX, ArchiveGrants
-from sandbox.eviction import Parking, eviction_order
+from sandbox.eviction import Parking, eviction_order, over_cap
 from sandbox.executor import SubprocessExecutor
 from sandbox.isolation import IsolationMode
 from sandbox.journal import Journal, RebuildFailed, Replica
@@ -113,6 +105,7 @@ class SessionManager:
         *,
         executor_factory: ExecutorFactory | None = None,
         max_live: int = MAX_LIVE_HOSTS,
+        host_memory: int | None = None,
         fsync: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
@@ -130,10 +123,10 @@ class SessionManager:
         `auto`; the worker passes its `RR_SANDBOX_ISOLATION`); `zygote`: fork the hosts from the worker's fork
         server (default factory only; `sandbox.zygote`; the worker passes its `RR_SANDBOX_ZYGOTE`).
         `max_live`: live hosts kept (those whose next cell is furthest off are stopped first,
-        `sandbox.eviction`; the worker passes its `RR_MAX_LIVE_SANDBOXES`).
+        `sandbox.eviction`; the worker passes its `RR_MAX_LIVE_SANDBOXES`); `host_memory`: bytes per host on
+        average (the worker's `HOST_MEMORY_BYTES`): hosts also stop while theirs exceeds `max_live` x that.
 
-        `fsync`: flush every journal entry and snapshot (and its directory) to disk before returning. Off,
-        the writes survive a crash of the worker process (page cache) but not of the machine (module doc).
+        `fsync`: flush every journal entry, snapshot and their directory to disk first (`sandbox.journal`).
         """
         self.journal = Journal(journal_root, fsync=fsync, replica=replica)
         self.journal_root = self.journal.root
@@ -151,6 +144,7 @@ class SessionManager:
             executor_factory = self._pooled_factory
         self._factory = executor_factory
         self._max_live = max(1, max_live)
+        self._max_memory = None if host_memory is None else self._max_live * host_memory
         self._live: OrderedDict[str, _Live] = OrderedDict()
         self._parked = Parking(4 * self._max_live)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -470,6 +464,12 @@ class SessionManager:
             meta.update(rebuilt)
             restarted = True
         live.idle()
+        if self._max_memory is not None:
+            live.measure()
+            if over_cap(
+                self._live, self._max_live, self._max_memory
+            ):  # this host grew: stop idle others (this one is still the session's)
+                await self._evict(keep=session_id)
         return CellResult(
             ok=result.ok,
             stdout=result.stdout,
@@ -491,7 +491,7 @@ class SessionManager:
         """Close idle hosts above the cap, furthest next cell first (`sandbox.eviction`); journals restore them."""
         idle = {sid: live for sid, live in self._live.items() if sid != keep and not self._lock(sid).locked()}
         for session_id in eviction_order(idle, time.monotonic()):
-            if len(self._live) <= self._max_live:
+            if not over_cap(self._live, self._max_live, self._max_memory):
                 return
             if (live := self._live.get(session_id)) is None or self._lock(session_id).locked():
                 continue  # used again while an earlier one was being stopped

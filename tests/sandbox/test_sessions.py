@@ -163,6 +163,37 @@ async def test_sessions_taking_turns_above_the_cap_rebuild_only_the_excess(
     await sessions.close_all()
 
 
+def _live_ids(sessions: SessionManager) -> list[str]:
+    return list(sessions._live)  # the sessions whose host is live
+
+
+async def test_hosts_that_outgrow_the_memory_the_cap_stands_for_are_stopped(
+    tmp_path: Path, trace_file: str
+) -> None:
+    """A cap of 4 hosts at 16 MiB each: four small hosts fit; one host that takes ~100 MB makes the worker stop
+    the idle others (its own stays), which come back from their journals with their state."""
+    sessions = SessionManager(tmp_path / "j", max_live=4, host_memory=16 * 1024**2, pool_size=0)
+    kw = _kw(trace_file)
+    for sid in ("a", "b", "c"):
+        assert (await sessions.run_cell(sid, 1, f"name = {sid!r}", **kw)).ok
+    assert sessions.stats.evictions == 0, sessions.stats  # ~12 MB each: within 4 x 16 MiB
+    big = await sessions.run_cell("big", 1, "blob = bytearray(100 * 1024 * 1024)\nprint(len(blob))", **kw)
+    assert big.ok and big.stdout == f"{100 * 1024 * 1024}\n", big
+    assert sessions.stats.evictions == 3 and _live_ids(sessions) == ["big"], sessions.stats
+    for sid in ("a", "b"):  # rebuilt from their journals (the big host is idle now: it goes in turn)
+        r = await sessions.run_cell(sid, 2, "print(name)", **kw)
+        assert r.ok and r.stdout == f"{sid}\n" and r.host_restarted, r
+    assert "big" not in _live_ids(sessions), _live_ids(sessions)
+    # without the memory figure only the count binds: all four stay
+    plain = SessionManager(tmp_path / "p", max_live=4, pool_size=0)
+    for sid in ("a", "b", "c"):
+        await plain.run_cell(sid, 1, "x = 1", **kw)
+    await plain.run_cell("big", 1, "blob = bytearray(100 * 1024 * 1024)", **kw)
+    assert plain.stats.evictions == 0 and len(_live_ids(plain)) == 4, plain.stats
+    await sessions.close_all()
+    await plain.close_all()
+
+
 async def test_close_session_deletes_journal(tmp_path: Path, trace_file: str) -> None:
     sessions = SessionManager(tmp_path / "j")
     await sessions.run_cell("z", 1, "a = 1", **_kw(trace_file))

@@ -117,3 +117,9 @@ def test_a_worker_keeps_more_live_hosts_than_its_soft_open_file_limit_would_hold
     )
     assert "ok 150 0" in out, out
     assert "capped 29" in out, out  # (600 - 512) // 3
+
+
+def test_a_hosts_memory_is_read_from_proc() -> None:
+    assert cap.host_memory(os.getpid()) > 1024**2  # this process's anonymous resident memory
+    assert cap.host_memory(None) == 0
+    assert cap.host_memory(2**22 + 12345) == 0  # no such process

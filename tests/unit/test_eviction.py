@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sandbox.eviction import IdleHost, Parking, eviction_order, next_pause
+from sandbox.eviction import IdleHost, Parking, eviction_order, next_pause, over_cap
 
 
 def test_without_pause_estimates_the_longest_idle_goes_first() -> None:
@@ -79,3 +79,14 @@ def test_an_evicted_sessions_rhythm_comes_back_with_its_rebuilt_host_and_parking
     assert not parking.resume("b", IdleHost(0.0))  # the oldest went when the limit was passed
     parking.forget("c")
     assert not parking.resume("c", IdleHost(0.0)) and parking.resume("d", IdleHost(0.0))
+
+
+def test_over_the_cap_by_count_or_by_memory() -> None:
+    class Host:
+        def __init__(self, memory: int) -> None:
+            self.memory = memory
+
+    hosts = {f"s{i}": Host(10) for i in range(3)}
+    assert not over_cap(hosts, 3, None) and over_cap(hosts, 2, None)
+    assert not over_cap(hosts, 3, 30) and over_cap(hosts, 3, 29)  # the sum of their memory
+    assert not over_cap({}, 0, 0)
