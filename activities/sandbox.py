@@ -56,7 +56,7 @@ from reflector.runtime.settings import DEFAULT_LAZY_TRACE_BYTES, Settings
 from reflector.runtime.storage.blobs import SESSIONS_DIR, BlobStore
 from reflector.runtime.storage.stores import blocking, open_store
 from sandbox.archive import GRANTS_SUFFIX, grants_blob
-from sandbox.capacity import FDS_PER_HOST, HOST_MEMORY_BYTES, RESERVE, raise_open_files
+from sandbox.capacity import HOST_MEMORY_BYTES, open_files_needed, raise_open_files
 from sandbox.hostproc import sweep_stale_workdirs
 from sandbox.protocol import SandboxLimits
 from sandbox.sessions import SessionManager
@@ -180,7 +180,7 @@ def _open_files_for(live: int) -> int:
             "%d live sandbox hosts need ~%d open files and this process may open %d (its hard limit, "
             "`ulimit -Hn`): it keeps %d; raise the limit or lower RR_MAX_LIVE_SANDBOXES",
             live,
-            live * FDS_PER_HOST + RESERVE,
+            open_files_needed(live),
             resource.getrlimit(resource.RLIMIT_NOFILE)[1],
             allowed,
         )

@@ -46,6 +46,7 @@ __all__ = [
     "host_budget",
     "cgroup_limit",
     "raise_open_files",
+    "open_files_needed",
     "describe",
     "host_memory",
 ]
@@ -157,10 +158,15 @@ def host_budget() -> HostBudget:
     return machine_budget(memory, _rlimit(resource.RLIMIT_NOFILE, hard=True), processes)
 
 
+def open_files_needed(hosts: int) -> int:
+    """The open files a worker process keeping `hosts` live hosts needs (theirs and its own reserve)."""
+    return hosts * FDS_PER_HOST + RESERVE
+
+
 def raise_open_files(hosts: int) -> int:
     """Lift this process's soft `RLIMIT_NOFILE` to what `hosts` live hosts need (never above the hard limit,
     never lowered); return how many hosts the limit now allows (less than `hosts`: the caller says so)."""
-    need = hosts * FDS_PER_HOST + RESERVE
+    need = open_files_needed(hosts)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
