@@ -15,6 +15,8 @@ code), on a dev server of their own (127.0.0.1, a free port, a temp SQLite file)
    workflow task on the dead worker's sticky queue, where it waits the whole sticky timeout; with a longer
    heartbeat timeout (rr's model requests: 30 s) the server no longer counts the dead worker as polling and
    schedules it on the shared queue at once. Reported: kill -> done, and the longest sticky wait.
+3. **After a graceful stop.** The same, with SIGTERM: the worker leaves its `async with Worker` (its
+   activity is cancelled and retried), and the server is told the worker is gone.
 
     python -m bench.sticky_fallbacks [--sticky 1 10]
 """
@@ -165,14 +167,14 @@ def _spawn(address: str, tq: str, sticky_s: float) -> subprocess.Popen[bytes]:
     return proc
 
 
-async def failover_after_sigkill(
-    client: Client, address: str, sticky_s: float, heartbeat_s: float
+async def failover_after_stop(
+    client: Client, address: str, sticky_s: float, heartbeat_s: float, how: signal.Signals = signal.SIGKILL
 ) -> list[object]:
     tq = f"fo-{uuid.uuid4().hex[:6]}"
     first = _spawn(address, tq, sticky_s)
     handle = await client.start_workflow(Beating.run, heartbeat_s, id=tq, task_queue=tq)
     await asyncio.sleep(3.0)  # mid-way through the second activity
-    os.killpg(first.pid, signal.SIGKILL)
+    os.killpg(first.pid, how)
     first.wait()
     killed = time.monotonic()
     second = _spawn(address, tq, sticky_s)
@@ -195,8 +197,10 @@ async def _worker(address: str, tq: str, sticky_s: float) -> None:
         activities=[beating],
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_s),
     ):
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         print("ready", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
 
 
 async def main(stickies: list[float]) -> None:
@@ -214,10 +218,15 @@ async def main(stickies: list[float]) -> None:
                 ["sticky timeout s", "runs", "fallbacks", "instances per run (max)", "steps replayed"], rows
             )
         )
-        rows = [await failover_after_sigkill(client, address, s, hb) for hb in (2.0, 12.0) for s in stickies]
+        rows = [await failover_after_stop(client, address, s, hb) for hb in (2.0, 12.0) for s in stickies]
         print("\n2. SIGKILL mid-activity, a new worker at once (6 activities of 2 s; uncrashed ~12 s)")
         print(
             table(["sticky timeout s", "heartbeat timeout s", "kill -> done s", "longest task wait s"], rows)
+        )
+        rows = [await failover_after_stop(client, address, s, 2.0, signal.SIGTERM) for s in stickies]
+        print("\n3. SIGTERM (a graceful stop) mid-activity, a new worker at once")
+        print(
+            table(["sticky timeout s", "heartbeat timeout s", "stop -> done s", "longest task wait s"], rows)
         )
     finally:
         server.stop()
@@ -230,5 +239,5 @@ if __name__ == "__main__":
         ap = argparse.ArgumentParser(
             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
-        ap.add_argument("--sticky", type=float, nargs="+", default=[DEFAULT_STICKY_TIMEOUT_S, 10.0])
+        ap.add_argument("--sticky", type=float, nargs="+", default=sorted({1.0, DEFAULT_STICKY_TIMEOUT_S}))
         asyncio.run(main(ap.parse_args().sticky))

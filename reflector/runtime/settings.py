@@ -49,9 +49,11 @@ DEFAULT_NO_WORKER_WARN_S = 15.0
 WORKER_MODELS_ENV = "RR_WORKER_MODELS"
 WORKFLOW_TASKS_ENV = "RR_MAX_CONCURRENT_WORKFLOW_TASKS"
 ACTIVITIES_ENV = "RR_MAX_CONCURRENT_ACTIVITIES"
-# After a worker dies, its sticky queue holds the next workflow task until this expires (default 10 s):
-# a short value is what makes recovery fast.
-DEFAULT_STICKY_TIMEOUT_S = 1.0
+# How long a reflection's next workflow task waits on the sticky queue of the worker that caches it before
+# it goes back to the shared queue (temporalio's default). Shorter values fail over sooner after a worker is
+# killed, but a saturated worker (hundreds of reflections whose model requests end together) then sends
+# waves of tasks back to the shared queue, where another worker replays them (docs/operations.md).
+DEFAULT_STICKY_TIMEOUT_S = 10.0
 # The provider SDK clients' HTTP timeout (RR_PROVIDER_TIMEOUT_S): shorter than the model-request activity's
 # 5-minute limit, so a provider that never answers fails one attempt, which Temporal retries with backoff.
 DEFAULT_PROVIDER_TIMEOUT_S = 120.0
