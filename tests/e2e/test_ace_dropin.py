@@ -30,7 +30,6 @@ from ace.core.recursive_agent import AgenticConfig  # noqa: E402
 from ace.core.skillbook import Skillbook  # noqa: E402
 from ace.implementations.rr.config import RecursiveConfig  # noqa: E402
 from ace.implementations.skill_manager import SkillManager  # noqa: E402
-from ace.runners.ace import ACE  # noqa: E402
 from ace.steps import EvaluateStep, ReflectStep, learning_tail  # noqa: E402
 from pipeline import Pipeline  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
@@ -380,6 +379,9 @@ def _skill_manager_script(messages: list[ModelMessage], info: AgentInfo) -> Mode
 def test_aces_learning_loop_with_rr_as_its_reflector(on_server: Path) -> None:
     """ACE's runner (Agent -> Evaluate -> rr -> SkillManager) on runs that cite skills: the skillbook ACE's
     SkillManager updates carries exactly the tags rr gave the skills the runs cited, and rr's learnings."""
+    # (imported here: ACE's runners import the Anthropic SDK, ~1.4 s in every pytest worker that collects this file)
+    from ace.runners.ace import ACE
+
     sb = _skillbook()
     rr = RRStep("heuristic", config=RRConfig(max_requests=20))
     sm = SkillManager(FunctionModel(_skill_manager_script), config=AgenticConfig(max_requests=10))

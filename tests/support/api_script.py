@@ -39,14 +39,15 @@ def tokio_threads() -> int:
     return n
 
 
-def settled_tokio_threads(bound_s: float = 2.0) -> int:
-    """`tokio_threads()` once some have started and the count held for three looks 10 ms apart (a runtime names
-    its threads as they start), at most `bound_s`."""
+def settled_tokio_threads(bound_s: float = 5.0, looks: int = 20) -> int:
+    """`tokio_threads()` once some have started and the count held for `looks` looks 10 ms apart (a runtime
+    names its threads as they start), at most `bound_s`. Three looks were too few on a loaded machine: the
+    default runtime's second thread started after them (1 counted before the call, 2 after it)."""
     deadline = time.monotonic() + bound_s
     seen: list[int] = []
     while time.monotonic() < deadline:
-        seen = [*seen[-2:], tokio_threads()]
-        if len(seen) == 3 and seen[0] > 0 and len(set(seen)) == 1:
+        seen = [*seen[-(looks - 1) :], tokio_threads()]
+        if len(seen) == looks and seen[0] > 0 and len(set(seen)) == 1:
             break
         time.sleep(0.01)
     return seen[-1]
