@@ -80,7 +80,7 @@ __all__ = [
 # Workflow-task polls a worker keeps open (temporalio's default is 5, of which 4 on the sticky queue). Each poll
 # first reserves a slot through this supplier, i.e. a turn of the worker's event loop; with 4 sticky polls and
 # the loop 0.2-0.5 s late on a busy worker, the sticky queue drained more slowly than reflections continued,
-# and tasks waited past the sticky schedule-to-start timeout (1 s) and went back to the shared queue: 16-66
+# and tasks waited past the sticky schedule-to-start timeout (then 1 s) and went back to the shared queue: 16-66
 # such fallbacks at 50 in flight on a loaded 2-core machine, 224 at 300 (bench/throughput.py). An open poll
 # costs the server a parked request and this worker nothing; idle sticky polls are not counted against the
 # admission limit (`AdmissionControl`), so more of them admit no more work.
