@@ -192,3 +192,30 @@ def test_a_running_reflection_is_exported_and_replayed_as_far_as_it_goes(
         assert "partial history of a running reflection" in p.stdout
     finally:
         asyncio.run(terminate())
+
+
+def test_replay_without_the_plugin_of_its_model_says_so(reflected, tmp_path: Path) -> None:
+    """A history of a model a plugin registers, replayed where that plugin is not loaded, fails; the report
+    says it is the model, not a change of the code, and how to load it."""
+    env, wf_id = reflected
+    export = tmp_path / "export.json"
+    assert rr("export", wf_id, "-o", str(export), env=env).returncode == 0
+    # exec'd, not forked from the suite's fork server (its process has the scripted models registered)
+    p = subprocess.run(
+        [*_rr_cmd(), "replay", str(export)],
+        env={
+            **user_env(),
+            **env,
+            "PYTHONPATH": str(REPO_ROOT),
+            "TEMPORAL_ADDRESS": "127.0.0.1:1",
+            "RR_PLUGINS": "",
+        },
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode != 0 and "FAILED" in p.stdout, (p.returncode, p.stdout, p.stderr)
+    assert "model 'scripted-plan' is not known in this process" in p.stdout, p.stdout
+    assert "RR_PLUGINS" in p.stdout, p.stdout

@@ -145,12 +145,27 @@ def _describe_command(label: tuple[str, str] | None) -> str:
         "timer": f"started a timer ({detail})",
         "child workflow": f"started child workflow {detail}",
         "complete": "completed the workflow",
-        "fail": f"failed the workflow ({detail})" if detail else "failed the workflow",
+        "fail": f"failed the workflow ({detail}){_model_hint(detail)}" if detail else "failed the workflow",
         "continue as new": "continued as new",
         "cancel": "cancelled the workflow",
         "signal external": "signalled an external workflow",
         "cancel external": "requested cancellation of an external workflow",
     }[what]
+
+
+_UNKNOWN_MODEL = re.compile(r"model ('[^']*'|\"[^\"]*\") cannot be used")
+
+
+def _model_hint(failure: str) -> str:
+    """Why a replay that fails its workflow on a model is not a change of code: the history names a model this
+    process cannot build (one a plugin of the worker that ran it registered)."""
+    m = _UNKNOWN_MODEL.search(failure)
+    if m is None:
+        return ""
+    return (
+        f": not a change of the code, model {m[1]} is not known in this process; name the module that"
+        " registers it in RR_PLUGINS, as the worker that ran it did"
+    )
 
 
 _EVENT_IN_MESSAGE = re.compile(r"HistoryEvent\(id: (\d+)|event[_ ]id[:= ]+(\d+)", re.IGNORECASE)
