@@ -51,7 +51,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (`addopts`): two workers per core this process may run on, 2 to 8. The suite's tests wait
     on servers, subprocesses and timers for much of their time; two workers on two cores left ~37 % of the
     cores idle (8 min 40 s), four keep them ~83 % busy (6 min 30 s, `BENCHMARKS.md`)."""
-    return max(2, min(8, 2 * len(os.sched_getaffinity(0))))
+    affinity = getattr(os, "sched_getaffinity", None)  # (Linux; macOS has none)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(2, min(8, 2 * cores))
 
 
 # --------------------------------------------------------------------------------------------
