@@ -27,9 +27,13 @@ def _rr_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "reflector.cli"]
 
 
-def rr(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def rr(
+    *args: str, env: dict[str, str], timeout: float = 180, fork: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`rr ARGS` forked from the suite's fork server, or exec'd (`fork=False`: a process that has only what
+    its own imports and plugins registered; the fork server's process has the scripted models)."""
     base = user_env()
-    return prefork.run(
+    return (prefork.run if fork else subprocess.run)(
         [*_rr_cmd(), *args],
         env={**base, "PYTHONPATH": str(REPO_ROOT), **env},
         cwd=REPO_ROOT,
@@ -200,22 +204,8 @@ def test_replay_without_the_plugin_of_its_model_says_so(reflected, tmp_path: Pat
     env, wf_id = reflected
     export = tmp_path / "export.json"
     assert rr("export", wf_id, "-o", str(export), env=env).returncode == 0
-    # exec'd, not forked from the suite's fork server (its process has the scripted models registered)
-    p = subprocess.run(
-        [*_rr_cmd(), "replay", str(export)],
-        env={
-            **user_env(),
-            **env,
-            "PYTHONPATH": str(REPO_ROOT),
-            "TEMPORAL_ADDRESS": "127.0.0.1:1",
-            "RR_PLUGINS": "",
-        },
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
+    offline = {**env, "TEMPORAL_ADDRESS": "127.0.0.1:1", "RR_PLUGINS": ""}
+    p = rr("replay", str(export), env=offline, fork=False)
     assert p.returncode != 0 and "FAILED" in p.stdout, (p.returncode, p.stdout, p.stderr)
     assert "model 'scripted-plan' is not known in this process" in p.stdout, p.stdout
     assert "RR_PLUGINS" in p.stdout, p.stdout
